@@ -1,0 +1,66 @@
+import os
+
+import pytest
+import torch
+
+from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, load_train_state, save_checkpoint
+from vldist.data.vocab import Vocab
+
+
+def _save(directory, value=1.0):
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.fill_(value)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    save_checkpoint(directory, model_state=model.state_dict(), train_state={"optimizer": opt.state_dict(), "step": 7},
+                    config_yaml="recipe: vsrn\n", vocab=Vocab(["a"]), meta={"epoch": 1})
+    return model, opt
+
+
+def test_round_trip_with_safe_loading(tmp_path):
+    model, opt = _save(tmp_path / "ckpt")
+    state = load_model_state(tmp_path / "ckpt")
+    assert torch.equal(state["weight"], model.weight.detach())
+    train = load_train_state(tmp_path / "ckpt")  # torch.load(weights_only=True) inside
+    assert train["step"] == 7
+    assert torch.equal(train["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+
+def test_replacing_a_checkpoint_leaves_no_temporaries(tmp_path):
+    _save(tmp_path / "best", 1.0)
+    second, _ = _save(tmp_path / "best", 2.0)
+    assert torch.equal(load_model_state(tmp_path / "best")["weight"], second.weight.detach())
+    assert sorted(os.listdir(tmp_path)) == ["best"]
+
+
+def test_incomplete_checkpoint_is_refused(tmp_path):
+    _save(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "COMPLETE").unlink()
+    with pytest.raises(CheckpointError, match="incomplete"):
+        load_model_state(tmp_path / "ckpt")
+
+
+def test_truncated_weights_give_a_clear_error(tmp_path):
+    _save(tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_model_state(tmp_path / "ckpt")
+    state = tmp_path / "ckpt" / "state.pt"
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(CheckpointError, match="damaged"):
+        load_train_state(tmp_path / "ckpt")
+
+
+def test_find_checkpoint_prefers_best_and_skips_incomplete(tmp_path):
+    run = tmp_path / "run"
+    _save(run / "checkpoints" / "last")
+    assert find_checkpoint(run) == run / "checkpoints" / "last"
+    _save(run / "checkpoints" / "best")
+    assert find_checkpoint(run) == run / "checkpoints" / "best"
+    (run / "checkpoints" / "best" / "COMPLETE").unlink()
+    assert find_checkpoint(run) == run / "checkpoints" / "last"
+    with pytest.raises(CheckpointError):
+        find_checkpoint(tmp_path / "nothing")

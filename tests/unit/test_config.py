@@ -1,0 +1,61 @@
+import pytest
+
+from vldist.config import ConfigError, parse_overrides
+from vldist.train import load_config, usage
+
+
+def test_default_job_loads_with_typed_values():
+    config = load_config("vsrn", [])
+    assert config.recipe == "vsrn"
+    assert config.model.rrr_layers == 4 and config.model.margin == pytest.approx(0.2)
+    assert config.train.grad_clip == pytest.approx(2.0)
+
+
+def test_dotted_overrides_are_typed():
+    config = load_config("vsrn", ["data.batch_size=64", "model.global_reasoning=mean", "train.max_steps=7", "train.grad_clip=null"])
+    assert config.data.batch_size == 64
+    assert config.model.global_reasoning == "mean"
+    assert config.train.max_steps == 7
+    assert config.train.grad_clip is None
+
+
+def test_unknown_key_names_key_suggestion_and_valid_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config("vsrn", ["data.batchsize=64"])
+    message = str(err.value)
+    assert "unknown key 'data.batchsize'" in message
+    assert "Did you mean 'data.batch_size'" in message
+    assert "shuffle_buffer" in message  # lists the valid keys of the section
+
+
+def test_unknown_section_is_reported():
+    with pytest.raises(ConfigError, match="unknown key 'trian'"):
+        load_config("vsrn", ["trian.lr=0.1"])
+
+
+def test_bad_choice_names_the_valid_choices():
+    with pytest.raises(ConfigError) as err:
+        load_config("vsrn", ["model.affinity_norm=cosine"])
+    assert "model.affinity_norm" in str(err.value)
+    assert "'count'" in str(err.value) and "'softmax'" in str(err.value)
+
+
+def test_bad_type_and_range_are_reported():
+    with pytest.raises(ConfigError, match="data.batch_size"):
+        load_config("vsrn", ["data.batch_size=many"])
+    with pytest.raises(ConfigError, match="model.rrr_layers"):
+        load_config("vsrn", ["model.rrr_layers=-1"])
+
+
+def test_malformed_override_and_missing_job():
+    with pytest.raises(ConfigError, match="key.path=value"):
+        parse_overrides(["data.batch_size"])
+    with pytest.raises(ConfigError, match="no job file for 'nosuchjob'"):
+        load_config("nosuchjob", [])
+
+
+def test_help_lists_recipes_job_files_and_keys_with_defaults():
+    text = usage("vsrn")
+    assert "vsrn" in text and "vsrn_coco" in text
+    assert "model.rrr_layers = 4" in text
+    assert "data.batch_size = 128" in text

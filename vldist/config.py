@@ -1,0 +1,194 @@
+"""Typed job configuration: YAML job files, dotted command-line overrides, errors that name the key.
+
+A job is `recipe` + sections. Every section but `model` is shared by all recipes; `model` is the
+recipe's own pydantic class, so `--help` and validation know each recipe's keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+JOBS_DIR = REPO_ROOT / "jobs"
+
+
+class ConfigError(ValueError):
+    """A job file or override is wrong; the message says which key and what is allowed."""
+
+
+class Section(BaseModel):
+    # extra="forbid" turns a typo in a key into an error instead of a silently ignored setting.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(Section):
+    shards: str = Field("shards/synth", description="shard directory (manifest.json + <split>-*.tar)")
+    build_if_missing: bool = Field(True, description="build the synthetic set when `shards` is the synth default and absent")
+    train_split: str = "train"
+    val_split: str = "val"
+    test_split: str = "test"
+    batch_size: int = Field(128, ge=1, description="global batch size (summed over ranks)")
+    eval_batch_size: int = Field(250, ge=1)
+    workers: int = Field(2, ge=0, description="loader worker processes per rank")
+    shuffle_buffer: int = Field(2000, ge=0, description="samples held for shuffling (0: off)")
+    max_regions: int = Field(5, ge=1, description="regions per image after padding/truncation (K)")
+    max_caption_len: int = Field(32, ge=3, description="tokens per caption incl. <start>/<end>")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(30, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
+    samples_per_epoch: int | None = Field(None, ge=1, description="default: the train split's size")
+    optimizer: Literal["adam", "adamw"] = "adam"
+    lr: float = Field(2e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_decay_epochs: int = Field(15, ge=1, description="multiply lr by lr_decay_factor every this many epochs")
+    lr_decay_factor: float = Field(0.1, gt=0, le=1)
+    grad_clip: float | None = Field(2.0, gt=0, description="clip the global grad norm (None: off)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
+    log_every: int = Field(20, ge=1, description="print a progress line every N steps")
+    validate_every: int = Field(1, ge=0, description="evaluate on val every N epochs and keep the best (0: never)")
+
+
+class EvalConfig(Section):
+    split: str = Field("test", description="split evaluated at the end of training")
+    baseline: bool = Field(True, description="also evaluate the untrained model, for comparison")
+    fold_size: int = Field(1000, ge=1, description="images per fold of the 5-fold protocol")
+
+
+class OutputConfig(Section):
+    dir: str = Field("runs/{recipe}", description="where checkpoints and metrics go")
+
+
+class JobConfig(Section):
+    recipe: str
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
+    output: OutputConfig = OutputConfig()
+    model: Section = Section()
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.output.dir.format(recipe=self.recipe))
+
+
+def job_config_class(model_config: type[Section]) -> type[JobConfig]:
+    """The JobConfig whose `model` section is a recipe's own config class."""
+    return create_model(
+        f"{model_config.__name__}Job", __base__=JobConfig, model=(model_config, model_config())
+    )
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def find_job_file(name_or_path: str) -> Path:
+    """`vsrn` -> jobs/vsrn.yaml; a path is taken as it is."""
+    candidates = [Path(name_or_path), Path("jobs") / f"{name_or_path}.yaml", JOBS_DIR / f"{name_or_path}.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ConfigError(
+        f"no job file for '{name_or_path}': looked at {', '.join(str(c) for c in candidates)}. "
+        f"Job files: {', '.join(list_job_files()) or 'none'}."
+    )
+
+
+def list_job_files() -> list[str]:
+    return sorted(p.stem for p in JOBS_DIR.glob("*.yaml"))
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """['train.lr=1e-3', 'model.rrr_layers=2'] -> nested dict; values parsed as YAML scalars."""
+    nested: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override '{item}' is not of the form key.path=value (e.g. train.batch_size=64)")
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override '{item}' conflicts with an earlier override of '{part}'")
+        node[leaf] = value
+    return nested
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections, not {type(data).__name__}")
+    return data
+
+
+def validate(raw: dict[str, Any], config_class: type[JobConfig]) -> JobConfig:
+    try:
+        return config_class.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(describe_errors(err, config_class)) from None
+
+
+def describe_errors(err: ValidationError, config_class: type[BaseModel]) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(unknown_key_message(key, config_class))
+        else:
+            lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+    return "invalid job config:\n  " + "\n  ".join(lines)
+
+
+def unknown_key_message(key: str, config_class: type[BaseModel]) -> str:
+    *parents, leaf = key.split(".")
+    section: type[BaseModel] = config_class
+    for part in parents:
+        field = section.model_fields.get(part)
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            break
+        section = field.annotation
+    valid = list(section.model_fields)
+    where = f" in '{'.'.join(parents)}'" if parents else ""
+    hint = difflib.get_close_matches(leaf, valid, n=1)
+    suggestion = f" Did you mean '{'.'.join([*parents, hint[0]])}'?" if hint else ""
+    return f"unknown key '{key}'.{suggestion} Valid keys{where}: {', '.join(valid)}"
+
+
+def describe_keys(config: BaseModel, prefix: str = "") -> list[str]:
+    """'section.key = default  # description' lines for --help."""
+    lines = []
+    for name, field in type(config).model_fields.items():
+        value = getattr(config, name)
+        if isinstance(value, BaseModel):
+            lines.extend(describe_keys(value, f"{prefix}{name}."))
+        else:
+            doc = f"  # {field.description}" if field.description else ""
+            lines.append(f"{prefix}{name} = {value!r}{doc}")
+    return lines
+
+
+def to_yaml(config: BaseModel) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

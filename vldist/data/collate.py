@@ -1,0 +1,27 @@
+"""Padding helpers for collate functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def pad_regions(features: list[np.ndarray], max_regions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R_i, F) arrays -> regions (B, K, F) float32 with zero padding, mask (B, K) True for real rows."""
+    dim = features[0].shape[1]
+    regions = torch.zeros(len(features), max_regions, dim)
+    mask = torch.zeros(len(features), max_regions, dtype=torch.bool)
+    for i, f in enumerate(features):
+        n = min(len(f), max_regions)
+        regions[i, :n] = torch.from_numpy(np.asarray(f[:n], dtype=np.float32))
+        mask[i, :n] = True
+    return regions, mask
+
+
+def pad_tokens(sequences: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id lists -> tokens (B, T) padded with pad_id, lengths (B,)."""
+    lengths = torch.tensor([len(s) for s in sequences])
+    tokens = torch.full((len(sequences), int(lengths.max())), pad_id, dtype=torch.long)
+    for i, s in enumerate(sequences):
+        tokens[i, : len(s)] = torch.tensor(s)
+    return tokens, lengths

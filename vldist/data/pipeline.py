@@ -1,0 +1,136 @@
+"""Streaming loaders over WebDataset shards.
+
+Training streams shards with resampling (open_clip's approach): every rank and every worker draws
+shards at random, seeded by (seed, rank, worker, epoch), so each yields exactly the number of
+batches asked for, whatever the shard count. That is what keeps distributed ranks in step.
+Evaluation reads every sample of a split once, in shard order.
+
+The recipe supplies the per-sample transform and the collate function; this module knows nothing
+about what a sample holds beyond the tar member names it is told to keep.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import webdataset as wds
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from vldist.data.skips import skipped
+
+SampleFn = Callable[[dict, random.Random], "dict | None"]
+CollateFn = Callable[[list[dict]], dict]
+
+
+@dataclass
+class StreamSpec:
+    urls: list[str]
+    keep: tuple[str, ...]  # tar member extensions to read, e.g. ("json", "regions.npy")
+    sample_fn: SampleFn  # raw tar sample -> recipe sample; raises on corrupt input
+    collate_fn: CollateFn
+    batch_size: int  # per rank
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+
+def _seed(*parts: int) -> int:
+    return hash(tuple(parts)) & 0x7FFF_FFFF
+
+
+def _worker() -> tuple[int, int]:
+    info = get_worker_info()
+    return (info.id, info.num_workers) if info else (0, 1)
+
+
+def _decoded(spec: StreamSpec, urls: Iterator[str], rng: random.Random) -> Iterator[dict]:
+    """Samples of the given shards, corrupt ones skipped and counted."""
+    wanted = tuple("." + k for k in spec.keep)
+    raw = wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
+    for sample in raw:
+        try:
+            missing = [k for k in spec.keep if k not in sample]
+            if missing:
+                raise KeyError(f"sample {sample.get('__key__')} in {sample.get('__url__')} lacks {missing}")
+            out = spec.sample_fn(sample, rng)
+        except Exception as exn:  # noqa: BLE001 - any decode failure means a corrupt sample
+            skipped(exn)
+            continue
+        if out is not None:
+            yield out
+
+
+def _batches(spec: StreamSpec, samples: Iterator[dict], limit: int | None, partial: bool) -> Iterator[dict]:
+    made = 0
+    buf: list[dict] = []
+    for sample in samples:
+        buf.append(sample)
+        if len(buf) == spec.batch_size:
+            yield _collate(spec, buf)
+            buf, made = [], made + 1
+            if limit is not None and made >= limit:
+                return
+    if buf and partial:
+        yield _collate(spec, buf)
+
+
+def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
+    batch = spec.collate_fn(samples)
+    batch["skipped"] = skipped.take()
+    return batch
+
+
+class TrainStream(IterableDataset):
+    """An epoch of exactly `batches_per_rank` batches from resampled shards, shuffled in a buffer."""
+
+    def __init__(self, spec: StreamSpec, batches_per_rank: int, shuffle_buffer: int):
+        self.spec = spec
+        self.batches_per_rank = batches_per_rank
+        self.shuffle_buffer = shuffle_buffer
+        self.epoch = 0  # set by the trainer before each epoch; non-persistent workers copy it
+
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers = _worker()
+        # Share the rank's batches between its workers so the rank's total is exact.
+        mine = self.batches_per_rank // workers + (worker < self.batches_per_rank % workers)
+        if mine == 0:
+            return
+        rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch))
+        urls = iter(lambda: rng.choice(self.spec.urls), None)  # endless draws with replacement
+        samples = _decoded(self.spec, urls, rng)
+        if self.shuffle_buffer > 1:
+            samples = wds.filters._shuffle(samples, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
+        yield from _batches(self.spec, samples, limit=mine, partial=False)
+
+
+class EvalStream(IterableDataset):
+    """Every sample of the shards once, in order; shards are dealt out to ranks, then workers."""
+
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers = _worker()
+        mine = self.spec.urls[self.spec.rank :: self.spec.world_size][worker::workers]
+        rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker))
+        yield from _batches(self.spec, _decoded(self.spec, iter(mine), rng), limit=None, partial=True)
+
+    def __init__(self, spec: StreamSpec):
+        self.spec = spec
+
+
+def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
+    """Optimizer steps in an epoch: the same on every rank."""
+    return max(1, math.ceil(samples_per_epoch / global_batch))
+
+
+def make_loader(stream: IterableDataset, workers: int) -> DataLoader:
+    return DataLoader(
+        stream,
+        batch_size=None,  # the stream batches itself
+        num_workers=workers,
+        persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
+        pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4 if workers else None,
+    )

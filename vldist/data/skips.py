@@ -1,0 +1,45 @@
+"""Counting and rate-limited reporting of corrupt samples that the pipeline skips.
+
+Each loader worker is its own process, so each has its own counter; the pipeline attaches the
+number skipped since the last batch to every batch (`batch["skipped"]`), and the trainer sums them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("vldist.data")
+
+
+class SkipCounter:
+    """A webdataset error handler: counts the failure, warns at a bounded rate, continues."""
+
+    def __init__(self, first_warnings: int = 5, then_every_seconds: float = 30.0):
+        self.total = 0
+        self.pending = 0  # skipped since the last take()
+        self.first_warnings = first_warnings
+        self.then_every_seconds = then_every_seconds
+        self._last_warning = 0.0
+        self._suppressed = 0
+
+    def __call__(self, exn: BaseException) -> bool:
+        self.total += 1
+        self.pending += 1
+        now = time.monotonic()
+        if self.total <= self.first_warnings or now - self._last_warning >= self.then_every_seconds:
+            extra = f" ({self._suppressed} more not shown)" if self._suppressed else ""
+            log.warning("skipping corrupt sample #%d: %s: %s%s", self.total, type(exn).__name__, exn, extra)
+            self._last_warning = now
+            self._suppressed = 0
+        else:
+            self._suppressed += 1
+        return True  # tell webdataset to continue with the next sample
+
+    def take(self) -> int:
+        n, self.pending = self.pending, 0
+        return n
+
+
+# One per process: the loader workers each get their own copy when they start.
+skipped = SkipCounter()

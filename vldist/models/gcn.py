@@ -1,0 +1,41 @@
+"""Region relationship reasoning (VSRN, Sec. 3.2): a GCN layer over the fully connected region graph.
+
+    R   = norm(theta(V) phi(V)^T)          affinity, Eq. 2 (row-normalised)
+    V*  = BN(W_r (R g(V))) + V             Eq. 3 with the residual of the official code
+
+theta, phi, g and W_r are D x D projections (the official code's 1x1 convolutions); BN's weight
+and bias start at zero, so every layer starts as the identity and reasoning is learned.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vldist.kernels import region_affinity
+
+
+class RegionRelationReasoning(nn.Module):
+    def __init__(self, dim: int, normalize: str = "count"):
+        super().__init__()
+        self.normalize = normalize
+        self.theta = nn.Linear(dim, dim)
+        self.phi = nn.Linear(dim, dim)
+        self.g = nn.Linear(dim, dim)
+        self.w_r = nn.Linear(dim, dim)
+        self.bn = nn.BatchNorm1d(dim)
+        nn.init.zeros_(self.bn.weight)
+        nn.init.zeros_(self.bn.bias)
+
+    def forward(self, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """v: (B, K, D) region features; mask: (B, K), True for real regions."""
+        y = region_affinity(self.theta(v), self.phi(v), self.g(v), self.normalize, mask)
+        return v + self._normalized_residual(self.w_r(y), mask)
+
+    def _normalized_residual(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # BatchNorm over real regions only: padding must not shift the batch statistics.
+        if mask is None or bool(mask.all()):
+            return self.bn(x.flatten(0, 1)).view_as(x)
+        out = torch.zeros_like(x)
+        out[mask] = self.bn(x[mask])
+        return out

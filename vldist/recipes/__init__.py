@@ -1,0 +1,15 @@
+"""Recipe registry: one entry per paper method."""
+
+from __future__ import annotations
+
+from vldist.recipes.base import Recipe
+from vldist.recipes.vsrn import VSRNRecipe
+
+RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (VSRNRecipe,)}
+
+
+def get_recipe(name: str) -> type[Recipe]:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise ValueError(f"unknown recipe '{name}'; recipes: {', '.join(sorted(RECIPES))}") from None

@@ -1,0 +1,58 @@
+"""What a recipe is: one paper method, as the trainer sees it.
+
+A recipe turns raw shard samples into batches, builds its model, computes its losses and
+evaluates. It never touches torch.distributed, files or ports: the engine and the trainer do.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from vldist.config import JobConfig, Section
+from vldist.data.vocab import Vocab
+
+
+class Recipe(ABC):
+    name: ClassVar[str]
+    description: ClassVar[str]
+    ModelConfig: ClassVar[type[Section]]
+    sample_keys: ClassVar[tuple[str, ...]]  # tar members the recipe reads, e.g. ("json", "regions.npy")
+
+    def __init__(self, config: JobConfig, vocab: Vocab, feature_dim: int | None = None):
+        self.config = config
+        self.vocab = vocab
+        self.feature_dim = feature_dim
+
+    @abstractmethod
+    def build_model(self) -> nn.Module: ...
+
+    @abstractmethod
+    def train_sample(self, raw: dict, rng: random.Random) -> dict:
+        """A decoded training sample from a raw tar sample; raise on corrupt input."""
+
+    @abstractmethod
+    def eval_sample(self, raw: dict, rng: random.Random) -> dict: ...
+
+    @abstractmethod
+    def collate_train(self, samples: list[dict]) -> dict: ...
+
+    @abstractmethod
+    def collate_eval(self, samples: list[dict]) -> dict: ...
+
+    @abstractmethod
+    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+        """{'loss': total to back-propagate, <component>: detached parts for logging}."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device) -> dict:
+        """Metrics over a whole eval split."""
+
+    def headline(self, metrics: dict) -> dict[str, float]:
+        """The few numbers printed in the results table."""
+        return metrics

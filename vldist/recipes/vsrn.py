@@ -1,0 +1,181 @@
+"""VSRN: Visual Semantic Reasoning for Image-Text Matching (Li et al., ICCV 2019).
+
+Image: region features -> fc + l2norm -> n RRR GCN layers -> GRU global reasoning -> I.
+Text: GRU sentence encoder -> C. Loss: L = L_M (VSE++ hardest-negative hinge) + L_G (caption NLL
+of an attention decoder over the reasoned regions V*). Paper: ../shared/papers/vsrn-*.txt.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from collections.abc import Iterable
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+from torch import nn
+
+from vldist.config import Section
+from vldist.data.collate import pad_regions, pad_tokens
+from vldist.losses import vse_hinge_loss
+from vldist.losses.caption import caption_nll
+from vldist.metrics import retrieval_protocols
+from vldist.models.caption_decoder import AttentionCaptionDecoder
+from vldist.models.image_encoder import RegionReasoningEncoder
+from vldist.models.text_encoder import GRUTextEncoder
+from vldist.recipes.base import Recipe
+
+
+class VSRNConfig(Section):
+    embed_size: int = Field(2048, ge=1, description="joint embedding size D (paper: 2048)")
+    word_dim: int = Field(300, ge=1, description="word embedding size (paper: 300)")
+    rrr_layers: int = Field(4, ge=0, le=8, description="region relationship reasoning layers (paper: 4)")
+    affinity_norm: Literal["count", "softmax"] = Field("count", description="RRR affinity normalisation")
+    global_reasoning: Literal["gru", "mean"] = Field("gru", description="GRU reasoning or the Mean-pool ablation")
+    region_order: Literal["stored", "size", "random"] = Field(
+        "stored", description="order regions enter the GRU: as stored (detector order), by box size, random"
+    )
+    caption_loss: bool = Field(True, description="add the generation loss L_G (False: the paper's 4RRR+GSR*)")
+    caption_loss_weight: float = Field(1.0, ge=0)
+    decoder_hidden: int = Field(512, ge=1)
+    margin: float = Field(0.2, ge=0, description="hinge margin alpha (Eq. 8)")
+    max_violation: bool = Field(True, description="hardest negative (VSE++) instead of the sum over negatives")
+    captions_per_image: int = Field(5, ge=1, description="reference captions per image in evaluation")
+
+
+class VSRNModel(nn.Module):
+    def __init__(self, cfg: VSRNConfig, region_dim: int, vocab_size: int):
+        super().__init__()
+        self.image = RegionReasoningEncoder(
+            region_dim, cfg.embed_size, cfg.rrr_layers, cfg.affinity_norm, cfg.global_reasoning
+        )
+        self.text = GRUTextEncoder(vocab_size, cfg.word_dim, cfg.embed_size)
+        self.decoder = (
+            AttentionCaptionDecoder(vocab_size, cfg.embed_size, cfg.word_dim, cfg.decoder_hidden)
+            if cfg.caption_loss
+            else None
+        )
+
+    def forward(self, regions, mask, tokens, lengths) -> dict[str, torch.Tensor]:
+        image, v_star = self.image(regions, mask)
+        out = {"image": image, "text": self.text(tokens, lengths)}
+        if self.decoder is not None:
+            out["caption_logits"] = self.decoder(v_star, mask, tokens)
+        return out
+
+    def embed_images(self, regions, mask) -> torch.Tensor:
+        return self.image(regions, mask)[0]
+
+    def embed_captions(self, tokens, lengths) -> torch.Tensor:
+        return self.text(tokens, lengths)
+
+
+class VSRNRecipe(Recipe):
+    name = "vsrn"
+    description = "image-text matching: region GCN (RRR) + GRU reasoning, VSE++ hinge + caption loss"
+    ModelConfig = VSRNConfig
+    sample_keys = ("json", "regions.npy")
+
+    @property
+    def cfg(self) -> VSRNConfig:
+        return self.config.model
+
+    def build_model(self) -> nn.Module:
+        if self.feature_dim is None:
+            raise ValueError("the shard set does not say its region feature size (manifest features.dim)")
+        return VSRNModel(self.cfg, self.feature_dim, len(self.vocab))
+
+    # ------------------------------------------------------------------ samples and batches
+
+    def _regions(self, raw: dict, rng: random.Random) -> np.ndarray:
+        regions = np.load(io.BytesIO(raw["regions.npy"]), allow_pickle=False)
+        meta = raw["meta"]
+        if regions.ndim != 2 or regions.shape[0] == 0:
+            raise ValueError(f"regions.npy of {raw['__key__']} has shape {regions.shape}, expected (R>0, F)")
+        if self.feature_dim is not None and regions.shape[1] != self.feature_dim:
+            raise ValueError(f"regions.npy of {raw['__key__']} has {regions.shape[1]} features, expected {self.feature_dim}")
+        if not np.isfinite(regions).all():
+            raise ValueError(f"regions.npy of {raw['__key__']} holds NaN or inf")
+        order = self.cfg.region_order
+        if order == "size":
+            boxes = meta.get("region_boxes") or []
+            if len(boxes) == len(regions):
+                areas = [(b[2] - b[0]) * (b[3] - b[1]) for b in boxes]
+                regions = regions[np.argsort(areas, kind="stable")[::-1]]
+        elif order == "random":
+            regions = regions[rng.sample(range(len(regions)), len(regions))]
+        return regions[: self.config.data.max_regions]
+
+    def _decode(self, raw: dict) -> dict:
+        raw["meta"] = json.loads(raw["json"])
+        if not raw["meta"].get("captions"):
+            raise ValueError(f"sample {raw['__key__']} has no captions")
+        return raw
+
+    def train_sample(self, raw: dict, rng: random.Random) -> dict:
+        raw = self._decode(raw)
+        caption = rng.choice(raw["meta"]["captions"])  # one caption per image visit
+        return {
+            "regions": self._regions(raw, rng),
+            "tokens": self.vocab.encode(caption, self.config.data.max_caption_len),
+        }
+
+    def eval_sample(self, raw: dict, rng: random.Random) -> dict:
+        raw = self._decode(raw)
+        cpi = self.cfg.captions_per_image
+        captions = raw["meta"]["captions"]
+        if len(captions) < cpi:
+            raise ValueError(f"sample {raw['__key__']} has {len(captions)} captions; evaluation needs {cpi}")
+        region_rng = random.Random(raw["__key__"])  # a fixed order per image in evaluation
+        return {
+            "key": raw["__key__"],
+            "regions": self._regions(raw, region_rng),
+            "captions": [self.vocab.encode(c, self.config.data.max_caption_len) for c in captions[:cpi]],
+        }
+
+    def collate_train(self, samples: list[dict]) -> dict:
+        regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
+        tokens, lengths = pad_tokens([s["tokens"] for s in samples])
+        return {"regions": regions, "mask": mask, "tokens": tokens, "lengths": lengths}
+
+    def collate_eval(self, samples: list[dict]) -> dict:
+        regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
+        tokens, lengths = pad_tokens([c for s in samples for c in s["captions"]])
+        return {"keys": [s["key"] for s in samples], "regions": regions, "mask": mask, "tokens": tokens, "lengths": lengths}
+
+    # ------------------------------------------------------------------ losses and evaluation
+
+    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+        out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
+        matching = vse_hinge_loss(out["image"], out["text"], self.cfg.margin, self.cfg.max_violation)
+        parts = {"matching": matching}
+        total = matching
+        if "caption_logits" in out:
+            caption = caption_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
+            parts["caption"] = caption
+            total = total + self.cfg.caption_loss_weight * caption
+        return {"loss": total, **{k: v.detach() for k, v in parts.items()}}
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device) -> dict:
+        was_training = model.training
+        model.eval()
+        images, captions, keys = [], [], []
+        for batch in batches:
+            images.append(model.embed_images(batch["regions"].to(device), batch["mask"].to(device)).float().cpu())
+            captions.append(model.embed_captions(batch["tokens"].to(device), batch["lengths"].to(device)).float().cpu())
+            keys.extend(batch["keys"])
+        model.train(was_training)
+        if not images:
+            raise RuntimeError("the evaluation split yielded no samples (all missing or corrupt?)")
+        sims = torch.cat(images) @ torch.cat(captions).T
+        result = retrieval_protocols(sims, self.cfg.captions_per_image, self.config.eval.fold_size)
+        result["n_images"] = len(keys)
+        return result
+
+    def headline(self, metrics: dict) -> dict[str, float]:
+        full = metrics["full"]
+        return {k: full[k] for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")}
