@@ -101,11 +101,14 @@ class Trainer:
 
     # ------------------------------------------------------------------ training
 
-    def train_epoch(self, epoch: int) -> None:
+    def train_epoch(self, epoch: int) -> float:
+        """One epoch of steps; returns the mean training loss."""
         self.train_stream.epoch = epoch
+        self.recipe.start_epoch(epoch)
         t = self.config.train
         self.model.train()
         window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
+        loss_sum, loss_steps = 0.0, 0
         fetch_start = time.perf_counter()
         for batch in make_loader(self.train_stream, self.config.data.workers):
             window_wait += time.perf_counter() - fetch_start
@@ -121,6 +124,7 @@ class Trainer:
                     "train.grad_clip, check the shards for bad features, and restart from the last checkpoint "
                     f"in {self.out_dir / 'checkpoints'} (nothing was saved after it)."
                 )
+            loss_sum, loss_steps = loss_sum + float(loss.detach()), loss_steps + 1
             self.engine.backward(loss)
             grad_norm = self.engine.clip_grad_norm(t.grad_clip)
             self.engine.step()
@@ -145,6 +149,12 @@ class Trainer:
                 break
             fetch_start = time.perf_counter()
         self.state.epoch = epoch + 1
+        if loss_steps == 0:
+            raise RuntimeError(
+                f"epoch {epoch + 1} yielded no training batches: every sample of {self.config.data.shards} "
+                "was skipped as corrupt or the train split is empty (see the warnings above)"
+            )
+        return loss_sum / loss_steps
 
     def fit(self) -> dict:
         cfg = self.config
@@ -154,8 +164,8 @@ class Trainer:
             results["untrained"] = self.evaluate(cfg.eval.split)
             log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(results["untrained"])))
         for epoch in range(self.epochs):
-            self.train_epoch(epoch)
-            self._end_of_epoch(epoch)
+            train_loss = self.train_epoch(epoch)
+            self._end_of_epoch(epoch, train_loss)
         results["train_seconds"] = time.perf_counter() - start
         best = self.out_dir / "checkpoints" / "best"
         if self.state.best_epoch is not None and best.is_dir():
@@ -173,8 +183,8 @@ class Trainer:
             (self.out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
 
-    def _end_of_epoch(self, epoch: int) -> None:
-        cfg, entry = self.config, {"epoch": epoch + 1, "step": self.state.step}
+    def _end_of_epoch(self, epoch: int, train_loss: float) -> None:
+        cfg, entry = self.config, {"epoch": epoch + 1, "step": self.state.step, "train_loss": train_loss}
         every = cfg.train.validate_every
         if every and ((epoch + 1) % every == 0 or epoch + 1 == self.epochs):
             val = self.evaluate(cfg.data.val_split)

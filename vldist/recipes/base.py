@@ -32,6 +32,9 @@ class Recipe(ABC):
     @abstractmethod
     def build_model(self) -> nn.Module: ...
 
+    def start_epoch(self, epoch: int) -> None:
+        """Called by the trainer before each epoch (0-based): for schedules inside a recipe."""
+
     @abstractmethod
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
         """A decoded training sample from a raw tar sample; raise on corrupt input."""

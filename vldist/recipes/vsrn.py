@@ -43,6 +43,9 @@ class VSRNConfig(Section):
     decoder_hidden: int = Field(512, ge=1)
     margin: float = Field(0.2, ge=0, description="hinge margin alpha (Eq. 8)")
     max_violation: bool = Field(True, description="hardest negative (VSE++) instead of the sum over negatives")
+    max_violation_warmup_epochs: int = Field(
+        0, ge=0, description="epochs of sum-over-negatives before hardest negatives (VSE-infinity's warm-up; paper: 0)"
+    )
     captions_per_image: int = Field(5, ge=1, description="reference captions per image in evaluation")
 
 
@@ -82,6 +85,15 @@ class VSRNRecipe(Recipe):
     @property
     def cfg(self) -> VSRNConfig:
         return self.config.model
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start_epoch(0)
+
+    def start_epoch(self, epoch: int) -> None:
+        # Hardest negatives from a random start can collapse every embedding onto one point
+        # (L_M stuck at 2 * batch * margin); a few epochs over all negatives first avoids it.
+        self.hardest_negatives = self.cfg.max_violation and epoch >= self.cfg.max_violation_warmup_epochs
 
     def build_model(self) -> nn.Module:
         if self.feature_dim is None:
@@ -150,7 +162,7 @@ class VSRNRecipe(Recipe):
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
         out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
-        matching = vse_hinge_loss(out["image"], out["text"], self.cfg.margin, self.cfg.max_violation)
+        matching = vse_hinge_loss(out["image"], out["text"], self.cfg.margin, self.hardest_negatives)
         parts = {"matching": matching}
         total = matching
         if "caption_logits" in out:

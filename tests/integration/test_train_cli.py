@@ -1,0 +1,89 @@
+"""The train and evaluate entry points as users run them, on a small real shard set."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from vldist.train import load_config, run
+from vldist.trainer import NonFiniteLossError
+
+SMALL = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "data.batch_size=32",
+         "data.shuffle_buffer=100", "data.eval_batch_size=32", "train.log_every=5"]
+
+
+def _cli(module, *args, cwd=None):
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def trained_run(planted_shards, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    proc = _cli("vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={out}", "train.epochs=6", "train.lr=0.001", *SMALL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_train_writes_checkpoint_metrics_and_prints_the_table(trained_run):
+    out, proc = trained_run
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == 6 * 7  # ceil(200 / 32) steps per epoch
+    assert (out / "checkpoints" / "best" / "COMPLETE").is_file()
+    assert (out / "checkpoints" / "last" / "model.safetensors").is_file()
+    for row in ("chance", "untrained", "trained"):
+        assert row in proc.stdout
+    trained, untrained = metrics["test"]["full"], metrics["untrained"]["full"]
+    assert trained["rsum"] > untrained["rsum"] + 50
+    assert len(metrics["history"]) == 6 and all("val" in h for h in metrics["history"])
+
+
+def test_evaluate_reproduces_the_training_metrics(trained_run):
+    out, _ = trained_run
+    proc = _cli("vldist.evaluate", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    expected = json.loads((out / "metrics.json").read_text())["test"]["full"]
+    for key, value in expected.items():
+        assert printed["full"][key] == pytest.approx(value, abs=1e-6), key
+
+
+def test_config_typo_exits_2_with_the_key_named(planted_shards):
+    proc = _cli("vldist.train", "vsrn", f"data.shards={planted_shards}", "train.lr_decay=3")
+    assert proc.returncode == 2
+    assert "unknown key 'train.lr_decay'" in proc.stderr and "lr_decay_epochs" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_shards_exit_2_with_the_build_command(tmp_path):
+    proc = _cli("vldist.train", "vsrn", f"data.shards={tmp_path / 'absent'}")
+    assert proc.returncode == 2
+    assert "python -m vldist.shards synth --out" in proc.stderr
+
+
+def test_help_lists_recipes_and_keys():
+    proc = _cli("vldist.train", "--help")
+    assert proc.returncode == 0
+    assert "vsrn" in proc.stdout and "model.rrr_layers = 4" in proc.stdout
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted_shards, tmp_path, monkeypatch):
+    from vldist.recipes.vsrn import VSRNRecipe
+
+    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=3",
+                                  "eval.baseline=false", "data.workers=0", *SMALL])
+    real_losses, calls = VSRNRecipe.losses, {"n": 0}
+
+    def poisoned(self, model, batch):
+        calls["n"] += 1
+        out = real_losses(self, model, batch)
+        if calls["n"] > 10:  # after the first epoch (7 steps) has been checkpointed
+            out["loss"] = out["loss"] * torch.tensor(float("nan"))
+        return out
+
+    monkeypatch.setattr(VSRNRecipe, "losses", poisoned)
+    with pytest.raises(NonFiniteLossError, match="non-finite loss at step 11"):
+        run(config)
+    meta = json.loads((tmp_path / "checkpoints" / "last" / "meta.json").read_text())
+    assert meta["step"] == 7

@@ -1,0 +1,171 @@
+"""Builds the embedded synthetic dataset: rendered scenes, five captions each, region features.
+
+The set is written into `<out>.partial/` and renamed to `<out>` only when complete, so a build
+that was interrupted never looks finished (and its leftovers are removed by the next build).
+
+Images and JSON depend only on the arguments. Features are float sums whose order depends on the
+CPU and the torch thread count, so shards are byte-identical for the same seed on the same kind of
+machine and thread count; elsewhere a few feature values may differ in their last float16 bit.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+import shutil
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..data.vocab import Vocab
+from .captions import make_captions
+from .features import RegionFeatureExtractor
+from .scenes import Scene, generate_scene
+from .writer import MANIFEST_NAME, ShardSetWriter
+
+SPLITS = ("train", "val", "test")
+MAX_REGIONS = 5  # the whole image plus at most 4 objects
+JPEG_QUALITY = 90
+FEATURE_BATCH = 64
+CALIBRATION_SCENES = 256  # scenes whose region features set the per-dimension standardisation
+EXTRACTOR_SEED = 0  # fixed, not the data seed: sets built with other seeds share one extractor
+VOCAB_NAME = "vocab.json"
+# What a shard-set directory may hold; --overwrite deletes nothing else.
+_SET_FILE = re.compile(r"^([A-Za-z0-9_]+-\d{6}\.tar|manifest\.json|vocab\.json)(\.tmp)?$")
+
+
+def split_rng(seed: int, split: str) -> random.Random:
+    """Independent, reproducible stream per split (str seeds are hashed with SHA-512, not hash())."""
+    return random.Random(f"vldist-synth:{seed}:{split}")
+
+
+def sample_key(split: str, index: int) -> str:
+    return f"{split}-{index:07d}"
+
+
+def jpeg_bytes(scene: Scene) -> bytes:
+    buf = io.BytesIO()
+    scene.image.save(buf, format="JPEG", quality=JPEG_QUALITY)
+    return buf.getvalue()
+
+
+def region_boxes(scene: Scene) -> list[list[int]]:
+    """The stored "detector order": the whole image, then objects by area, largest first."""
+    objects = sorted(scene.objects, key=lambda o: -o.area)  # stable: ties keep scene order
+    return [[0, 0, scene.width, scene.height]] + [list(o.box) for o in objects]
+
+
+def sample_metadata(key: str, split: str, scene: Scene, captions: list[str]) -> dict:
+    return {
+        "id": key,
+        "split": split,
+        "width": scene.width,
+        "height": scene.height,
+        "captions": captions,
+        "objects": [
+            {"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size}
+            for o in scene.objects
+        ],
+        "region_boxes": region_boxes(scene),
+    }
+
+
+def check_target(out: Path, overwrite: bool) -> None:
+    """Refuse to build over an existing set (unless overwrite) or over unrelated files (ever)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory; choose another --out")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    foreign = [name for name in entries if not _SET_FILE.match(name)]
+    if foreign:
+        raise FileExistsError(
+            f"{out} holds files that are not part of a shard set ({', '.join(foreign[:5])}); "
+            "it is left alone even with --overwrite: choose another --out or empty it yourself"
+        )
+    if not overwrite:
+        what = "a shard set" if MANIFEST_NAME in entries else "an unfinished shard set (no manifest.json)"
+        raise FileExistsError(f"{out} already holds {what}; pass --overwrite (overwrite=True) to "
+                              "replace it, or choose another --out")
+
+
+def _install(partial: Path, out: Path) -> None:
+    """Move the finished build to `out`, replacing what check_target allowed to be replaced."""
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+        partial.rename(out)
+        shutil.rmtree(old)
+    else:
+        partial.rename(out)
+
+
+def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 1000, seed: int = 0,
+                shard_size: int = 1000, image_size: int = 128, feature_size: int = 96,
+                backbone: str = "resnet50", weights: str | None = None, progress: bool = True,
+                overwrite: bool = False, layer: str = "layer2", grid: int = 2) -> dict:
+    """Render, caption and featurise the synthetic splits into a shard set at `out_dir`.
+
+    feature_size is the side the extractor resizes images to; layer and grid pick the ResNet stage
+    and the roi_align grid (see features.py for why layer2 with a 2x2 grid is the default).
+    Returns the manifest.
+    """
+    counts = {"train": n_train, "val": n_val, "test": n_test}
+    if n_train < 1 or n_val < 0 or n_test < 0:
+        raise ValueError(f"need n_train >= 1 and n_val, n_test >= 0, got {counts}")
+    out = Path(out_dir)
+    check_target(out, overwrite)
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():  # left by an interrupted build
+        shutil.rmtree(partial)
+
+    config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
+              "image_size": image_size, "feature_size": feature_size, "backbone": backbone, "weights": weights,
+              "layer": layer, "grid": grid}
+    extractor = RegionFeatureExtractor(backbone, weights=weights, input_size=feature_size, seed=EXTRACTOR_SEED,
+                                       layer=layer, grid=grid)
+    calibration_rng = split_rng(EXTRACTOR_SEED, "calibration")
+    calibration = [generate_scene(calibration_rng, image_size) for _ in range(CALIBRATION_SCENES)]
+    extractor.calibrate([s.image for s in calibration], [region_boxes(s) for s in calibration])
+    features = {"extractor": backbone, "layer": layer, "grid": grid, "dim": extractor.dim, "weights": weights,
+                "input_size": feature_size, "max_regions": MAX_REGIONS, "seed": EXTRACTOR_SEED,
+                "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})"}
+    train_captions: list[str] = []
+    bar = tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress)
+    try:
+        with ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer:
+            for split in SPLITS:
+                rng = split_rng(seed, split)
+                pending: list[tuple[Scene, dict]] = []
+                for index in range(counts[split]):
+                    scene = generate_scene(rng, image_size)
+                    captions = make_captions(scene, rng)
+                    if split == "train":
+                        train_captions.extend(captions)
+                    pending.append((scene, sample_metadata(sample_key(split, index), split, scene, captions)))
+                    if len(pending) == FEATURE_BATCH or index == counts[split] - 1:
+                        _write_batch(writer, split, pending, extractor)
+                        bar.update(len(pending))
+                        pending = []
+            Vocab.build(train_captions).save(partial / VOCAB_NAME)
+            manifest = writer.close(extra={"features": features, "config": config})
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    _install(partial, out)
+    return manifest
+
+
+def _write_batch(writer: ShardSetWriter, split: str, pending: list[tuple[Scene, dict]],
+                 extractor: RegionFeatureExtractor) -> None:
+    scenes = [scene for scene, _ in pending]
+    regions = extractor.extract([s.image for s in scenes], [meta["region_boxes"] for _, meta in pending])
+    for (scene, meta), feats in zip(pending, regions):
+        writer.write(split, {"__key__": meta["id"], "jpg": jpeg_bytes(scene), "json": meta, "regions.npy": feats})

@@ -1,0 +1,202 @@
+"""A generic writer of WebDataset shard sets in the layout of shards/README.md.
+
+Tars are written with `tarfile` directly so that the same samples always give the same bytes
+(fixed mtime, owner and mode; a sample's members contiguous and sorted by extension). A shard is
+written under a `.tmp` name and renamed only once complete, and `manifest.json` is written last,
+so a set without a manifest (or with `.tmp` files) is recognisably unfinished.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MANIFEST_NAME = "manifest.json"
+FORMAT_NAME = "vldist-shards"
+FORMAT_VERSION = 1
+
+# WebDataset splits `<key>.<ext>` at the first dot of the file name, so a key has no dot (and no
+# slash, which would make a directory member); extensions are dot-separated words ("regions.npy").
+_KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
+_EXT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+_SPLIT = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}-{index:06d}.tar"
+
+
+def encode_value(ext: str, value: Any) -> bytes:
+    """The bytes stored for one member: dict/list -> JSON, ndarray -> .npy, str -> UTF-8."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, np.ndarray):
+        buf = io.BytesIO()
+        np.save(buf, value, allow_pickle=False)
+        return buf.getvalue()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value)).encode("utf-8")  # WebDataset's convention for `.cls` members
+    raise TypeError(
+        f"cannot store member {ext!r} of type {type(value).__name__}: pass bytes, str, int, "
+        "a dict/list (stored as JSON) or a numpy array (stored as .npy)"
+    )
+
+
+def _tar_info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mtime = 0
+    info.mode = 0o444
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    info.type = tarfile.REGTYPE
+    return info
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON to `path` via a temporary file and os.replace, so readers never see half of it."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _OpenShard:
+    """The tar currently being filled for one split."""
+
+    def __init__(self, out_dir: Path, split: str, index: int):
+        self.final = out_dir / shard_name(split, index)
+        self.tmp = self.final.with_name(self.final.name + ".tmp")
+        self.tar = tarfile.open(self.tmp, "w", format=tarfile.PAX_FORMAT)
+        self.samples = 0
+
+    def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        for ext, data in members:
+            self.tar.addfile(_tar_info(f"{key}.{ext}", len(data)), io.BytesIO(data))
+        self.samples += 1
+
+    def finish(self) -> dict:
+        self.tar.close()
+        os.replace(self.tmp, self.final)
+        return {"file": self.final.name, "samples": self.samples, "sha256": sha256_file(self.final)}
+
+    def abandon(self) -> None:
+        self.tar.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class ShardSetWriter:
+    """Writes samples into `<split>-NNNNNN.tar` shards of `shard_size` samples, then a manifest.
+
+        with ShardSetWriter("shards/mine", shard_size=1000, source="coco") as writer:
+            writer.write("train", {"__key__": "train-0000000", "jpg": jpeg_bytes, "json": meta})
+            manifest = writer.close(extra={"features": {...}})
+
+    A `with` block that ends normally closes the writer (if close() was not called); one that ends
+    with an exception discards the open shards and writes no manifest.
+    """
+
+    def __init__(self, out_dir: str | Path, shard_size: int = 1000, source: str = "unknown"):
+        if shard_size < 1:
+            raise ValueError(f"shard_size must be at least 1, got {shard_size}")
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.shard_size = shard_size
+        self.source = source
+        self._open: dict[str, _OpenShard] = {}
+        self._finished: dict[str, list[dict]] = {}
+        self._keys: set[str] = set()
+        self._closed = False
+
+    def write(self, split: str, sample: dict) -> None:
+        if self._closed:
+            raise RuntimeError("this ShardSetWriter is closed; open a new one to write more samples")
+        if not _SPLIT.match(split):
+            raise ValueError(f"split name {split!r} must be letters, digits or '_' (it names the shards)")
+        key = sample.get("__key__")
+        if not isinstance(key, str) or not _KEY.match(key):
+            raise ValueError(
+                f"sample key {key!r} must be a non-empty string of letters, digits, '_' or '-' "
+                "(no dots or slashes: WebDataset splits member names at the first dot)"
+            )
+        if key in self._keys:
+            raise ValueError(f"duplicate sample key {key!r}: keys must be unique across the whole set")
+        members = []
+        for ext in sorted(k for k in sample if not k.startswith("__")):
+            if not _EXT.match(ext):
+                raise ValueError(f"member extension {ext!r} of sample {key!r} is not a valid name")
+            members.append((ext, encode_value(ext, sample[ext])))
+        if not members:
+            raise ValueError(f"sample {key!r} has no members to write")
+        self._keys.add(key)
+
+        shard = self._open.get(split)
+        if shard is None:
+            index = len(self._finished.setdefault(split, []))
+            shard = self._open[split] = _OpenShard(self.out_dir, split, index)
+        shard.add(key, members)
+        if shard.samples >= self.shard_size:
+            self._finished[split].append(shard.finish())
+            del self._open[split]
+
+    def close(self, extra: dict | None = None) -> dict:
+        """Finish the open shards and write manifest.json; `extra` keys are merged into it."""
+        if self._closed:
+            raise RuntimeError("this ShardSetWriter is already closed")
+        for split, shard in sorted(self._open.items()):
+            self._finished[split].append(shard.finish())
+        self._open.clear()
+        self._closed = True
+        manifest: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "source": self.source}
+        for name, value in (extra or {}).items():
+            if name in ("format", "version", "splits"):
+                raise ValueError(f"extra manifest key {name!r} would overwrite a required field")
+            manifest[name] = value
+        manifest["splits"] = {
+            split: {"samples": sum(s["samples"] for s in shards), "shards": shards}
+            for split, shards in self._finished.items()
+        }
+        write_json_atomic(self.out_dir / MANIFEST_NAME, manifest)
+        return manifest
+
+    def abort(self) -> None:
+        """Discard the shards still open (their .tmp files); no manifest is written."""
+        for shard in self._open.values():
+            shard.abandon()
+        self._open.clear()
+        self._closed = True
+
+    def __enter__(self) -> "ShardSetWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._closed:
+            return
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
