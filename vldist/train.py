@@ -41,7 +41,7 @@ def open_shards(config: JobConfig) -> ShardSet:
     if not directory.exists() and config.data.build_if_missing and config.data.shards == SYNTH_DIR:
         from vldist.shards.synth import build_synth
 
-        log.info("shards '%s' not found: building the embedded synthetic dataset (once, about 2 minutes)", directory)
+        log.info("shards '%s' not found: building the embedded synthetic dataset (once, about a minute)", directory)
         build_synth(directory)
     return ShardSet.open(directory)
 

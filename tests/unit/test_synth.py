@@ -309,3 +309,26 @@ def test_extractor_is_reproducible_and_checks_its_arguments():
         RegionFeatureExtractor(input_size=32).extract([image], [])
     with pytest.raises(ValueError, match="ResNet"):
         RegionFeatureExtractor(backbone="vit_b_16")
+
+
+def test_calibrated_features_are_standardised_and_stage_sets_the_size():
+    import random as _random
+
+    from vldist.shards.scenes import generate_scene
+
+    rng = _random.Random(5)
+    scenes = [generate_scene(rng, 64) for _ in range(24)]
+    images = [s.image for s in scenes]
+    boxes = [[[0, 0, 64, 64]] + [list(o.box) for o in s.objects] for s in scenes]
+    extractor = RegionFeatureExtractor(input_size=32, layer="layer2", grid=2)
+    assert extractor.dim == 512 * 4
+    raw = np.concatenate(extractor.extract(images, boxes)).astype(np.float32)
+    assert np.linalg.norm(raw.mean(0)) > 0.9 * np.linalg.norm(raw, axis=1).mean()  # one dominant direction
+    extractor.calibrate(images, boxes)
+    rows = np.concatenate(extractor.extract(images, boxes)).astype(np.float32)
+    assert np.abs(rows.mean(0)).max() < 0.01
+    spread = rows.std(0, ddof=1)
+    assert np.mean(np.abs(spread - 1) < 0.02) > 0.95  # a few near-constant dims stay below 1
+    assert RegionFeatureExtractor(input_size=32, layer="layer1", grid=1).dim == 256
+    with pytest.raises(ValueError, match="layer must be one of"):
+        RegionFeatureExtractor(input_size=32, layer="layer5")
