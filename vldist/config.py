@@ -56,6 +56,12 @@ class TrainConfig(Section):
     validate_every: int = Field(1, ge=0, description="evaluate on val every N epochs and keep the best (0: never)")
 
 
+class EngineConfig(Section):
+    backend: Literal["accelerate"] = Field("accelerate", description="training engine (Accelerate DDP)")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="autocast on CUDA; CPU runs fp32")
+    sync_batchnorm: bool = Field(False, description="BatchNorm statistics over every rank's rows (exact multi-rank)")
+
+
 class EvalConfig(Section):
     split: str = Field("test", description="split evaluated at the end of training")
     baseline: bool = Field(True, description="also evaluate the untrained model, for comparison")
@@ -71,6 +77,7 @@ class JobConfig(Section):
     seed: int = 0
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
+    engine: EngineConfig = EngineConfig()
     eval: EvalConfig = EvalConfig()
     output: OutputConfig = OutputConfig()
     model: Section = Section()

@@ -14,7 +14,7 @@ from vldist.config import (
     list_job_files, parse_overrides, read_yaml, validate,
 )
 from vldist.data.shardset import ShardSet, ShardsNotFoundError
-from vldist.dist.engine import LocalEngine
+from vldist.dist.engine import make_engine
 from vldist.recipes import RECIPES, get_recipe
 from vldist.report import chance_recall, retrieval_table
 
@@ -74,13 +74,20 @@ def usage(job: str) -> str:
 def run(config: JobConfig) -> dict:
     from vldist.trainer import Trainer
 
-    engine = LocalEngine(config.train.device)
-    shards = open_shards(config)
+    engine = make_engine(config)
+    if not engine.is_main:
+        logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
+    shards = open_shards(config) if engine.is_main else None
+    engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
+    shards = shards or ShardSet.open(config.data.shards)
     recipe_cls = get_recipe(config.recipe)
     recipe = recipe_cls(config, shards.vocab(config.output_dir), shards.feature_dim())
-    log.info("%s on %s (%s), output in %s", config.recipe, shards.directory, engine.device, config.output_dir)
+    log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
+             engine.world_size, config.output_dir)
     try:
-        return Trainer(config, recipe, engine, shards).fit()
+        results = Trainer(config, recipe, engine, shards).fit()
+        results["world_size"] = engine.world_size
+        return results if engine.is_main else None
     finally:
         engine.close()
 
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ShardsNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print_results(config, results)
+    if results is not None:  # rank 0
+        print_results(config, results)
     return 0
 
 

@@ -19,6 +19,7 @@ from vldist.checkpoint import load_model_state, save_checkpoint
 from vldist.config import JobConfig, to_yaml
 from vldist.data.pipeline import EvalStream, StreamSpec, TrainStream, batches_per_rank, make_loader
 from vldist.data.shardset import ShardSet
+from vldist.losses.distributed import global_sum
 from vldist.recipes.base import Recipe
 
 log = logging.getLogger("vldist.train")
@@ -67,8 +68,7 @@ class Trainer:
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
-        model = recipe.build_model().to(engine.device)
-        self.model, self.optimizer = engine.setup(model, build_optimizer(config, model))
+        self.model, self.optimizer = engine.setup(recipe.build_model(), lambda m: build_optimizer(config, m))
         self.scheduler = torch.optim.lr_scheduler.StepLR(
             self.optimizer, step_size=t.lr_decay_epochs * self.steps_per_epoch, gamma=t.lr_decay_factor
         )
@@ -91,9 +91,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def evaluate(self, split: str) -> dict:
-        # Every rank holds the whole model; rank 0 scores the whole split (the retrieval protocol
-        # needs all images and captions in one similarity matrix).
+    def evaluate(self, split: str) -> dict | None:
+        """Metrics on rank 0 (None elsewhere); the other ranks wait. The retrieval protocol needs
+        every image and caption in one similarity matrix, and every rank holds the whole model."""
+        if not self.engine.is_main:
+            self.engine.barrier()
+            return None
+        result = self._evaluate_here(split)
+        self.engine.barrier()
+        return result
+
+    def _evaluate_here(self, split: str) -> dict:
         stream = EvalStream(self._spec(split, train=False))
         stream.spec.rank, stream.spec.world_size = 0, 1
         loader = make_loader(stream, min(self.config.data.workers, len(stream.spec.urls)))
@@ -117,19 +125,22 @@ class Trainer:
             with self.engine.autocast():
                 losses = self.recipe.losses(self.model, batch)
             loss = losses["loss"]
-            if not torch.isfinite(loss):
+            # Every rank holds a share; their sum is the global batch's loss, and checking the sum
+            # makes all ranks stop together on a NaN instead of leaving the others hanging.
+            losses = {k: global_sum(v) for k, v in losses.items()}
+            if not torch.isfinite(losses["loss"]):
                 parts = ", ".join(f"{k}={float(v.detach()):.4g}" for k, v in losses.items())
                 raise NonFiniteLossError(
                     f"non-finite loss at step {self.state.step + 1} ({parts}). Lower train.lr or set "
                     "train.grad_clip, check the shards for bad features, and restart from the last checkpoint "
                     f"in {self.out_dir / 'checkpoints'} (nothing was saved after it)."
                 )
-            loss_sum, loss_steps = loss_sum + float(loss.detach()), loss_steps + 1
+            loss_sum, loss_steps = loss_sum + float(losses["loss"]), loss_steps + 1
             self.engine.backward(loss)
             grad_norm = self.engine.clip_grad_norm(t.grad_clip)
             self.engine.step()
             self.scheduler.step()
-            n = batch["regions"].shape[0] * self.engine.world_size if "regions" in batch else 0
+            n = _batch_size(batch) * self.engine.world_size
             self.state.step += 1
             self.state.samples_seen += n
             window_samples += n
@@ -162,7 +173,8 @@ class Trainer:
         start = time.perf_counter()
         if cfg.eval.baseline:
             results["untrained"] = self.evaluate(cfg.eval.split)
-            log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(results["untrained"])))
+            if self.engine.is_main:
+                log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(results["untrained"])))
         for epoch in range(self.epochs):
             train_loss = self.train_epoch(epoch)
             self._end_of_epoch(epoch, train_loss)
@@ -188,9 +200,11 @@ class Trainer:
         every = cfg.train.validate_every
         if every and ((epoch + 1) % every == 0 or epoch + 1 == self.epochs):
             val = self.evaluate(cfg.data.val_split)
-            score = val["full"]["rsum"]
-            entry["val"] = self.recipe.headline(val)
-            log.info("epoch %d validation: %s", epoch + 1, _short(entry["val"]))
+            # Rank 0 decides and shares the decision, so every rank agrees on the best epoch.
+            score = float(global_sum(torch.tensor(val["full"]["rsum"] if val else 0.0, dtype=torch.float64)))
+            if val:
+                entry["val"] = self.recipe.headline(val)
+                log.info("epoch %d validation: %s", epoch + 1, _short(entry["val"]))
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
                 self.save("best", entry)
@@ -198,8 +212,11 @@ class Trainer:
         self.save("last", entry)
 
     def save(self, name: str, meta: dict) -> None:
-        if not self.engine.is_main:
-            return
+        if self.engine.is_main:
+            self._save_here(name, meta)
+        self.engine.barrier()  # no rank reads or replaces a checkpoint that is still being written
+
+    def _save_here(self, name: str, meta: dict) -> None:
         save_checkpoint(
             self.out_dir / "checkpoints" / name,
             model_state=self.engine.unwrap(self.model).state_dict(),
@@ -215,6 +232,10 @@ class Trainer:
             vocab=self.recipe.vocab,
             meta={**meta, "recipe": self.config.recipe},
         )
+
+
+def _batch_size(batch: dict) -> int:
+    return next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))
 
 
 def _hms(seconds: float) -> str:

@@ -20,8 +20,7 @@ from torch import nn
 
 from vldist.config import Section
 from vldist.data.collate import pad_regions, pad_tokens
-from vldist.losses import vse_hinge_loss
-from vldist.losses.caption import caption_nll
+from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.metrics import retrieval_protocols
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.image_encoder import RegionReasoningEncoder
@@ -47,6 +46,10 @@ class VSRNConfig(Section):
         0, ge=0, description="epochs of sum-over-negatives before hardest negatives (VSE-infinity's warm-up; paper: 0)"
     )
     captions_per_image: int = Field(5, ge=1, description="reference captions per image in evaluation")
+    gather_negatives: bool = Field(
+        True, description="hardest negatives over the global batch (all ranks); False: each rank's slice only"
+    )
+    decoder_dropout: float = Field(0.1, ge=0, lt=1)
 
 
 class VSRNModel(nn.Module):
@@ -57,7 +60,7 @@ class VSRNModel(nn.Module):
         )
         self.text = GRUTextEncoder(vocab_size, cfg.word_dim, cfg.embed_size)
         self.decoder = (
-            AttentionCaptionDecoder(vocab_size, cfg.embed_size, cfg.word_dim, cfg.decoder_hidden)
+            AttentionCaptionDecoder(vocab_size, cfg.embed_size, cfg.word_dim, cfg.decoder_hidden, cfg.decoder_dropout)
             if cfg.caption_loss
             else None
         )
@@ -162,11 +165,14 @@ class VSRNRecipe(Recipe):
 
     def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
         out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
-        matching = vse_hinge_loss(out["image"], out["text"], self.cfg.margin, self.hardest_negatives)
+        # Each term is this rank's share of the global batch's loss (see losses/distributed.py).
+        matching = cross_rank_vse_hinge_loss(
+            out["image"], out["text"], self.cfg.margin, self.hardest_negatives, self.cfg.gather_negatives
+        )
         parts = {"matching": matching}
         total = matching
         if "caption_logits" in out:
-            caption = caption_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
+            caption = cross_rank_token_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
             parts["caption"] = caption
             total = total + self.cfg.caption_loss_weight * caption
         return {"loss": total, **{k: v.detach() for k, v in parts.items()}}

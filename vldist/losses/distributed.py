@@ -1,0 +1,75 @@
+"""Losses over the global batch when each rank holds a slice of it.
+
+Convention: a recipe returns its rank's *share* of the global loss, so that the shares summed over
+ranks equal the loss one process would compute on the whole global batch. The engine multiplies by
+the world size before backward, because DDP and DeepSpeed average gradients over ranks.
+
+Hard negatives are exact: embeddings are all-gathered with gradient (open_clip's
+`gather_with_grad`), each rank scores its local rows against the global batch (`local_loss`), and
+gradients flow back to the rank that produced each embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from vldist.losses.hinge import hardest_negative_hinge, vse_hinge_loss
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_gather_with_grad(x: Tensor) -> Tensor:
+    """Every rank's x concatenated along dim 0 (rank order); backward returns each rank its part."""
+    rank, size = world()
+    if size == 1:
+        return x
+    return torch.cat(torch.distributed.nn.functional.all_gather(x), dim=0)
+
+
+def global_sum(x: Tensor) -> Tensor:
+    """Sum of a (detached) value over ranks, e.g. to log the global loss from the shares."""
+    x = x.detach().clone()
+    if world()[1] > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def cross_rank_vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2, max_violation: bool = True,
+                              gather: bool = True) -> Tensor:
+    """This rank's share of the VSE++ hinge loss of the global batch.
+
+    With gather, local images are ranked against every caption of the global batch and local
+    captions against every image, so the hardest negative is the global one: the shares sum to
+    `vse_hinge_loss` of the concatenated batch. Without gather, negatives come from the local
+    slice only (cheaper, and a different loss). Memory: gathering holds the global batch's
+    embeddings (B x D per modality) and a (B/W x B) score matrix per direction on every rank,
+    instead of (B/W x D) and (B/W x B/W).
+    """
+    rank, size = world()
+    if size == 1 or not gather:
+        return vse_hinge_loss(img, txt, margin, max_violation)
+    all_img, all_txt = all_gather_with_grad(img), all_gather_with_grad(txt)
+    positives = torch.arange(img.shape[0], device=img.device) + rank * img.shape[0]
+    return (hardest_negative_hinge(img @ all_txt.T, positives, margin, max_violation)
+            + hardest_negative_hinge(txt @ all_img.T, positives, margin, max_violation))
+
+
+def cross_rank_token_nll(logits: Tensor, targets: Tensor, pad_id: int = 0) -> Tensor:
+    """This rank's share of the mean per-token NLL over the global batch's real tokens.
+
+    VSRN's L_G (Eq. 9): the paper writes a sum over time steps; the official code averages over
+    the real tokens, which keeps L_G on the scale of one word whatever the caption length. Ranks
+    hold different numbers of real tokens, so each divides its sum by the global count: the
+    shares then sum to the mean one process would compute over the whole batch.
+    """
+    total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=pad_id, reduction="sum")
+    count = global_sum((targets != pad_id).sum().to(total.dtype))
+    return total / count.clamp(min=1)
