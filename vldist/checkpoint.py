@@ -92,6 +92,29 @@ def _require_complete(directory: Path) -> None:
         )
 
 
+STEP_PREFIX = "step-"
+
+
+def step_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def step_checkpoints(directory: Path) -> list[Path]:
+    """Complete step-numbered checkpoints in `directory`, oldest first."""
+    found = [p for p in Path(directory).glob(f"{STEP_PREFIX}*") if p.is_dir() and is_complete(p)]
+    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+
+
+def prune(directory: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` complete step checkpoints, and the temporary
+    directories of saves that a killed process left behind."""
+    for old in step_checkpoints(directory)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    for leftover in Path(directory).glob(".*.tmp-*"):
+        if not leftover.name.endswith(f".tmp-{os.getpid()}"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def find_checkpoint(path: Path) -> Path:
     """A checkpoint directory, or a run directory: its best checkpoint, else its newest complete one."""
     path = Path(path)
@@ -100,7 +123,7 @@ def find_checkpoint(path: Path) -> Path:
     ckpts = path / "checkpoints"
     if (ckpts / "best").is_dir() and is_complete(ckpts / "best"):
         return ckpts / "best"
-    complete = sorted((p for p in ckpts.glob("*") if p.is_dir() and is_complete(p)), key=lambda p: p.stat().st_mtime)
+    complete = step_checkpoints(ckpts)
     if complete:
         return complete[-1]
     if path.is_dir() and not ckpts.is_dir():

@@ -54,6 +54,11 @@ class TrainConfig(Section):
     threads: int | None = Field(None, ge=1, description="torch CPU threads (default: torch's choice)")
     log_every: int = Field(20, ge=1, description="print a progress line every N steps")
     validate_every: int = Field(1, ge=0, description="evaluate on val every N epochs and keep the best (0: never)")
+    save_every_steps: int | None = Field(None, ge=1, description="also checkpoint every N steps (always at epoch ends)")
+    keep_last: int = Field(2, ge=1, description="step checkpoints kept (the best is kept as well)")
+    resume: str | None = Field(
+        None, description="'latest': newest good checkpoint of output.dir (error if none); 'auto': it if any; or a path"
+    )
 
 
 class EngineConfig(Section):

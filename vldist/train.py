@@ -86,7 +86,6 @@ def run(config: JobConfig) -> dict:
              engine.world_size, config.output_dir)
     try:
         results = Trainer(config, recipe, engine, shards).fit()
-        results["world_size"] = engine.world_size
         return results if engine.is_main else None
     finally:
         engine.close()

@@ -1,7 +1,8 @@
-"""The training loop: one code path for every recipe and every engine.
+"""The training loop: one code path for every recipe, engine and launcher.
 
-fit() builds the model, streams batches, takes optimizer steps, validates each epoch (keeping the
-best snapshot by validation rsum, as VSRN does), and evaluates the best snapshot on the test split.
+fit() builds the model, streams batches, takes optimizer steps, checkpoints (every N steps and at
+each epoch end, resumable to the exact batch), validates each epoch keeping the best snapshot by
+validation rsum (as VSRN does), and evaluates the best snapshot on the test split.
 """
 
 from __future__ import annotations
@@ -10,16 +11,18 @@ import json
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from vldist.checkpoint import load_model_state, save_checkpoint
+from vldist.checkpoint import (
+    CheckpointError, load_model_state, load_train_state, prune, save_checkpoint, step_checkpoints, step_name,
+)
 from vldist.config import JobConfig, to_yaml
 from vldist.data.pipeline import EvalStream, StreamSpec, TrainStream, batches_per_rank, make_loader
 from vldist.data.shardset import ShardSet
-from vldist.losses.distributed import global_sum
+from vldist.dist.collectives import gather_objects, global_sum
 from vldist.recipes.base import Recipe
 
 log = logging.getLogger("vldist.train")
@@ -31,13 +34,19 @@ class NonFiniteLossError(FloatingPointError):
 
 @dataclass
 class RunState:
+    """Everything besides weights and optimizer that a resumed run needs to carry on exactly."""
+
     step: int = 0
-    epoch: int = 0
+    epoch: int = 0  # the epoch in progress (0-based)
+    epoch_step: int = 0  # batches of that epoch already taken: the data position
+    epoch_loss_sum: float = 0.0
     samples_seen: int = 0
     skipped_samples: int = 0
     best_score: float = -math.inf
     best_epoch: int | None = None
     history: list[dict] = field(default_factory=list)
+    untrained: dict | None = None
+    restarts: int = 0
 
 
 def build_optimizer(config: JobConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
@@ -55,11 +64,11 @@ class Trainer:
     def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet):
         self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
         self.out_dir = config.output_dir
+        self.ckpt_dir = self.out_dir / "checkpoints"
         self.state = RunState()
         t = config.train
-        world = engine.world_size
-        if config.data.batch_size % world:
-            raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by the {world} ranks")
+        if config.data.batch_size % engine.world_size:
+            raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by the {engine.world_size} ranks")
         samples = t.samples_per_epoch or shards.num_samples(config.data.train_split)
         if samples is None:
             raise ValueError("the shard set has no manifest count for the train split; set train.samples_per_epoch")
@@ -85,8 +94,8 @@ class Trainer:
             collate_fn=r.collate_train if train else r.collate_eval,
             batch_size=d.batch_size // self.engine.world_size if train else d.eval_batch_size,
             seed=self.config.seed,
-            rank=self.engine.rank,
-            world_size=self.engine.world_size,
+            rank=self.engine.rank if train else 0,
+            world_size=self.engine.world_size if train else 1,
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -94,101 +103,103 @@ class Trainer:
     def evaluate(self, split: str) -> dict | None:
         """Metrics on rank 0 (None elsewhere); the other ranks wait. The retrieval protocol needs
         every image and caption in one similarity matrix, and every rank holds the whole model."""
-        if not self.engine.is_main:
-            self.engine.barrier()
-            return None
-        result = self._evaluate_here(split)
+        result = None
+        if self.engine.is_main:
+            loader = make_loader(EvalStream(self._spec(split, train=False)), min(self.config.data.workers, len(self.shards.urls(split))))
+            result = self.recipe.evaluate(self.engine.unwrap(self.model), loader, self.engine.device)
         self.engine.barrier()
         return result
-
-    def _evaluate_here(self, split: str) -> dict:
-        stream = EvalStream(self._spec(split, train=False))
-        stream.spec.rank, stream.spec.world_size = 0, 1
-        loader = make_loader(stream, min(self.config.data.workers, len(stream.spec.urls)))
-        return self.recipe.evaluate(self.engine.unwrap(self.model), loader, self.engine.device)
 
     # ------------------------------------------------------------------ training
 
     def train_epoch(self, epoch: int) -> float:
-        """One epoch of steps; returns the mean training loss."""
+        """The rest of one epoch (from the data position on resume); returns its mean loss."""
         self.train_stream.epoch = epoch
         self.recipe.start_epoch(epoch)
         t = self.config.train
         self.model.train()
+        replay = self.state.epoch_step  # batches this epoch already trained on before a restart
         window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
-        loss_sum, loss_steps = 0.0, 0
         fetch_start = time.perf_counter()
-        for batch in make_loader(self.train_stream, self.config.data.workers):
+        for index, batch in enumerate(make_loader(self.train_stream, self.config.data.workers)):
+            if index < replay:
+                continue  # the stream is seeded per epoch, so skipping replays the exact position
             window_wait += time.perf_counter() - fetch_start
             self.state.skipped_samples += batch.pop("skipped", 0)
-            batch = _to_device(batch, self.engine.device)
-            with self.engine.autocast():
-                losses = self.recipe.losses(self.model, batch)
-            loss = losses["loss"]
-            # Every rank holds a share; their sum is the global batch's loss, and checking the sum
-            # makes all ranks stop together on a NaN instead of leaving the others hanging.
-            losses = {k: global_sum(v) for k, v in losses.items()}
-            if not torch.isfinite(losses["loss"]):
-                parts = ", ".join(f"{k}={float(v.detach()):.4g}" for k, v in losses.items())
-                raise NonFiniteLossError(
-                    f"non-finite loss at step {self.state.step + 1} ({parts}). Lower train.lr or set "
-                    "train.grad_clip, check the shards for bad features, and restart from the last checkpoint "
-                    f"in {self.out_dir / 'checkpoints'} (nothing was saved after it)."
-                )
-            loss_sum, loss_steps = loss_sum + float(losses["loss"]), loss_steps + 1
-            self.engine.backward(loss)
-            grad_norm = self.engine.clip_grad_norm(t.grad_clip)
-            self.engine.step()
-            self.scheduler.step()
+            losses = self._step(_to_device(batch, self.engine.device))
             n = _batch_size(batch) * self.engine.world_size
             self.state.step += 1
+            self.state.epoch_step += 1
+            self.state.epoch_loss_sum += float(losses["loss"])
             self.state.samples_seen += n
-            window_samples += n
-            window_steps += 1
+            window_samples, window_steps = window_samples + n, window_steps + 1
             if self.engine.is_main and (self.state.step % t.log_every == 0 or self.state.step == self.total_steps):
                 elapsed = time.perf_counter() - window_start
-                rate = window_samples / max(elapsed, 1e-9)
-                eta = (self.total_steps - self.state.step) * elapsed / window_steps
-                parts = " ".join(f"{k} {float(v.detach()):.3f}" for k, v in losses.items())
+                parts = " ".join(f"{k} {float(v):.3f}" for k, v in losses.items())
                 log.info(
                     "epoch %d step %d/%d | %s | lr %.2e | grad %.2f | %.0f samples/s | data wait %.0f%% | eta %s",
                     epoch + 1, self.state.step, self.total_steps, parts, self.scheduler.get_last_lr()[0],
-                    grad_norm, rate, 100 * window_wait / max(elapsed, 1e-9), _hms(eta),
+                    losses["grad_norm"], window_samples / max(elapsed, 1e-9), 100 * window_wait / max(elapsed, 1e-9),
+                    _hms((self.total_steps - self.state.step) * elapsed / window_steps),
                 )
                 window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
-            if self.state.step >= self.total_steps:
+            if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
+                self.save_step()
+            if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
                 break
             fetch_start = time.perf_counter()
-        self.state.epoch = epoch + 1
-        if loss_steps == 0:
+        if self.state.epoch_step == 0:
             raise RuntimeError(
                 f"epoch {epoch + 1} yielded no training batches: every sample of {self.config.data.shards} "
                 "was skipped as corrupt or the train split is empty (see the warnings above)"
             )
-        return loss_sum / loss_steps
+        return self.state.epoch_loss_sum / self.state.epoch_step
+
+    def _step(self, batch: dict) -> dict:
+        with self.engine.autocast():
+            losses = self.recipe.losses(self.model, batch)
+        # Every rank holds a share; their sum is the global batch's loss. Checking the sum makes
+        # all ranks stop together on a NaN instead of leaving the others waiting in a collective.
+        logged = {k: global_sum(v) for k, v in losses.items()}
+        if not torch.isfinite(logged["loss"]):
+            parts = ", ".join(f"{k}={float(v):.4g}" for k, v in logged.items())
+            raise NonFiniteLossError(
+                f"non-finite loss at step {self.state.step + 1} ({parts}). Lower train.lr or set "
+                "train.grad_clip, check the shards for bad features, and restart from the last checkpoint "
+                f"in {self.ckpt_dir} (nothing was saved after it)."
+            )
+        self.engine.backward(losses["loss"])
+        logged["grad_norm"] = self.engine.clip_grad_norm(self.config.train.grad_clip)
+        self.engine.step()
+        self.scheduler.step()
+        return logged
 
     def fit(self) -> dict:
         cfg = self.config
-        results: dict = {"recipe": cfg.recipe, "config": cfg.model_dump(mode="json")}
         start = time.perf_counter()
-        if cfg.eval.baseline:
-            results["untrained"] = self.evaluate(cfg.eval.split)
+        self._maybe_resume()
+        if cfg.eval.baseline and self.state.step == 0:
+            self.state.untrained = self.evaluate(cfg.eval.split)
             if self.engine.is_main:
-                log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(results["untrained"])))
-        for epoch in range(self.epochs):
+                log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(self.state.untrained)))
+        while self.state.step < self.total_steps:
+            epoch = self.state.epoch
             train_loss = self.train_epoch(epoch)
             self._end_of_epoch(epoch, train_loss)
-        results["train_seconds"] = time.perf_counter() - start
-        best = self.out_dir / "checkpoints" / "best"
+        train_seconds = time.perf_counter() - start
+        best = self.ckpt_dir / "best"
         if self.state.best_epoch is not None and best.is_dir():
             self.engine.unwrap(self.model).load_state_dict(load_model_state(best))
+        results: dict = {"recipe": cfg.recipe, "world_size": self.engine.world_size, "config": cfg.model_dump(mode="json")}
+        if self.state.untrained is not None:
+            results["untrained"] = self.state.untrained
         results["test"] = self.evaluate(cfg.eval.split)
         results.update(
             steps=self.state.step, samples_seen=self.state.samples_seen, skipped_samples=self.state.skipped_samples,
-            best_epoch=self.state.best_epoch, history=self.state.history,
-            wall_seconds=time.perf_counter() - start,
+            best_epoch=self.state.best_epoch, restarts=self.state.restarts, history=self.state.history,
+            train_seconds=train_seconds, wall_seconds=time.perf_counter() - start,
         )
-        if self.state.skipped_samples:
+        if self.state.skipped_samples and self.engine.is_main:
             log.warning("skipped %d corrupt samples during training", self.state.skipped_samples)
         if self.engine.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -196,11 +207,17 @@ class Trainer:
         return results
 
     def _end_of_epoch(self, epoch: int, train_loss: float) -> None:
+        """After an epoch, or after the last step (which may fall mid-epoch: then the data position
+        is kept, so that a later run with more steps carries on from the same batch)."""
         cfg, entry = self.config, {"epoch": epoch + 1, "step": self.state.step, "train_loss": train_loss}
+        finished = self.state.epoch_step >= self.steps_per_epoch
+        if finished:
+            self.state.epoch, self.state.epoch_step, self.state.epoch_loss_sum = epoch + 1, 0, 0.0
+        self.state.history.append(entry)
         every = cfg.train.validate_every
-        if every and ((epoch + 1) % every == 0 or epoch + 1 == self.epochs):
+        if every and ((finished and (epoch + 1) % every == 0) or self.state.step >= self.total_steps):
             val = self.evaluate(cfg.data.val_split)
-            # Rank 0 decides and shares the decision, so every rank agrees on the best epoch.
+            # Rank 0 measured; share its score so every rank agrees on the best epoch.
             score = float(global_sum(torch.tensor(val["full"]["rsum"] if val else 0.0, dtype=torch.float64)))
             if val:
                 entry["val"] = self.recipe.headline(val)
@@ -208,30 +225,62 @@ class Trainer:
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
                 self.save("best", entry)
-        self.state.history.append(entry)
-        self.save("last", entry)
+        self.save_step()
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_step(self) -> None:
+        self.save(step_name(self.state.step), {"step": self.state.step, "epoch": self.state.epoch})
+        if self.engine.is_main:
+            prune(self.ckpt_dir, self.config.train.keep_last)
 
     def save(self, name: str, meta: dict) -> None:
+        rng_states = gather_objects(torch.get_rng_state())  # a collective: every rank takes part
         if self.engine.is_main:
-            self._save_here(name, meta)
+            save_checkpoint(
+                self.ckpt_dir / name,
+                model_state=self.engine.unwrap(self.model).state_dict(),
+                train_state={
+                    "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": rng_states,
+                    "run": asdict(self.state),
+                },
+                config_yaml=to_yaml(self.config),
+                vocab=self.recipe.vocab,
+                meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size},
+            )
         self.engine.barrier()  # no rank reads or replaces a checkpoint that is still being written
 
-    def _save_here(self, name: str, meta: dict) -> None:
-        save_checkpoint(
-            self.out_dir / "checkpoints" / name,
-            model_state=self.engine.unwrap(self.model).state_dict(),
-            train_state={
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "step": self.state.step,
-                "epoch": self.state.epoch,
-                "samples_seen": self.state.samples_seen,
-            },
-            config_yaml=to_yaml(self.config),
-            vocab=self.recipe.vocab,
-            meta={**meta, "recipe": self.config.recipe},
-        )
+    def _maybe_resume(self) -> None:
+        how = self.config.train.resume
+        if how is None:
+            return
+        candidates = [Path(how)] if how not in ("latest", "auto") else list(reversed(step_checkpoints(self.ckpt_dir)))
+        if not candidates and how == "auto":
+            log.info("train.resume=auto: no checkpoint in %s, starting fresh", self.ckpt_dir)
+            return
+        for path in candidates:
+            try:
+                self._restore(path)
+                return
+            except CheckpointError as err:  # damaged: fall back to the previous good one
+                if self.engine.is_main:
+                    log.warning("cannot resume from %s (%s); trying an earlier checkpoint", path, err)
+        raise CheckpointError(f"train.resume={how}: no usable checkpoint in {self.ckpt_dir}")
+
+    def _restore(self, path: Path) -> None:
+        weights, train_state = load_model_state(path), load_train_state(path)
+        self.engine.unwrap(self.model).load_state_dict(weights)
+        self.optimizer.load_state_dict(train_state["optimizer"])
+        self.scheduler.load_state_dict(train_state["scheduler"])
+        rng = train_state["rng"]
+        torch.set_rng_state(rng[self.engine.rank] if self.engine.rank < len(rng) else rng[0])
+        self.state = RunState(**train_state["run"])
+        self.state.restarts += 1
+        if self.engine.is_main:
+            log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step,
+                     self.state.epoch + 1, self.state.epoch_step)
 
 
 def _batch_size(batch: dict) -> int:

@@ -31,7 +31,8 @@ def test_train_writes_checkpoint_metrics_and_prints_the_table(trained_run):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 6 * 7  # ceil(200 / 32) steps per epoch
     assert (out / "checkpoints" / "best" / "COMPLETE").is_file()
-    assert (out / "checkpoints" / "last" / "model.safetensors").is_file()
+    steps = sorted(p.name for p in (out / "checkpoints").glob("step-*"))
+    assert steps == ["step-00000035", "step-00000042"]  # the last two epoch ends (keep_last=2)
     for row in ("chance", "untrained", "trained"):
         assert row in proc.stdout
     trained, untrained = metrics["test"]["full"], metrics["untrained"]["full"]
@@ -85,5 +86,4 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted
     monkeypatch.setattr(VSRNRecipe, "losses", poisoned)
     with pytest.raises(NonFiniteLossError, match="non-finite loss at step 11"):
         run(config)
-    meta = json.loads((tmp_path / "checkpoints" / "last" / "meta.json").read_text())
-    assert meta["step"] == 7
+    assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000007"]

@@ -3,7 +3,9 @@ import os
 import pytest
 import torch
 
-from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, load_train_state, save_checkpoint
+from vldist.checkpoint import (
+    CheckpointError, find_checkpoint, load_model_state, load_train_state, prune, save_checkpoint, step_checkpoints,
+)
 from vldist.data.vocab import Vocab
 
 
@@ -54,13 +56,23 @@ def test_truncated_weights_give_a_clear_error(tmp_path):
         load_train_state(tmp_path / "ckpt")
 
 
-def test_find_checkpoint_prefers_best_and_skips_incomplete(tmp_path):
+def test_find_checkpoint_prefers_best_then_the_newest_step(tmp_path):
     run = tmp_path / "run"
-    _save(run / "checkpoints" / "last")
-    assert find_checkpoint(run) == run / "checkpoints" / "last"
+    _save(run / "checkpoints" / "step-00000010")
+    _save(run / "checkpoints" / "step-00000100")
+    _save(run / "checkpoints" / "step-00000020")
+    assert find_checkpoint(run) == run / "checkpoints" / "step-00000100"  # by step, not by name or time
     _save(run / "checkpoints" / "best")
     assert find_checkpoint(run) == run / "checkpoints" / "best"
     (run / "checkpoints" / "best" / "COMPLETE").unlink()
-    assert find_checkpoint(run) == run / "checkpoints" / "last"
+    assert find_checkpoint(run) == run / "checkpoints" / "step-00000100"
     with pytest.raises(CheckpointError):
         find_checkpoint(tmp_path / "nothing")
+
+
+def test_prune_keeps_the_newest_complete_steps(tmp_path):
+    for step in (5, 10, 15, 20):
+        _save(tmp_path / f"step-{step:08d}")
+    (tmp_path / "step-00000020" / "COMPLETE").unlink()  # a save cut short: not counted, not kept
+    prune(tmp_path, keep_last=2)
+    assert [p.name for p in step_checkpoints(tmp_path)] == ["step-00000010", "step-00000015"]

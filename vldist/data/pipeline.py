@@ -130,6 +130,9 @@ def make_loader(stream: IterableDataset, workers: int) -> DataLoader:
         stream,
         batch_size=None,  # the stream batches itself
         num_workers=workers,
+        # Its own generator: drawing worker seeds from the global RNG would shift the model's
+        # random stream (dropout) depending on when loaders are created, breaking exact resume.
+        generator=torch.Generator().manual_seed(0),
         persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
         pin_memory=torch.cuda.is_available(),
         prefetch_factor=4 if workers else None,

@@ -12,34 +12,11 @@ gradients flow back to the rank that produced each embedding.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from vldist.dist.collectives import all_gather_with_grad, global_sum, world
 from vldist.losses.hinge import hardest_negative_hinge, vse_hinge_loss
-
-
-def world() -> tuple[int, int]:
-    """(rank, world size); (0, 1) outside torch.distributed."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def all_gather_with_grad(x: Tensor) -> Tensor:
-    """Every rank's x concatenated along dim 0 (rank order); backward returns each rank its part."""
-    rank, size = world()
-    if size == 1:
-        return x
-    return torch.cat(torch.distributed.nn.functional.all_gather(x), dim=0)
-
-
-def global_sum(x: Tensor) -> Tensor:
-    """Sum of a (detached) value over ranks, e.g. to log the global loss from the shares."""
-    x = x.detach().clone()
-    if world()[1] > 1:
-        dist.all_reduce(x)
-    return x
 
 
 def cross_rank_vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2, max_violation: bool = True,

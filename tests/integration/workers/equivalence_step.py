@@ -12,7 +12,7 @@ import torch
 
 from vldist.data.vocab import Vocab
 from vldist.dist.engine import AccelerateEngine
-from vldist.losses.distributed import global_sum
+from vldist.dist.collectives import global_sum
 from vldist.recipes.vsrn import VSRNRecipe
 from vldist.train import load_config
 
