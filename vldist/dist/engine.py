@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vldist.dist.launch_env import adopt_slurm_environment
 from vldist.models.global_batchnorm import convert_global_batchnorm
 
 
@@ -35,6 +36,7 @@ class AccelerateEngine:
     def __init__(self, device: str = "auto", mixed_precision: str = "no", sync_batchnorm: bool = False):
         from accelerate import Accelerator
 
+        adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
         on_cpu = pick_device(device).type == "cpu"
         self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else mixed_precision)
         state = self.accelerator.state

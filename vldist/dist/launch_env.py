@@ -1,0 +1,38 @@
+"""Map a launcher's environment onto the variables torch.distributed reads.
+
+torchrun and `accelerate launch` already set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+MASTER_PORT. Under Slurm, `srun` starts one task per rank and sets SLURM_* instead (open_clip's
+`world_info_from_env` does the same mapping). Only tasks of an srun step are mapped: the batch
+script itself, or a plain `python` inside an allocation, stays a single process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import MutableMapping
+
+
+def _first_host(nodelist: str) -> str:
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.split():
+            return out.stdout.split()[0]
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return nodelist.split(",")[0].split("[")[0]  # "node[1-4]" -> "node" is wrong; scontrol is the real answer
+
+
+def adopt_slurm_environment(env: MutableMapping[str, str] = os.environ) -> bool:
+    """Fill RANK/WORLD_SIZE/LOCAL_RANK/MASTER_* from an srun step; True if it did."""
+    if "RANK" in env or "SLURM_STEP_NUM_TASKS" not in env:
+        return False
+    world_size = int(env["SLURM_STEP_NUM_TASKS"])
+    if world_size <= 1:
+        return False
+    env["RANK"] = env["SLURM_PROCID"]
+    env["WORLD_SIZE"] = str(world_size)
+    env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+    env.setdefault("MASTER_ADDR", _first_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1"))))
+    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    return True
