@@ -47,7 +47,9 @@ class TrainConfig(Section):
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    lr_decay_epochs: int = Field(15, ge=1, description="multiply lr by lr_decay_factor every this many epochs")
+    lr_schedule: Literal["step", "cosine"] = Field("step", description="step: the paper's decay; cosine: to 0")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 over this many steps")
+    lr_decay_epochs: int = Field(15, ge=1, description="step schedule: multiply lr by lr_decay_factor every this many epochs")
     lr_decay_factor: float = Field(0.1, gt=0, le=1)
     grad_clip: float | None = Field(2.0, gt=0, description="clip the global grad norm (None: off)")
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -56,6 +56,21 @@ def build_optimizer(config: JobConfig, model: torch.nn.Module) -> torch.optim.Op
     return cls(params, lr=t.lr, weight_decay=t.weight_decay)
 
 
+def build_scheduler(config: JobConfig, optimizer, steps_per_epoch: int, total_steps: int):
+    """The lr factor per optimizer step: warm-up, then the paper's step decay or a cosine to 0."""
+    t = config.train
+
+    def factor(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / t.warmup_steps
+        if t.lr_schedule == "cosine":
+            progress = (step - t.warmup_steps) / max(total_steps - t.warmup_steps, 1)
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return t.lr_decay_factor ** (step // (t.lr_decay_epochs * steps_per_epoch))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
@@ -78,9 +93,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model, self.optimizer = engine.setup(recipe.build_model(), lambda m: build_optimizer(config, m))
-        self.scheduler = torch.optim.lr_scheduler.StepLR(
-            self.optimizer, step_size=t.lr_decay_epochs * self.steps_per_epoch, gamma=t.lr_decay_factor
-        )
+        self.scheduler = build_scheduler(config, self.optimizer, self.steps_per_epoch, self.total_steps)
         self.train_stream = TrainStream(
             self._spec(config.data.train_split, train=True), self.steps_per_epoch, config.data.shuffle_buffer
         )

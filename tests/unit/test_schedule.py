@@ -1,0 +1,33 @@
+import math
+
+import pytest
+import torch
+
+from vldist.train import load_config
+from vldist.trainer import build_scheduler
+
+
+def _lrs(overrides, steps_per_epoch=10, total=40):
+    config = load_config("vsrn", ["train.lr=1.0", *overrides])
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    sched = build_scheduler(config, opt, steps_per_epoch, total)
+    out = []
+    for _ in range(total):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_step_schedule_is_the_papers_decay():
+    lrs = _lrs(["train.lr_decay_epochs=2", "train.lr_decay_factor=0.1"])
+    assert lrs[0] == lrs[19] == 1.0
+    assert lrs[20] == pytest.approx(0.1) and lrs[39] == pytest.approx(0.1)
+
+
+def test_cosine_with_warmup():
+    lrs = _lrs(["train.lr_schedule=cosine", "train.warmup_steps=4"])
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lrs[4] == pytest.approx(1.0)
+    assert lrs[22] == pytest.approx(0.5 * (1 + math.cos(math.pi * 18 / 36)))
+    assert lrs[-1] < 0.01 and all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
