@@ -110,14 +110,14 @@ class TrainStream(IterableDataset):
 class EvalStream(IterableDataset):
     """Every sample of the shards once, in order; shards are dealt out to ranks, then workers."""
 
+    def __init__(self, spec: StreamSpec):
+        self.spec = spec
+
     def __iter__(self) -> Iterator[dict]:
         worker, workers = _worker()
         mine = self.spec.urls[self.spec.rank :: self.spec.world_size][worker::workers]
         rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker))
         yield from _batches(self.spec, _decoded(self.spec, iter(mine), rng), limit=None, partial=True)
-
-    def __init__(self, spec: StreamSpec):
-        self.spec = spec
 
 
 def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:

@@ -14,13 +14,19 @@ from collections.abc import MutableMapping
 
 
 def _first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list ("node[1-4],gpu7" -> "node1"), via scontrol."""
+    if "[" not in nodelist:
+        return nodelist.split(",")[0]
     try:
         out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.split():
             return out.stdout.split()[0]
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return nodelist.split(",")[0].split("[")[0]  # "node[1-4]" -> "node" is wrong; scontrol is the real answer
+    raise RuntimeError(
+        f"cannot expand the Slurm node list {nodelist!r} (scontrol unavailable): set MASTER_ADDR to the first "
+        "node's address, as cluster/slurm/train.sbatch does"
+    )
 
 
 def adopt_slurm_environment(env: MutableMapping[str, str] = os.environ) -> bool:
