@@ -148,7 +148,7 @@ class Trainer:
             window_samples, window_steps = window_samples + n, window_steps + 1
             if self.engine.is_main and (self.state.step % t.log_every == 0 or self.state.step == self.total_steps):
                 elapsed = time.perf_counter() - window_start
-                parts = " ".join(f"{k} {float(v):.3f}" for k, v in losses.items())
+                parts = " ".join(f"{k} {float(v):.3f}" for k, v in losses.items() if k != "grad_norm")
                 log.info(
                     "epoch %d step %d/%d | %s | lr %.2e | grad %.2f | %.0f samples/s | data wait %.0f%% | eta %s",
                     epoch + 1, self.state.step, self.total_steps, parts, self.scheduler.get_last_lr()[0],
