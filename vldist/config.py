@@ -36,6 +36,9 @@ class DataConfig(Section):
     eval_batch_size: int = Field(250, ge=1)
     workers: int = Field(2, ge=0, description="loader worker processes per rank")
     shuffle_buffer: int = Field(2000, ge=0, description="samples held for shuffling (0: off)")
+    resampled: bool = Field(
+        True, description="draw shards with replacement (scales; epoch = a sample count); False: each sample once per epoch"
+    )
     max_regions: int = Field(5, ge=1, description="regions per image after padding/truncation (K)")
     max_caption_len: int = Field(32, ge=3, description="tokens per caption incl. <start>/<end>")
 

@@ -20,7 +20,9 @@ from vldist.checkpoint import (
     CheckpointError, load_model_state, load_train_state, prune, save_checkpoint, step_checkpoints, step_name,
 )
 from vldist.config import JobConfig, to_yaml
-from vldist.data.pipeline import EvalStream, StreamSpec, TrainStream, batches_per_rank, make_loader
+from vldist.data.pipeline import (
+    EvalStream, ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
+)
 from vldist.data.shardset import ShardSet
 from vldist.dist.collectives import gather_objects, global_sum
 from vldist.recipes.base import Recipe
@@ -87,15 +89,21 @@ class Trainer:
         samples = t.samples_per_epoch or shards.num_samples(config.data.train_split)
         if samples is None:
             raise ValueError("the shard set has no manifest count for the train split; set train.samples_per_epoch")
-        self.steps_per_epoch = batches_per_rank(samples, config.data.batch_size)
+        if config.data.resampled:
+            self.steps_per_epoch = batches_per_rank(samples, config.data.batch_size)
+        else:
+            self.steps_per_epoch = exact_epoch_steps(samples, config.data.batch_size, engine.world_size)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model, self.optimizer = engine.setup(recipe.build_model(), lambda m: build_optimizer(config, m))
         self.scheduler = build_scheduler(config, self.optimizer, self.steps_per_epoch, self.total_steps)
-        self.train_stream = TrainStream(
-            self._spec(config.data.train_split, train=True), self.steps_per_epoch, config.data.shuffle_buffer
+        spec = self._spec(config.data.train_split, train=True)
+        self.train_stream = (
+            TrainStream(spec, self.steps_per_epoch, config.data.shuffle_buffer)
+            if config.data.resampled
+            else ExactEpochStream(spec, samples, config.data.shuffle_buffer)
         )
 
     def _spec(self, split: str, train: bool) -> StreamSpec:
@@ -140,7 +148,7 @@ class Trainer:
             window_wait += time.perf_counter() - fetch_start
             self.state.skipped_samples += batch.pop("skipped", 0)
             losses = self._step(_to_device(batch, self.engine.device))
-            n = _batch_size(batch) * self.engine.world_size
+            n = int(global_sum(torch.tensor(_batch_size(batch))))  # the last exact-epoch batch can be ragged
             self.state.step += 1
             self.state.epoch_step += 1
             self.state.epoch_loss_sum += float(losses["loss"])

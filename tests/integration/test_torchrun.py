@@ -11,8 +11,8 @@ JOB = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "d
        "engine.sync_batchnorm=true"]
 
 
-def _run(launcher, shards, out):
-    cmd = [*launcher, "-m", "vldist.train", "vsrn", f"data.shards={shards}", f"output.dir={out}", *JOB]
+def _run(launcher, shards, out, *extra):
+    cmd = [*launcher, "-m", "vldist.train", "vsrn", f"data.shards={shards}", f"output.dir={out}", *JOB, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr  # the gloo abort at interpreter exit
@@ -41,3 +41,11 @@ def test_two_ranks_learn_as_well_as_one(runs):
     # different data order (seeded per rank) makes the runs differ, but both learn
     assert two["test"]["full"]["rsum"] > untrained + 100
     assert abs(two["test"]["full"]["rsum"] - one["test"]["full"]["rsum"]) < 100
+
+
+def test_exact_epochs_on_two_ranks_see_every_sample_once(planted_shards, tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    metrics, _ = _run(launcher, planted_shards, tmp_path, "data.resampled=false", "train.epochs=2")
+    assert metrics["world_size"] == 2
+    assert metrics["steps"] == 2 * 7  # 200 samples: 6 global batches of 32 and one of 8 per epoch
+    assert metrics["samples_seen"] == 2 * 200

@@ -147,3 +147,38 @@ def test_vocab_is_rebuilt_from_train_captions_when_absent(planted_shards, tmp_pa
     vocab = ShardSet.open(copy).vocab(tmp_path / "cache")
     assert (tmp_path / "cache" / "vocab.json").is_file()
     assert vocab.decode(vocab.encode("red circle")) == "red circle"
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_exact_epoch_sees_every_sample_once_across_two_ranks(planted_shards, workers):
+    from vldist.data.pipeline import ExactEpochStream, exact_epoch_steps
+
+    urls = ShardSet.open(planted_shards).urls("train")  # 200 samples in 4 shards
+    steps = exact_epoch_steps(200, global_batch=32, world_size=2)
+    assert steps == 7  # 6 full global batches + a last one of 8 rows, 4 per rank
+    for epoch in (0, 1):
+        per_rank = []
+        for rank in range(2):
+            stream = ExactEpochStream(_spec(urls, batch_size=16, rank=rank, world=2), samples=200, shuffle_buffer=40)
+            stream.epoch = epoch
+            batches = list(make_loader(stream, workers))
+            assert len(batches) == steps
+            assert [len(b["keys"]) for b in batches] == [16] * 6 + [4]
+            per_rank.append([k for b in batches for k in b["keys"]])
+        seen = per_rank[0] + per_rank[1]
+        assert len(seen) == len(set(seen)) == 200  # none dropped, none twice
+        assert not set(per_rank[0]) & set(per_rank[1])
+    assert per_rank[0] != sorted(per_rank[0])  # shuffled
+
+
+def test_exact_epoch_order_changes_with_the_epoch(planted_shards):
+    from vldist.data.pipeline import ExactEpochStream
+
+    urls = ShardSet.open(planted_shards).urls("train")
+
+    def keys(epoch):
+        stream = ExactEpochStream(_spec(urls, batch_size=16, rank=0, world=2), samples=200, shuffle_buffer=40)
+        stream.epoch = epoch
+        return [k for b in make_loader(stream, 0) for k in b["keys"]]
+
+    assert keys(0) == keys(0) and keys(0) != keys(1)

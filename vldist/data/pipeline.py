@@ -107,6 +107,65 @@ class TrainStream(IterableDataset):
         yield from _batches(self.spec, samples, limit=mine, partial=False)
 
 
+def exact_epoch_steps(samples: int, global_batch: int, world_size: int) -> int:
+    """Steps of an exact epoch: every global batch, the last one too if each rank gets a row of it."""
+    full, rest = divmod(samples, global_batch)
+    return full + (rest >= world_size)
+
+
+class ExactEpochStream(IterableDataset):
+    """Every sample exactly once per epoch, across all ranks, with equal step counts.
+
+    All ranks and workers read the same seeded global order (shards permuted per epoch, then a
+    shuffle buffer with the same seed everywhere) and keep only their rows: rank r takes rows
+    [r*b, (r+1)*b) of each global batch, and batch k of a rank is collated by worker k mod workers.
+    The last, partial global batch is dealt out as evenly as possible (ranks may then hold one row
+    more or less). If it has fewer rows than ranks it is skipped and counted. Every rank reads
+    every shard (only its own samples are decoded): the price of exactness; use resampling at scale.
+    """
+
+    def __init__(self, spec: StreamSpec, samples: int, shuffle_buffer: int):
+        self.spec, self.samples, self.shuffle_buffer = spec, samples, shuffle_buffer
+        self.epoch = 0
+
+    def _my_rows(self, batch: int) -> range:
+        """This rank's positions within global batch `batch`."""
+        world, b = self.spec.world_size, self.spec.batch_size
+        size = min(b * world, self.samples - batch * b * world)
+        if size == b * world:
+            return range(self.spec.rank * b, (self.spec.rank + 1) * b)
+        share, extra = divmod(size, world)
+        start = self.spec.rank * share + min(self.spec.rank, extra)
+        return range(start, start + share + (self.spec.rank < extra))
+
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers = _worker()
+        b, world = self.spec.batch_size, self.spec.world_size
+        steps = exact_epoch_steps(self.samples, b * world, world)
+        rng = random.Random(_seed(self.spec.seed, self.epoch))  # the same on every rank and worker
+        urls = rng.sample(self.spec.urls, len(self.spec.urls))
+        wanted = tuple("." + k for k in self.spec.keep)
+        raw = wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
+        if self.shuffle_buffer > 1:
+            raw = wds.filters._shuffle(raw, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
+        sample_rng = random.Random(_seed(self.spec.seed, self.epoch, self.spec.rank))
+        pending: list[dict] = []
+        for index, sample in enumerate(raw):
+            batch, row = divmod(index, b * world)
+            if batch >= steps:
+                break
+            if batch % workers != worker or row not in self._my_rows(batch):
+                continue
+            try:
+                pending.append(self.spec.sample_fn(sample, sample_rng))
+            except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
+                skipped(exn)
+            if row == self._my_rows(batch)[-1]:
+                if pending:
+                    yield _collate(self.spec, pending)
+                pending = []
+
+
 class EvalStream(IterableDataset):
     """Every sample of the shards once, in order; shards are dealt out to ranks, then workers."""
 

@@ -14,13 +14,25 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
-def all_gather_with_grad(x: Tensor) -> Tensor:
-    """Every rank's x concatenated along dim 0 (rank order); backward returns each rank its part."""
-    if world()[1] == 1:
-        return x
+def all_gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
+    """(every rank's x concatenated along dim 0 in rank order, where this rank's rows start).
+
+    Backward returns each rank the gradient of its own rows. Ranks may hold different numbers of
+    rows (the last batch of an exact epoch): rows are padded to the largest count for the
+    collective and the padding is cut off again.
+    """
+    rank, size = world()
+    if size == 1:
+        return x, 0
     import torch.distributed.nn  # noqa: F401 - registers the autograd-aware collectives
 
-    return torch.cat(torch.distributed.nn.functional.all_gather(x), dim=0)
+    counts = torch.tensor([x.shape[0]], device=x.device)
+    all_counts = [torch.zeros_like(counts) for _ in range(size)]
+    dist.all_gather(all_counts, counts)
+    rows = [int(c) for c in all_counts]
+    padded = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, max(rows) - x.shape[0]))
+    parts = torch.distributed.nn.functional.all_gather(padded)
+    return torch.cat([part[:n] for part, n in zip(parts, rows)], dim=0), sum(rows[:rank])
 
 
 def global_sum(x: Tensor) -> Tensor:

@@ -30,11 +30,10 @@ def cross_rank_vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2, max
     embeddings (B x D per modality) and a (B/W x B) score matrix per direction on every rank,
     instead of (B/W x D) and (B/W x B/W).
     """
-    rank, size = world()
-    if size == 1 or not gather:
+    if world()[1] == 1 or not gather:
         return vse_hinge_loss(img, txt, margin, max_violation)
-    all_img, all_txt = all_gather_with_grad(img), all_gather_with_grad(txt)
-    positives = torch.arange(img.shape[0], device=img.device) + rank * img.shape[0]
+    (all_img, offset), (all_txt, _) = all_gather_with_grad(img), all_gather_with_grad(txt)
+    positives = torch.arange(img.shape[0], device=img.device) + offset
     return (hardest_negative_hinge(img @ all_txt.T, positives, margin, max_violation)
             + hardest_negative_hinge(txt @ all_img.T, positives, margin, max_violation))
 

@@ -49,9 +49,11 @@ def build_model(recipe: VSRNRecipe) -> torch.nn.Module:
     return model
 
 
-def step(engine: AccelerateEngine, recipe: VSRNRecipe) -> dict:
-    share = GLOBAL_BATCH // engine.world_size
-    mine = global_samples()[engine.rank * share:(engine.rank + 1) * share]
+def step(engine: AccelerateEngine, recipe: VSRNRecipe, ragged: bool = False) -> dict:
+    """ragged: rank 0 takes 3 rows and rank 1 takes 5, as in the last batch of an exact epoch."""
+    bounds = [0, 3, 8] if ragged and engine.world_size == 2 else [
+        r * GLOBAL_BATCH // engine.world_size for r in range(engine.world_size + 1)]
+    mine = global_samples()[bounds[engine.rank]:bounds[engine.rank + 1]]
     batch = recipe.collate_train(mine)
     model, optimizer = engine.setup(build_model(recipe), lambda m: torch.optim.SGD(m.parameters(), lr=0.5))
     losses = recipe.losses(model, batch)
@@ -69,10 +71,10 @@ def step(engine: AccelerateEngine, recipe: VSRNRecipe) -> dict:
 
 
 if __name__ == "__main__":
-    out, gather = sys.argv[1], sys.argv[2] == "gather"
+    out, mode = sys.argv[1], sys.argv[2]  # gather | local | ragged
     random.seed(0)
     engine = AccelerateEngine("cpu", sync_batchnorm=True)
-    result = step(engine, make_recipe(gather))
+    result = step(engine, make_recipe(mode != "local"), ragged=mode == "ragged")
     if engine.is_main:
         torch.save(result, out)
     engine.close()
