@@ -14,6 +14,45 @@ def world() -> tuple[int, int]:
     return 0, 1
 
 
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks. Every rank's output depends on every rank's input, so the gradient of an
+    input is the sum over ranks of the output gradients: an all-reduce again."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        out = x.clone()
+        dist.all_reduce(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class _AllGather(torch.autograd.Function):
+    """Stack of every rank's x (same shape everywhere). Rank r's slot j is rank j's input, so the
+    gradient of rank j's input is the sum over ranks of their slot-j gradients."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        return torch.stack(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous()
+        dist.all_reduce(grad)
+        return grad[dist.get_rank()]
+
+
+def all_reduce_with_grad(x: Tensor) -> Tensor:
+    """Sum of x over ranks, differentiable (the global BatchNorm's statistics)."""
+    return _AllReduceSum.apply(x) if world()[1] > 1 else x
+
+
 def all_gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
     """(every rank's x concatenated along dim 0 in rank order, where this rank's rows start).
 
@@ -24,14 +63,12 @@ def all_gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
     rank, size = world()
     if size == 1:
         return x, 0
-    import torch.distributed.nn  # noqa: F401 - registers the autograd-aware collectives
-
     counts = torch.tensor([x.shape[0]], device=x.device)
     all_counts = [torch.zeros_like(counts) for _ in range(size)]
     dist.all_gather(all_counts, counts)
     rows = [int(c) for c in all_counts]
     padded = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, max(rows) - x.shape[0]))
-    parts = torch.distributed.nn.functional.all_gather(padded)
+    parts = _AllGather.apply(padded)
     return torch.cat([part[:n] for part, n in zip(parts, rows)], dim=0), sum(rows[:rank])
 
 

@@ -9,12 +9,13 @@ the backward sends each rank its exact share of the gradient. With one process i
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
+
+from vldist.dist.collectives import all_reduce_with_grad, world
 
 
 def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return world()[1] > 1
 
 
 class GlobalBatchNorm1d(nn.BatchNorm1d):
@@ -23,7 +24,7 @@ class GlobalBatchNorm1d(nn.BatchNorm1d):
             return super().forward(x)
         if x.dim() != 2:
             raise ValueError(f"GlobalBatchNorm1d takes (rows, channels), got {tuple(x.shape)}")
-        reduce = torch.distributed.nn.functional.all_reduce  # sum over ranks, with gradient
+        reduce = all_reduce_with_grad
         # Two passes (mean, then squared deviations) as BatchNorm computes them: the one-pass
         # E[x^2] - mean^2 cancels badly when the mean is large next to the spread.
         sums = reduce(torch.cat([x.sum(0), x.new_tensor([x.shape[0]])]))
