@@ -17,7 +17,7 @@ from vldist.report import chance_recall, retrieval_table
 
 
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
-    from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
+    from vldist.trainer import eval_loader
 
     ckpt = find_checkpoint(path)
     raw = read_yaml(ckpt / "config.yaml")
@@ -31,12 +31,7 @@ def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, de
     model = recipe.build_model()
     model.load_state_dict(load_model_state(ckpt))
     model.to(torch_device)
-    spec = StreamSpec(
-        urls=shard_set.urls(split), keep=recipe.sample_keys, sample_fn=recipe.eval_sample,
-        collate_fn=recipe.collate_eval, batch_size=config.data.eval_batch_size, seed=config.seed,
-    )
-    loader = make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)))
-    return config, recipe.evaluate(model, loader, torch_device)
+    return config, recipe.evaluate(model, eval_loader(config, recipe, shard_set, split), torch_device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,6 +73,15 @@ def build_scheduler(config: JobConfig, optimizer, steps_per_epoch: int, total_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def eval_loader(config: JobConfig, recipe: Recipe, shards: ShardSet, split: str):
+    """Every sample of a split once, in one process: what the retrieval protocol scores."""
+    spec = StreamSpec(
+        urls=shards.urls(split), keep=recipe.sample_keys, sample_fn=recipe.eval_sample,
+        collate_fn=recipe.collate_eval, batch_size=config.data.eval_batch_size, seed=config.seed,
+    )
+    return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)))
+
+
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
@@ -99,24 +108,19 @@ class Trainer:
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         self.model, self.optimizer = engine.setup(recipe.build_model(), lambda m: build_optimizer(config, m))
         self.scheduler = build_scheduler(config, self.optimizer, self.steps_per_epoch, self.total_steps)
-        spec = self._spec(config.data.train_split, train=True)
+        spec = self._train_spec()
         self.train_stream = (
             TrainStream(spec, self.steps_per_epoch, config.data.shuffle_buffer)
             if config.data.resampled
             else ExactEpochStream(spec, samples, config.data.shuffle_buffer)
         )
 
-    def _spec(self, split: str, train: bool) -> StreamSpec:
-        r, d = self.recipe, self.config.data
+    def _train_spec(self) -> StreamSpec:
+        r = self.recipe
         return StreamSpec(
-            urls=self.shards.urls(split),
-            keep=r.sample_keys,
-            sample_fn=r.train_sample if train else r.eval_sample,
-            collate_fn=r.collate_train if train else r.collate_eval,
-            batch_size=d.batch_size // self.engine.world_size if train else d.eval_batch_size,
-            seed=self.config.seed,
-            rank=self.engine.rank if train else 0,
-            world_size=self.engine.world_size if train else 1,
+            urls=self.shards.urls(self.config.data.train_split), keep=r.sample_keys, sample_fn=r.train_sample,
+            collate_fn=r.collate_train, batch_size=self.config.data.batch_size // self.engine.world_size,
+            seed=self.config.seed, rank=self.engine.rank, world_size=self.engine.world_size,
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -126,7 +130,7 @@ class Trainer:
         every image and caption in one similarity matrix, and every rank holds the whole model."""
         result = None
         if self.engine.is_main:
-            loader = make_loader(EvalStream(self._spec(split, train=False)), min(self.config.data.workers, len(self.shards.urls(split))))
+            loader = eval_loader(self.config, self.recipe, self.shards, split)
             result = self.recipe.evaluate(self.engine.unwrap(self.model), loader, self.engine.device)
         self.engine.barrier()
         return result
