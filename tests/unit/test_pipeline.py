@@ -182,3 +182,31 @@ def test_exact_epoch_order_changes_with_the_epoch(planted_shards):
         return [k for b in make_loader(stream, 0) for k in b["keys"]]
 
     assert keys(0) == keys(0) and keys(0) != keys(1)
+
+
+def test_corrupt_image_is_skipped_and_counted(tmp_path):
+    from PIL import Image
+
+    from vldist.shards.writer import ShardSetWriter
+
+    def jpeg(seed):
+        buf = io.BytesIO()
+        Image.new("RGB", (16, 16), (seed * 40 % 255, 80, 160)).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    with ShardSetWriter(tmp_path / "imgs", shard_size=10, source="test") as writer:
+        for i in range(6):
+            data = jpeg(i) if i != 2 else jpeg(i)[:40]  # image 2 is cut off mid-stream
+            writer.write("train", {"__key__": f"img{i}", "jpg": data, "json": {"captions": ["x"]}})
+
+    def decode_image(raw, rng):
+        image = Image.open(io.BytesIO(raw["jpg"]))
+        image.load()  # decoding happens here; a damaged JPEG raises
+        return {"key": raw["__key__"], "size": image.size}
+
+    spec = StreamSpec(urls=ShardSet.open(tmp_path / "imgs").urls("train"), keep=("jpg", "json"),
+                      sample_fn=decode_image, collate_fn=_collate, batch_size=10)
+    batches = list(make_loader(EvalStream(spec), 0))
+    keys = [k for b in batches for k in b["keys"]]
+    assert keys == ["img0", "img1", "img3", "img4", "img5"]
+    assert sum(b["skipped"] for b in batches) == 1
