@@ -47,11 +47,15 @@ def _worker() -> tuple[int, int]:
     return (info.id, info.num_workers) if info else (0, 1)
 
 
+def _raw(spec: StreamSpec, urls) -> Iterator[dict]:
+    """Undecoded samples of the given shards, holding only the members the recipe keeps."""
+    wanted = tuple("." + k for k in spec.keep)
+    return wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
+
+
 def _decoded(spec: StreamSpec, urls: Iterator[str], rng: random.Random) -> Iterator[dict]:
     """Samples of the given shards, corrupt ones skipped and counted."""
-    wanted = tuple("." + k for k in spec.keep)
-    raw = wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
-    for sample in raw:
+    for sample in _raw(spec, urls):
         try:
             missing = [k for k in spec.keep if k not in sample]
             if missing:
@@ -143,9 +147,7 @@ class ExactEpochStream(IterableDataset):
         b, world = self.spec.batch_size, self.spec.world_size
         steps = exact_epoch_steps(self.samples, b * world, world)
         rng = random.Random(_seed(self.spec.seed, self.epoch))  # the same on every rank and worker
-        urls = rng.sample(self.spec.urls, len(self.spec.urls))
-        wanted = tuple("." + k for k in self.spec.keep)
-        raw = wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
+        raw = _raw(self.spec, rng.sample(self.spec.urls, len(self.spec.urls)))
         if self.shuffle_buffer > 1:
             raw = wds.filters._shuffle(raw, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
         sample_rng = random.Random(_seed(self.spec.seed, self.epoch, self.spec.rank))
