@@ -1,16 +1,23 @@
 """Atomic checkpoints: written to a temporary directory, marked complete, then renamed into place.
 
 Layout of one checkpoint directory:
-    model.safetensors   model weights (what `vldist.evaluate` and exports need)
-    state.pt            optimizer, scheduler, RNG states, counters (loaded with weights_only=True)
+    model.safetensors   the whole model's weights (what `vldist.evaluate` and exports read)
+    state.pt            LR schedulers, every rank's RNG state, run counters (loaded weights_only=True)
+    optimizer.pt        optimizer state (Accelerate engine), or
+    deepspeed/          DeepSpeed's sharded model and optimizer state, one file per rank (ZeRO)
     config.yaml         the job config that produced it
     vocab.json          the vocabulary the model's embeddings index
     meta.json           step, epoch, metrics
+    files.json          size and sha256 of every file above: a damaged file is found before loading
     COMPLETE            written last: a directory without it is never loaded
+
+Several ranks may write into one checkpoint (DeepSpeed): rank 0 calls `begin`, every rank writes
+its files into the temporary directory, and rank 0 calls `commit` once all are done.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 MARKER = "COMPLETE"
+FILES = "files.json"
 
 
 class CheckpointError(RuntimeError):
@@ -34,23 +42,55 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def save_checkpoint(directory: Path, *, model_state: dict, train_state: dict, config_yaml: str, vocab, meta: dict) -> Path:
+def temporary_path(directory: Path) -> Path:
+    """Where `directory` is written before it is committed; the same name on every rank."""
     directory = Path(directory)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    return directory.with_name(f".{directory.name}.tmp")
+
+
+def begin(directory: Path) -> Path:
+    """A fresh, empty temporary directory for `directory` (any leftover of a killed save removed)."""
+    tmp = temporary_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_files(tmp: Path, *, model_state: dict, train_state: dict, config_yaml: str, vocab, meta: dict) -> None:
     save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, tmp / "model.safetensors")
     torch.save(train_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
     vocab.save(tmp / "vocab.json")
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    for f in tmp.iterdir():
+
+
+def _digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MARKER, FILES))
+
+
+def commit(tmp: Path, directory: Path) -> Path:
+    """Record, flush and mark `tmp` complete, then rename it to `directory` (replacing an older one)."""
+    directory = Path(directory)
+    listing = {}
+    for f in _files(tmp):
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
+        listing[str(f.relative_to(tmp))] = {"bytes": f.stat().st_size, "sha256": _digest(f)}
+    (tmp / FILES).write_text(json.dumps(listing, indent=1) + "\n")
     (tmp / MARKER).write_text("ok\n")
-    _fsync_dir(tmp)
+    for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
     if directory.exists():  # replace an older checkpoint of the same name
-        old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        old = directory.with_name(f".{directory.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
         os.replace(directory, old)
         os.replace(tmp, directory)
         shutil.rmtree(old, ignore_errors=True)
@@ -58,6 +98,33 @@ def save_checkpoint(directory: Path, *, model_state: dict, train_state: dict, co
         os.replace(tmp, directory)
     _fsync_dir(directory.parent)
     return directory
+
+
+def save_checkpoint(directory: Path, **contents) -> Path:
+    """begin + write_files + commit, for a single writer."""
+    tmp = begin(directory)
+    write_files(tmp, **contents)
+    return commit(tmp, directory)
+
+
+def verify(directory: Path) -> None:
+    """Raise CheckpointError unless `directory` is complete and every file has its recorded size
+    and checksum. Every rank can run it and reach the same verdict before any collective load."""
+    directory = Path(directory)
+    _require_complete(directory)
+    try:
+        listing = json.loads((directory / FILES).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"cannot read {directory / FILES} ({err}); the checkpoint is damaged") from err
+    for name, expected in listing.items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing; the checkpoint is damaged")
+        if path.stat().st_size != expected["bytes"] or _digest(path) != expected["sha256"]:
+            raise CheckpointError(
+                f"{path} has {path.stat().st_size} bytes, not the {expected['bytes']} written, or another checksum; "
+                "the checkpoint is damaged"
+            )
 
 
 def is_complete(directory: Path) -> bool:
@@ -76,10 +143,15 @@ def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
 def load_train_state(directory: Path) -> dict:
     directory = Path(directory)
     _require_complete(directory)
+    return load_torch_file(directory / "state.pt")
+
+
+def load_torch_file(path: Path):
+    """torch.load with weights_only=True, any failure reported as a damaged checkpoint."""
     try:
-        return torch.load(directory / "state.pt", weights_only=True, map_location="cpu")
-    except Exception as err:  # noqa: BLE001
-        raise CheckpointError(f"cannot read {directory / 'state.pt'} ({err}); the checkpoint is damaged") from err
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - torch raises several types on damage
+        raise CheckpointError(f"cannot read {path} ({err}); the checkpoint is damaged") from err
 
 
 def _require_complete(directory: Path) -> None:
@@ -110,9 +182,8 @@ def prune(directory: Path, keep_last: int) -> None:
     directories of saves that a killed process left behind."""
     for old in step_checkpoints(directory)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    for leftover in Path(directory).glob(".*.tmp-*"):
-        if not leftover.name.endswith(f".tmp-{os.getpid()}"):
-            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in [*Path(directory).glob(".*.tmp"), *Path(directory).glob(".*.old")]:
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def find_checkpoint(path: Path) -> Path:

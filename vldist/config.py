@@ -47,6 +47,9 @@ class TrainConfig(Section):
     epochs: int = Field(30, ge=1)
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
     samples_per_epoch: int | None = Field(None, ge=1, description="default: the train split's size")
+    grad_accumulation: int = Field(
+        1, ge=1, description="micro-batches per optimizer step; each sees only its own hard negatives"
+    )
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: float = Field(2e-4, gt=0)
     weight_decay: float = Field(0.0, ge=0)
@@ -67,7 +70,12 @@ class TrainConfig(Section):
 
 
 class EngineConfig(Section):
-    backend: Literal["accelerate"] = Field("accelerate", description="training engine (Accelerate DDP)")
+    backend: Literal["accelerate", "deepspeed"] = Field(
+        "accelerate", description="accelerate: DDP through Accelerate; deepspeed: DeepSpeed's engine with ZeRO"
+    )
+    deepspeed_config: str = Field(
+        "jobs/deepspeed/zero2.json", description="backend=deepspeed: ZeRO settings file (jobs/deepspeed/zero{1,2,3}.json)"
+    )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="autocast on CUDA; CPU runs fp32")
     sync_batchnorm: bool = Field(False, description="BatchNorm statistics over every rank's rows (exact multi-rank)")
 

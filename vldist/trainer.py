@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from vldist.checkpoint import (
-    CheckpointError, load_model_state, load_train_state, prune, save_checkpoint, step_checkpoints, step_name,
+    CheckpointError, begin, commit, load_model_state, load_train_state, prune, step_checkpoints, step_name,
+    temporary_path, verify, write_files,
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.data.pipeline import (
@@ -25,6 +26,7 @@ from vldist.data.pipeline import (
 )
 from vldist.data.shardset import ShardSet
 from vldist.dist.collectives import gather_objects, global_sum
+from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe
 
 log = logging.getLogger("vldist.train")
@@ -51,11 +53,11 @@ class RunState:
     restarts: int = 0
 
 
-def build_optimizer(config: JobConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    params = [p for p in model.parameters() if p.requires_grad]
+def build_optimizers(config: JobConfig, groups: dict[str, list]) -> dict[str, torch.optim.Optimizer]:
+    """One torch optimizer per named group of the recipe (param-group dicts may set their own lr)."""
     t = config.train
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=t.lr, weight_decay=t.weight_decay)
+    return {name: cls(params, lr=t.lr, weight_decay=t.weight_decay) for name, params in groups.items()}
 
 
 def build_scheduler(config: JobConfig, optimizer, steps_per_epoch: int, total_steps: int):
@@ -93,34 +95,47 @@ class Trainer:
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.state = RunState()
         t = config.train
-        if config.data.batch_size % engine.world_size:
-            raise ValueError(f"data.batch_size={config.data.batch_size} must be divisible by the {engine.world_size} ranks")
+        self.accumulation = t.grad_accumulation
+        slices = engine.world_size * self.accumulation
+        if config.data.batch_size % slices:
+            raise ValueError(
+                f"data.batch_size={config.data.batch_size} must be divisible by {engine.world_size} ranks x "
+                f"train.grad_accumulation={self.accumulation}: each rank's micro-batch is batch_size / {slices}"
+            )
         samples = t.samples_per_epoch or shards.num_samples(config.data.train_split)
         if samples is None:
             raise ValueError("the shard set has no manifest count for the train split; set train.samples_per_epoch")
+        micro_global = config.data.batch_size // self.accumulation
         if config.data.resampled:
             self.steps_per_epoch = batches_per_rank(samples, config.data.batch_size)
-        else:
-            self.steps_per_epoch = exact_epoch_steps(samples, config.data.batch_size, engine.world_size)
+            self.micro_per_epoch = self.steps_per_epoch * self.accumulation
+        else:  # the last step of an exact epoch may take fewer micro-batches
+            self.micro_per_epoch = exact_epoch_steps(samples, micro_global, engine.world_size)
+            self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accumulation)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
-        self.model, self.optimizer = engine.setup(recipe.build_model(), lambda m: build_optimizer(config, m))
-        self.scheduler = build_scheduler(config, self.optimizer, self.steps_per_epoch, self.total_steps)
-        spec = self._train_spec()
+        model = recipe.build_model()
+        if config.engine.sync_batchnorm and engine.world_size > 1:
+            convert_global_batchnorm(model)
+        self.optimizers = build_optimizers(config, recipe.optimizer_groups(model))
+        self.model = engine.setup(model, self.optimizers, dynamic_graph=recipe.dynamic_graph)
+        if engine.rank:
+            torch.manual_seed(config.seed + engine.rank)  # dropout masks differ between ranks
+        self.schedulers = {
+            name: build_scheduler(config, opt, self.steps_per_epoch, self.total_steps) for name, opt in self.optimizers.items()
+        }
+        recipe.uniform_shapes = engine.uniform_shapes
+        spec = StreamSpec(
+            urls=shards.urls(config.data.train_split), keep=recipe.sample_keys, sample_fn=recipe.train_sample,
+            collate_fn=recipe.collate_train, batch_size=micro_global // engine.world_size,
+            seed=config.seed, rank=engine.rank, world_size=engine.world_size,
+        )
         self.train_stream = (
-            TrainStream(spec, self.steps_per_epoch, config.data.shuffle_buffer)
+            TrainStream(spec, self.micro_per_epoch, config.data.shuffle_buffer)
             if config.data.resampled
             else ExactEpochStream(spec, samples, config.data.shuffle_buffer)
-        )
-
-    def _train_spec(self) -> StreamSpec:
-        r = self.recipe
-        return StreamSpec(
-            urls=self.shards.urls(self.config.data.train_split), keep=r.sample_keys, sample_fn=r.train_sample,
-            collate_fn=r.collate_train, batch_size=self.config.data.batch_size // self.engine.world_size,
-            seed=self.config.seed, rank=self.engine.rank, world_size=self.engine.world_size,
         )
 
     # ------------------------------------------------------------------ evaluation
@@ -129,9 +144,10 @@ class Trainer:
         """Metrics on rank 0 (None elsewhere); the other ranks wait. The retrieval protocol needs
         every image and caption in one similarity matrix, and every rank holds the whole model."""
         result = None
+        model = self.engine.evaluation_model(self.recipe.build_model)  # collective
         if self.engine.is_main:
             loader = eval_loader(self.config, self.recipe, self.shards, split)
-            result = self.recipe.evaluate(self.engine.unwrap(self.model), loader, self.engine.device)
+            result = self.recipe.evaluate(model, loader, self.engine.device)
         self.engine.barrier()
         return result
 
@@ -143,16 +159,21 @@ class Trainer:
         self.recipe.start_epoch(epoch)
         t = self.config.train
         self.model.train()
-        replay = self.state.epoch_step  # batches this epoch already trained on before a restart
+        replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
         window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
-        fetch_start = time.perf_counter()
+        fetch_start, pending = time.perf_counter(), []
         for index, batch in enumerate(make_loader(self.train_stream, self.config.data.workers)):
             if index < replay:
                 continue  # the stream is seeded per epoch, so skipping replays the exact position
-            window_wait += time.perf_counter() - fetch_start
             self.state.skipped_samples += batch.pop("skipped", 0)
-            losses = self._step(_to_device(batch, self.engine.device))
-            n = int(global_sum(torch.tensor(_batch_size(batch))))  # the last exact-epoch batch can be ragged
+            pending.append(batch)
+            if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
+                continue
+            window_wait += time.perf_counter() - fetch_start
+            losses = self._step([_to_device(b, self.engine.device) for b in pending])
+            # the last exact-epoch batch can be ragged, so count rather than assume
+            n = int(global_sum(torch.tensor(sum(_batch_size(b) for b in pending))))
+            pending = []
             self.state.step += 1
             self.state.epoch_step += 1
             self.state.epoch_loss_sum += float(losses["loss"])
@@ -160,10 +181,10 @@ class Trainer:
             window_samples, window_steps = window_samples + n, window_steps + 1
             if self.engine.is_main and (self.state.step % t.log_every == 0 or self.state.step == self.total_steps):
                 elapsed = time.perf_counter() - window_start
-                parts = " ".join(f"{k} {float(v):.3f}" for k, v in losses.items() if k != "grad_norm")
+                parts = " ".join(f"{k} {float(v):.3f}" for k, v in losses.items() if not k.endswith("grad_norm"))
                 log.info(
                     "epoch %d step %d/%d | %s | lr %.2e | grad %.2f | %.0f samples/s | data wait %.0f%% | eta %s",
-                    epoch + 1, self.state.step, self.total_steps, parts, self.scheduler.get_last_lr()[0],
+                    epoch + 1, self.state.step, self.total_steps, parts, self.current_lr(),
                     losses["grad_norm"], window_samples / max(elapsed, 1e-9), 100 * window_wait / max(elapsed, 1e-9),
                     _hms((self.total_steps - self.state.step) * elapsed / window_steps),
                 )
@@ -180,24 +201,42 @@ class Trainer:
             )
         return self.state.epoch_loss_sum / self.state.epoch_step
 
-    def _step(self, batch: dict) -> dict:
-        with self.engine.autocast():
-            losses = self.recipe.losses(self.model, batch)
-        # Every rank holds a share; their sum is the global batch's loss. Checking the sum makes
-        # all ranks stop together on a NaN instead of leaving the others waiting in a collective.
-        logged = {k: global_sum(v) for k, v in losses.items()}
-        if not torch.isfinite(logged["loss"]):
-            parts = ", ".join(f"{k}={float(v):.4g}" for k, v in logged.items())
+    def current_lr(self) -> float:
+        return next(iter(self.schedulers.values())).get_last_lr()[0]
+
+    def _step(self, micro_batches: list[dict]) -> dict:
+        """One optimizer step per update the recipe asks for, each accumulated over the micro-batches.
+        Logged values are global: the mean over micro-batches of the summed rank shares."""
+        logged: dict[str, float] = {}
+        for update in self.recipe.updates(self.state.step):
+            prefix = "" if update == "main" else f"{update}/"
+            for i, batch in enumerate(micro_batches):
+                with self.engine.micro_batch(last=i == len(micro_batches) - 1):
+                    with self.engine.autocast():
+                        losses = self.recipe.losses(self.model, batch, update)
+                    summed = self._global_finite(losses, update)
+                    self.engine.backward(losses["loss"], len(micro_batches))
+                for k, v in summed.items():
+                    logged[prefix + k] = logged.get(prefix + k, 0.0) + v / len(micro_batches)
+            logged[prefix + "grad_norm"] = self.engine.step(update, self.config.train.grad_clip)
+            self.schedulers[update].step()
+        logged.setdefault("loss", sum(v for k, v in logged.items() if k.endswith("/loss")))
+        logged.setdefault("grad_norm", max(v for k, v in logged.items() if k.endswith("grad_norm")))
+        return logged
+
+    def _global_finite(self, losses: dict, update: str) -> dict[str, float]:
+        """The global values of this rank's loss shares, after checking they are finite. All ranks
+        check the same sum, so on a NaN they stop together instead of one waiting in a collective."""
+        totals = global_sum(torch.stack([v.detach().float().reshape(()) for v in losses.values()]))  # one all-reduce
+        summed = dict(zip(losses, totals.tolist()))
+        if not math.isfinite(summed["loss"]):
+            parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
             raise NonFiniteLossError(
-                f"non-finite loss at step {self.state.step + 1} ({parts}). Lower train.lr or set "
+                f"non-finite loss at step {self.state.step + 1}, update '{update}' ({parts}). Lower train.lr or set "
                 "train.grad_clip, check the shards for bad features, and restart from the last checkpoint "
                 f"in {self.ckpt_dir} (nothing was saved after it)."
             )
-        self.engine.backward(losses["loss"])
-        logged["grad_norm"] = self.engine.clip_grad_norm(self.config.train.grad_clip)
-        self.engine.step()
-        self.scheduler.step()
-        return logged
+        return summed
 
     def fit(self) -> dict:
         cfg = self.config
@@ -214,7 +253,7 @@ class Trainer:
         train_seconds = time.perf_counter() - start
         best = self.ckpt_dir / "best"
         if self.state.best_epoch is not None and best.is_dir():
-            self.engine.unwrap(self.model).load_state_dict(load_model_state(best))
+            self.engine.load_model_state(load_model_state(best))
         results: dict = {"recipe": cfg.recipe, "world_size": self.engine.world_size, "config": cfg.model_dump(mode="json")}
         if self.state.untrained is not None:
             results["untrained"] = self.state.untrained
@@ -260,21 +299,32 @@ class Trainer:
             prune(self.ckpt_dir, self.config.train.keep_last)
 
     def save(self, name: str, meta: dict) -> None:
-        rng_states = gather_objects(torch.get_rng_state())  # a collective: every rank takes part
+        """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
+        shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all."""
+        directory = self.ckpt_dir / name
+        rng_states = gather_objects(torch.get_rng_state())
+        model_state = self.engine.model_state_dict()  # whole weights on rank 0
         if self.engine.is_main:
-            save_checkpoint(
-                self.ckpt_dir / name,
-                model_state=self.engine.unwrap(self.model).state_dict(),
+            begin(directory)
+        self.engine.barrier()
+        tmp = temporary_path(directory)
+        self.engine.save_training_state(tmp)
+        self.engine.barrier()  # every rank's files are written
+        if self.engine.is_main:
+            write_files(
+                tmp,
+                model_state=model_state,
                 train_state={
-                    "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
+                    "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
                     "rng": rng_states,
                     "run": asdict(self.state),
                 },
                 config_yaml=to_yaml(self.config),
                 vocab=self.recipe.vocab,
-                meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size},
+                meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size,
+                      "engine": self.config.engine.backend},
             )
+            commit(tmp, directory)
         self.engine.barrier()  # no rank reads or replaces a checkpoint that is still being written
 
     def _maybe_resume(self) -> None:
@@ -295,10 +345,14 @@ class Trainer:
         raise CheckpointError(f"train.resume={how}: no usable checkpoint in {self.ckpt_dir}")
 
     def _restore(self, path: Path) -> None:
-        weights, train_state = load_model_state(path), load_train_state(path)
-        self.engine.unwrap(self.model).load_state_dict(weights)
-        self.optimizer.load_state_dict(train_state["optimizer"])
-        self.scheduler.load_state_dict(train_state["scheduler"])
+        # Every rank checks every file first and so reaches the same verdict: a damaged
+        # checkpoint is skipped by all ranks together, before any collective load starts.
+        verify(path)
+        train_state = load_train_state(path)
+        self.engine.load_model_state(load_model_state(path))
+        self.engine.load_training_state(path)
+        for name, scheduler in self.schedulers.items():
+            scheduler.load_state_dict(train_state["schedulers"][name])
         rng = train_state["rng"]
         torch.set_rng_state(rng[self.engine.rank] if self.engine.rank < len(rng) else rng[0])
         self.state = RunState(**train_state["run"])

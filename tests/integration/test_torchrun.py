@@ -43,9 +43,13 @@ def test_two_ranks_learn_as_well_as_one(runs):
     assert abs(two["test"]["full"]["rsum"] - one["test"]["full"]["rsum"]) < 100
 
 
-def test_exact_epochs_on_two_ranks_see_every_sample_once(planted_shards, tmp_path):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_exact_epochs_on_two_ranks_see_every_sample_once(planted_shards, tmp_path, accumulation):
+    """200 samples, global batch 32: 6 full steps and one of 8 rows per epoch. With 2 micro-batches
+    of 16 per step, the last step has a single micro-batch of 8 rows."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    metrics, _ = _run(launcher, planted_shards, tmp_path, "data.resampled=false", "train.epochs=2")
+    metrics, _ = _run(launcher, planted_shards, tmp_path, "data.resampled=false", "train.epochs=2",
+                      f"train.grad_accumulation={accumulation}")
     assert metrics["world_size"] == 2
-    assert metrics["steps"] == 2 * 7  # 200 samples: 6 global batches of 32 and one of 8 per epoch
+    assert metrics["steps"] == 2 * 7
     assert metrics["samples_seen"] == 2 * 200

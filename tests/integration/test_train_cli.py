@@ -76,9 +76,9 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted
                                   "eval.baseline=false", "data.workers=0", *SMALL])
     real_losses, calls = VSRNRecipe.losses, {"n": 0}
 
-    def poisoned(self, model, batch):
+    def poisoned(self, model, batch, update="main"):
         calls["n"] += 1
-        out = real_losses(self, model, batch)
+        out = real_losses(self, model, batch, update)
         if calls["n"] > 10:  # after the first epoch (7 steps) has been checkpointed
             out["loss"] = out["loss"] * torch.tensor(float("nan"))
         return out

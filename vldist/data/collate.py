@@ -18,10 +18,11 @@ def pad_regions(features: list[np.ndarray], max_regions: int) -> tuple[torch.Ten
     return regions, mask
 
 
-def pad_tokens(sequences: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Id lists -> tokens (B, T) padded with pad_id, lengths (B,)."""
+def pad_tokens(sequences: list[list[int]], pad_id: int = 0, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id lists -> tokens (B, T) padded with pad_id, lengths (B,). T is the longest sequence, or
+    `length` when every batch must have the same shape."""
     lengths = torch.tensor([len(s) for s in sequences])
-    tokens = torch.full((len(sequences), int(lengths.max())), pad_id, dtype=torch.long)
+    tokens = torch.full((len(sequences), length or int(lengths.max())), pad_id, dtype=torch.long)
     for i, s in enumerate(sequences):
         tokens[i, : len(s)] = torch.tensor(s)
     return tokens, lengths

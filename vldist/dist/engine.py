@@ -1,22 +1,30 @@
-"""The engine: where the model runs and how a step is taken. The trainer sees only this interface.
+"""The engine: where the model runs and how an optimizer step is taken. The trainer sees only this.
 
-`AccelerateEngine` runs one process or many (torchrun, Slurm, Ray workers): Accelerate sets up the
-process group from the launcher's environment (gloo on CPU, NCCL on CUDA) and wraps the model in
-DDP. Recipes return their rank's share of the global loss (see losses/distributed.py); since DDP
-averages gradients over ranks, backward scales the share by the world size, which makes W ranks
-of batch B/W take exactly the step one process takes on batch B.
+Two backends implement it: `AccelerateEngine` (DDP through Accelerate) and `DeepSpeedEngine`
+(DeepSpeed's own engine, ZeRO stage 0-3). Both run one process or many (torchrun, Slurm, Ray
+workers) and read the launcher's environment themselves.
+
+Conventions every backend keeps:
+- Recipes return their rank's *share* of the global batch's loss (losses/distributed.py); both
+  backends average gradients over ranks, so `backward` scales the share by the world size. W ranks
+  with batch B/W then take exactly the step one process takes on batch B.
+- A step may be accumulated over several micro-batches: `backward(share, micro_batches=n)` divides
+  by n, so the step follows the mean of the micro-batch losses; gradients are synchronised only on
+  the last micro-batch (`micro_batch(last=...)` wraps its forward and backward).
+- Optimizers are named. A recipe with several (a GAN's generator and discriminator) steps each by
+  name; frozen parameters (requires_grad=False) belong to none and are never updated.
+- Collective methods (marked so) must be called by every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
-
-from vldist.dist.launch_env import adopt_slurm_environment
-from vldist.models.global_batchnorm import convert_global_batchnorm
 
 
 def pick_device(requested: str = "auto") -> torch.device:
@@ -27,63 +35,87 @@ def pick_device(requested: str = "auto") -> torch.device:
     return torch.device(requested)
 
 
-def grad_norm(params: list[nn.Parameter]) -> float:
+def grad_norm(params) -> float:
     grads = [p.grad.detach().norm() for p in params if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
 
 
-class AccelerateEngine:
-    def __init__(self, device: str = "auto", mixed_precision: str = "no", sync_batchnorm: bool = False):
-        from accelerate import Accelerator
+class Engine(ABC):
+    rank: int
+    world_size: int
+    local_rank: int
+    is_main: bool
+    device: torch.device
+    model: nn.Module | None = None  # as wrapped by the backend; call it for training forwards
+    uniform_shapes: bool = False  # every rank's batches must have the same shapes (ZeRO-3)
+    optimizers: dict[str, torch.optim.Optimizer]  # the torch optimizers (LR schedulers attach here)
 
-        adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
-        on_cpu = pick_device(device).type == "cpu"
-        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else mixed_precision)
-        state = self.accelerator.state
-        self.rank, self.world_size = state.process_index, state.num_processes
-        self.local_rank, self.is_main = state.local_process_index, state.is_main_process
-        self.device = self.accelerator.device
-        self.sync_batchnorm = sync_batchnorm
-        self.model: nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-
-    def setup(self, model: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]):
-        """Wrap the model (after swapping in global BatchNorm if asked) and build its optimizer."""
-        if self.sync_batchnorm and self.world_size > 1:
-            convert_global_batchnorm(model)  # before the optimizer sees the parameters
-        model = model.to(self.device)
-        self.model, self.optimizer = self.accelerator.prepare(model, make_optimizer(model))
-        return self.model, self.optimizer
+    @abstractmethod
+    def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
+        """Move and wrap the model; returns what the recipe calls. `dynamic_graph`: some steps
+        leave parameters without gradient (alternating updates, phases)."""
 
     def autocast(self):
-        return self.accelerator.autocast()
+        return contextlib.nullcontext()
 
-    def backward(self, loss_share: torch.Tensor) -> None:
-        self.accelerator.backward(loss_share * self.world_size)
+    def micro_batch(self, last: bool):
+        """Wraps one micro-batch's forward and backward; gradients are synchronised on the last."""
+        return contextlib.nullcontext()
 
-    def clip_grad_norm(self, max_norm: float | None) -> float:
-        if max_norm is None:
-            return grad_norm(list(self.model.parameters()))
-        return float(self.accelerator.clip_grad_norm_(self.model.parameters(), max_norm))
+    @abstractmethod
+    def backward(self, loss_share: torch.Tensor, micro_batches: int = 1) -> None: ...
 
-    def step(self) -> None:
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    @abstractmethod
+    def step(self, name: str = "main", max_norm: float | None = None) -> float:
+        """Clip (if max_norm), update the named optimizer, zero its gradients; returns the global
+        gradient norm before clipping."""
 
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        return self.accelerator.unwrap_model(model)
+    @abstractmethod
+    def unwrap(self) -> nn.Module:
+        """The recipe's own module (for evaluation forwards and state dicts)."""
 
-    def barrier(self) -> None:
-        self.accelerator.wait_for_everyone()
+    def full_weights(self):
+        """Collective. A block in which every parameter is whole on every rank (ZeRO-3 gathers)."""
+        return contextlib.nullcontext()
 
+    def evaluation_model(self, build: Callable[[], nn.Module]) -> nn.Module | None:
+        """Collective. On rank 0, a module with the whole current weights for evaluation forwards
+        that only rank 0 runs; None elsewhere. `build` makes a fresh, unwrapped model."""
+        return self.unwrap() if self.is_main else None
+
+    def model_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """Collective. The whole model's state on rank 0, None elsewhere."""
+        with self.full_weights():
+            if not self.is_main:
+                return None
+            return {k: v.detach().cpu().clone() for k, v in self.unwrap().state_dict().items()}
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Collective. Load whole weights (every rank passes the same state)."""
+        self.unwrap().load_state_dict(state)
+
+    @abstractmethod
+    def save_training_state(self, directory: Path) -> None:
+        """Collective. Optimizer state (and the backend's own) into an existing directory."""
+
+    @abstractmethod
+    def load_training_state(self, directory: Path) -> None:
+        """Collective. The inverse of save_training_state; raises CheckpointError when unreadable."""
+
+    @abstractmethod
+    def barrier(self) -> None: ...
+
+    @abstractmethod
     def close(self) -> None:
-        """Leave the process group in order, so no rank aborts at interpreter exit."""
-        self.accelerator.end_training()
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        """Leave the process group in order, so that no rank aborts at interpreter exit."""
 
 
-def make_engine(config) -> AccelerateEngine:
-    e = config.engine
-    return AccelerateEngine(config.train.device, e.mixed_precision, e.sync_batchnorm)
+def make_engine(config) -> Engine:
+    e, t = config.engine, config.train
+    if e.backend == "deepspeed":
+        from vldist.dist.deepspeed_engine import DeepSpeedEngine
+
+        return DeepSpeedEngine(config)
+    from vldist.dist.accelerate_engine import AccelerateEngine
+
+    return AccelerateEngine(t.device, e.mixed_precision)

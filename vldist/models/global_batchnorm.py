@@ -50,6 +50,8 @@ def convert_global_batchnorm(module: nn.Module) -> nn.Module:
             replacement = GlobalBatchNorm1d(child.num_features, child.eps, child.momentum, child.affine,
                                             child.track_running_stats)
             replacement.load_state_dict(child.state_dict())
+            if child.affine:  # the same Parameter objects: an optimizer built before still holds them
+                replacement.weight, replacement.bias = child.weight, child.bias
             setattr(module, name, replacement)
         else:
             convert_global_batchnorm(child)

@@ -23,6 +23,12 @@ class Recipe(ABC):
     description: ClassVar[str]
     ModelConfig: ClassVar[type[Section]]
     sample_keys: ClassVar[tuple[str, ...]]  # tar members the recipe reads, e.g. ("json", "regions.npy")
+    # Some updates leave parameters without gradient (alternating optimizers, training phases):
+    # DDP must then look for unused parameters after each backward.
+    dynamic_graph: ClassVar[bool] = False
+    # Set by the trainer when every rank's batches must have identical shapes (ZeRO-3 fetches
+    # parameters with one collective per module call, so ranks must make the same calls).
+    uniform_shapes: bool = False
 
     def __init__(self, config: JobConfig, vocab: Vocab, feature_dim: int | None = None):
         self.config = config
@@ -33,7 +39,20 @@ class Recipe(ABC):
     def build_model(self) -> nn.Module: ...
 
     def start_epoch(self, epoch: int) -> None:
-        """Called by the trainer before each epoch (0-based): for schedules inside a recipe."""
+        """Called by the trainer before each epoch (0-based): for schedules and training phases."""
+
+    def optimizer_groups(self, model: nn.Module) -> dict[str, list]:
+        """Named optimizers and their parameters (or torch param-group dicts with their own lr).
+        Default: one optimizer, 'main', over every trainable parameter. Frozen parameters
+        (requires_grad=False, e.g. a reference model) are in none: never updated, and saved once,
+        in the checkpoint's weights."""
+        return {"main": [p for p in model.parameters() if p.requires_grad]}
+
+    def updates(self, step: int) -> tuple[str, ...]:
+        """The optimizers stepped at optimizer step `step`, in order. Each gets its own forward and
+        backward on the same batch: a GAN alternates ('discriminator', 'generator'); a phase that
+        trains one part returns only its optimizer."""
+        return ("main",)
 
     @abstractmethod
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
@@ -49,8 +68,9 @@ class Recipe(ABC):
     def collate_eval(self, samples: list[dict]) -> dict: ...
 
     @abstractmethod
-    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
-        """{'loss': total to back-propagate, <component>: detached parts for logging}."""
+    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+        """{'loss': this rank's share of the loss for optimizer `update`, <component>: detached
+        parts for logging}."""
 
     @abstractmethod
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device) -> dict:

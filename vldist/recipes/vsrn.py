@@ -153,7 +153,8 @@ class VSRNRecipe(Recipe):
 
     def collate_train(self, samples: list[dict]) -> dict:
         regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
-        tokens, lengths = pad_tokens([s["tokens"] for s in samples])
+        length = self.config.data.max_caption_len if self.uniform_shapes else None
+        tokens, lengths = pad_tokens([s["tokens"] for s in samples], length=length)
         return {"regions": regions, "mask": mask, "tokens": tokens, "lengths": lengths}
 
     def collate_eval(self, samples: list[dict]) -> dict:
@@ -163,7 +164,7 @@ class VSRNRecipe(Recipe):
 
     # ------------------------------------------------------------------ losses and evaluation
 
-    def losses(self, model: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
         out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
         # Each term is this rank's share of the global batch's loss (see losses/distributed.py).
         matching = cross_rank_vse_hinge_loss(

@@ -11,8 +11,10 @@ import numpy as np
 import torch
 
 from vldist.data.vocab import Vocab
-from vldist.dist.engine import AccelerateEngine
+from vldist.dist.accelerate_engine import AccelerateEngine
 from vldist.dist.collectives import global_sum
+from vldist.dist.engine import Engine
+from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.vsrn import VSRNRecipe
 from vldist.train import load_config
 
@@ -20,10 +22,11 @@ GLOBAL_BATCH = 8
 VOCAB = Vocab(["a", "red", "blue", "green", "circle", "square", "star", "left", "of", "above"])
 
 
-def make_recipe(gather: bool) -> VSRNRecipe:
+def make_recipe(gather: bool, *overrides: str) -> VSRNRecipe:
     config = load_config("vsrn", [
         "model.embed_size=16", "model.word_dim=8", "model.decoder_hidden=16", "model.decoder_dropout=0",
         "model.max_violation_warmup_epochs=0", f"model.gather_negatives={str(gather).lower()}", "data.max_regions=5",
+        f"data.batch_size={GLOBAL_BATCH}", "train.grad_clip=null", *overrides,
     ])
     return VSRNRecipe(config, VOCAB, feature_dim=12)
 
@@ -49,32 +52,58 @@ def build_model(recipe: VSRNRecipe) -> torch.nn.Module:
     return model
 
 
-def step(engine: AccelerateEngine, recipe: VSRNRecipe, ragged: bool = False) -> dict:
-    """ragged: rank 0 takes 3 rows and rank 1 takes 5, as in the last batch of an exact epoch."""
-    bounds = [0, 3, 8] if ragged and engine.world_size == 2 else [
-        r * GLOBAL_BATCH // engine.world_size for r in range(engine.world_size + 1)]
-    mine = global_samples()[bounds[engine.rank]:bounds[engine.rank + 1]]
-    batch = recipe.collate_train(mine)
-    model, optimizer = engine.setup(build_model(recipe), lambda m: torch.optim.SGD(m.parameters(), lr=0.5))
-    losses = recipe.losses(model, batch)
-    engine.backward(losses["loss"])
-    grads = {n: p.grad.clone() for n, p in engine.unwrap(model).named_parameters()}
-    engine.step()
+def my_rows(engine: Engine, ragged: bool, micro_batches: int) -> list[list[dict]]:
+    """This rank's rows of each micro-batch. Global micro-batch k is rows [k*m, (k+1)*m) of the
+    global batch (m = GLOBAL_BATCH / micro_batches), split evenly over the ranks; ragged: rank 0
+    takes 3 rows and rank 1 takes 5, as in the last batch of an exact epoch."""
+    samples, m, world = global_samples(), GLOBAL_BATCH // micro_batches, engine.world_size
+    if ragged and world == 2:
+        return [samples[[0, 3][engine.rank]:[3, 8][engine.rank]]]
+    return [samples[k * m + engine.rank * m // world:k * m + (engine.rank + 1) * m // world] for k in range(micro_batches)]
+
+
+def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches: int = 1) -> dict:
+    recipe.uniform_shapes = engine.uniform_shapes
+    module = build_model(recipe)
+    if engine.world_size > 1:
+        convert_global_batchnorm(module)
+    model = engine.setup(module, {"main": torch.optim.SGD(module.parameters(), lr=0.5)})
+    totals = {"loss": 0.0, "matching": 0.0, "caption": 0.0}
+    rows = my_rows(engine, ragged, micro_batches)
+    for k, mine in enumerate(rows):
+        with engine.micro_batch(last=k == len(rows) - 1):
+            losses = recipe.losses(model, recipe.collate_train(mine))
+            engine.backward(losses["loss"], len(rows))
+        for key in totals:
+            totals[key] += float(global_sum(losses[key])) / len(rows)
+    # Under ZeRO-2/3 gradients live in DeepSpeed's partitions, not in .grad
+    grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
+    engine.step("main", None)
+    state = engine.model_state_dict()
     return {
-        "loss": float(global_sum(losses["loss"])),
-        "matching": float(global_sum(losses["matching"])),
-        "caption": float(global_sum(losses["caption"])),
+        **totals,
         "grads": grads,
-        "params": {n: p.detach().clone() for n, p in engine.unwrap(model).named_parameters()},
+        "params": state and {n: state[n] for n, _ in engine.unwrap().named_parameters()},
         "world_size": engine.world_size,
     }
 
 
+def make_engine(backend: str, recipe: VSRNRecipe) -> Engine:
+    if backend == "accelerate":
+        return AccelerateEngine("cpu")
+    from vldist.dist.deepspeed_engine import DeepSpeedEngine
+
+    return DeepSpeedEngine(recipe.config)
+
+
 if __name__ == "__main__":
-    out, mode = sys.argv[1], sys.argv[2]  # gather | local | ragged
+    out, mode = sys.argv[1], sys.argv[2]  # gather | local | ragged | accumulate
+    backend = sys.argv[3] if len(sys.argv) > 3 else "accelerate"  # or jobs/deepspeed/zeroN.json
     random.seed(0)
-    engine = AccelerateEngine("cpu", sync_batchnorm=True)
-    result = step(engine, make_recipe(mode != "local"), ragged=mode == "ragged")
+    extra = [] if backend == "accelerate" else ["engine.backend=deepspeed", f"engine.deepspeed_config={backend}"]
+    recipe = make_recipe(mode != "local", *extra)
+    engine = make_engine(backend, recipe)
+    result = step(engine, recipe, ragged=mode == "ragged", micro_batches=2 if mode == "accumulate" else 1)
     if engine.is_main:
         torch.save(result, out)
     engine.close()

@@ -1,0 +1,88 @@
+"""The Accelerate backend: DDP over gloo (CPU) or NCCL (CUDA), autocast for bf16/fp16 on CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vldist.dist.engine import Engine, grad_norm, pick_device
+from vldist.dist.launch_env import adopt_slurm_environment
+
+OPTIMIZER_FILE = "optimizer.pt"
+
+
+class AccelerateEngine(Engine):
+    def __init__(self, device: str = "auto", mixed_precision: str = "no"):
+        from accelerate import Accelerator
+
+        adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
+        on_cpu = pick_device(device).type == "cpu"
+        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else mixed_precision)
+        state = self.accelerator.state
+        self.rank, self.world_size = state.process_index, state.num_processes
+        self.local_rank, self.is_main = state.local_process_index, state.is_main_process
+        self.device = self.accelerator.device
+        self.optimizers = {}
+        self._prepared: dict[str, torch.optim.Optimizer] = {}
+
+    def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
+        if dynamic_graph:
+            from accelerate.utils import DistributedDataParallelKwargs
+
+            self.accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
+        names = list(optimizers)
+        self.model, *prepared = self.accelerator.prepare(model.to(self.device), *optimizers.values())
+        self.optimizers, self._prepared = dict(optimizers), dict(zip(names, prepared))
+        return self.model
+
+    def autocast(self):
+        return self.accelerator.autocast()
+
+    def micro_batch(self, last: bool):
+        return self.accelerator.no_sync(self.model) if not last else super().micro_batch(last)
+
+    def backward(self, loss_share: torch.Tensor, micro_batches: int = 1) -> None:
+        self.accelerator.backward(loss_share * (self.world_size / micro_batches))
+
+    def step(self, name: str = "main", max_norm: float | None = None) -> float:
+        optimizer = self._prepared[name]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if max_norm is None:
+            self.accelerator.unscale_gradients(optimizer)
+            norm = grad_norm(params)
+        else:
+            norm = float(self.accelerator.clip_grad_norm_(params, max_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def unwrap(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def save_training_state(self, directory: Path) -> None:
+        if self.is_main:
+            state = {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}}
+            if self.accelerator.scaler is not None:
+                state["scaler"] = self.accelerator.scaler.state_dict()
+            torch.save(state, Path(directory) / OPTIMIZER_FILE)
+
+    def load_training_state(self, directory: Path) -> None:
+        from vldist.checkpoint import load_torch_file
+
+        state = load_torch_file(Path(directory) / OPTIMIZER_FILE)
+        for name, optimizer in self.optimizers.items():
+            optimizer.load_state_dict(state["optimizers"][name])
+        if self.accelerator.scaler is not None and "scaler" in state:
+            self.accelerator.scaler.load_state_dict(state["scaler"])
+
+    def barrier(self) -> None:
+        self.accelerator.wait_for_everyone()
+
+    def close(self) -> None:
+        self.accelerator.end_training()
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
