@@ -90,14 +90,32 @@ class OutputConfig(Section):
     dir: str = Field("runs/{recipe}", description="where checkpoints and metrics go")
 
 
+class RayConfig(Section):
+    address: str | None = Field(None, description="Ray cluster address (default: RAY_ADDRESS, else a local head)")
+    num_workers: int = Field(2, ge=1, description="training workers (ranks), one process each")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float | Literal["auto"] = Field(
+        "auto", description="auto: 1 when the cluster has GPUs, else 0 (CPU workers with gloo)"
+    )
+    storage_path: str = Field(
+        "~/ray_results", description="where the run directory goes; must be shared by every node (NFS, a bucket mount)"
+    )
+    name: str = Field("{recipe}", description="run directory under storage_path; checkpoints and metrics.json go there")
+    max_failures: int = Field(2, ge=-1, description="worker-group restarts after a failure (-1: no limit)")
+
+
 class JobConfig(Section):
     recipe: str
     seed: int = 0
+    launcher: Literal["auto", "local", "ray"] = Field(
+        "auto", description="ray: fan out over a Ray cluster (Ray Train); auto: ray inside `ray job submit`, else local"
+    )
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
     engine: EngineConfig = EngineConfig()
     eval: EvalConfig = EvalConfig()
     output: OutputConfig = OutputConfig()
+    ray: RayConfig = RayConfig()
     model: Section = Section()
 
     @property
@@ -138,7 +156,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key.path=value (e.g. train.batch_size=64)")
-        value = yaml.safe_load(raw) if raw != "" else ""
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw  # not a YAML scalar (e.g. '{recipe}-a'): the string as typed
         node = nested
         *parents, leaf = key.split(".")
         for part in parents:

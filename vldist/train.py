@@ -14,6 +14,7 @@ from vldist.config import (
     list_job_files, parse_overrides, read_yaml, validate,
 )
 from vldist.data.shardset import ShardSet, ShardsNotFoundError
+from vldist import ray_launcher
 from vldist.dist.engine import make_engine
 from vldist.recipes import RECIPES, get_recipe
 from vldist.report import chance_recall, retrieval_table
@@ -23,16 +24,19 @@ DEFAULT_JOB = "vsrn"
 SYNTH_DIR = DataConfig.model_fields["shards"].default
 
 
+def config_class(recipe: str) -> type[JobConfig]:
+    try:
+        return job_config_class(get_recipe(recipe).ModelConfig)
+    except ValueError as err:
+        raise ConfigError(f"recipe: {err}") from None
+
+
 def load_config(job: str, overrides: list[str]) -> JobConfig:
     path = find_job_file(job)
     raw = deep_merge(read_yaml(path), parse_overrides(overrides))
     if "recipe" not in raw:
         raise ConfigError(f"{path} does not name a recipe (add `recipe: <name>`; recipes: {', '.join(RECIPES)})")
-    try:
-        recipe = get_recipe(raw["recipe"])
-    except ValueError as err:
-        raise ConfigError(f"recipe: {err}") from None
-    return validate(raw, job_config_class(recipe.ModelConfig))
+    return validate(raw, config_class(raw["recipe"]))
 
 
 def open_shards(config: JobConfig) -> ShardSet:
@@ -71,7 +75,9 @@ def usage(job: str) -> str:
     return "\n".join(lines)
 
 
-def run(config: JobConfig) -> dict:
+def run(config: JobConfig, on_checkpoint=None) -> dict | None:
+    """Train in this process, one rank of however many the launcher started; rank 0 returns the
+    results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint."""
     from vldist.trainer import Trainer
 
     engine = make_engine(config)
@@ -85,7 +91,7 @@ def run(config: JobConfig) -> dict:
     log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
              engine.world_size, config.output_dir)
     try:
-        results = Trainer(config, recipe, engine, shards).fit()
+        results = Trainer(config, recipe, engine, shards, on_checkpoint).fit()
         return results if engine.is_main else None
     finally:
         engine.close()
@@ -116,10 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         config = load_config(job, overrides)
-        results = run(config)
+        if ray_launcher.wanted(config):
+            results = ray_launcher.launch(config)
+            config = ray_launcher.worker_config(config)  # where the results were written
+        else:
+            results = run(config)
     except (ConfigError, ShardsNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except ray_launcher.RunFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     if results is not None:  # rank 0
         print_results(config, results)
     return 0

@@ -89,8 +89,9 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet):
+    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet, on_checkpoint=None):
         self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
+        self.on_checkpoint = on_checkpoint  # called on every rank after each step checkpoint (Ray reports it)
         self.out_dir = config.output_dir
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.state = RunState()
@@ -294,9 +295,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def save_step(self) -> None:
-        self.save(step_name(self.state.step), {"step": self.state.step, "epoch": self.state.epoch})
+        meta = {"step": self.state.step, "epoch": self.state.epoch}
+        self.save(step_name(self.state.step), meta)
         if self.engine.is_main:
             prune(self.ckpt_dir, self.config.train.keep_last)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.ckpt_dir / step_name(self.state.step), meta)
 
     def save(self, name: str, meta: dict) -> None:
         """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed

@@ -76,3 +76,23 @@ def test_prune_keeps_the_newest_complete_steps(tmp_path):
     (tmp_path / "step-00000020" / "COMPLETE").unlink()  # a save cut short: not counted, not kept
     prune(tmp_path, keep_last=2)
     assert [p.name for p in step_checkpoints(tmp_path)] == ["step-00000010", "step-00000015"]
+
+
+def test_verify_finds_a_changed_or_truncated_file_in_any_subdirectory(tmp_path):
+    from vldist.checkpoint import begin, commit, verify, write_files
+
+    directory = tmp_path / "step-00000003"
+    tmp = begin(directory)
+    write_files(tmp, model_state={"w": torch.ones(3)}, train_state={"step": 3}, config_yaml="recipe: vsrn\n",
+                vocab=Vocab(["a"]), meta={})
+    (tmp / "deepspeed").mkdir()
+    (tmp / "deepspeed" / "rank_1.pt").write_bytes(b"x" * 100)  # what another rank wrote
+    commit(tmp, directory)
+    verify(directory)  # intact
+    shard = directory / "deepspeed" / "rank_1.pt"
+    shard.write_bytes(b"y" + b"x" * 99)  # same size, other content
+    with pytest.raises(CheckpointError, match="rank_1.pt.*damaged"):
+        verify(directory)
+    shard.write_bytes(b"x" * 10)
+    with pytest.raises(CheckpointError, match="10 bytes, not the 100 written"):
+        verify(directory)

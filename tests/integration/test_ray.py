@@ -1,0 +1,157 @@
+"""`ray job submit -- python -m vldist.train vsrn` against a real local Ray head on loopback.
+
+The head runs in its own session with its own temp dir and free ports, and is stopped by killing
+that session (not `ray stop`, which would also stop any other Ray on the machine).
+"""
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
+       "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "engine.sync_batchnorm=true",
+       "data.workers=1", "ray.num_workers=2", "ray.max_failures=2"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_token(tmp_path_factory):
+    """This head's own token, for it and every client: token authentication on, and independent of
+    a ~/.ray/auth_token left by other Ray use (with one, a head turns authentication on while
+    clients without RAY_AUTH_MODE=token send no token)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("RAY_AUTH_MODE", "token")
+    patch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="module")
+def ray_head(ray_token):
+    temp = Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    port, dashboard = _free_port(), _free_port()
+    head = subprocess.Popen(
+        [*RAY, "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
+         "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
+         "--temp-dir", str(temp), "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dashboard}"
+    try:
+        _wait_for_dashboard(address, head)
+        yield address
+    finally:
+        _stop_head(head, temp)
+
+
+def _wait_for_dashboard(address: str, head: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{address}/api/version", timeout=2)
+            return
+        except urllib.error.HTTPError:
+            return  # it answers: 401 when Ray's token authentication is on (~/.ray/auth_token exists)
+        except OSError:
+            assert head.poll() is None, "the Ray head exited while starting"
+            assert time.time() < deadline, "the Ray head did not come up in 120 s"
+            time.sleep(0.5)
+
+
+def _stop_head(head: subprocess.Popen, temp: Path) -> None:
+    """Kill this head's processes only: those started with our temp dir on their command line
+    (GCS, raylet, dashboard, ...), and their children. Actors exit once their raylet is gone."""
+    import psutil
+
+    os.killpg(head.pid, signal.SIGTERM)
+    doomed = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(temp) in arg for arg in proc.info["cmdline"] or []):
+                doomed.update({p.pid: p for p in [proc, *proc.children(recursive=True)]})
+        except psutil.Error:
+            pass
+    for proc in doomed.values():
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(list(doomed.values()), timeout=30)
+    head.wait(timeout=30)
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _submit(address, *args, wait=True):
+    cmd = [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-m", "vldist.train", "vsrn", *args]
+    if wait:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_submitted_job_trains_on_two_workers_and_writes_its_results(ray_head, planted_shards, tmp_path):
+    started = time.time()
+    proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=2", *JOB)
+    wall = time.time() - started
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
+    assert "world_rank=1" in out  # a group of two workers, as the job asked
+    run = tmp_path / "vsrn"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 14 and metrics["restarts"] == 0
+    assert (run / "checkpoints" / "best" / "model.safetensors").is_file()
+    assert (run / "checkpoints" / "step-00000014" / "COMPLETE").is_file()
+    assert "trained " in out  # the driver printed the results table
+    print(f"submit to end: {wall:.1f} s")
+
+
+def test_a_killed_worker_is_replaced_and_the_run_resumes_to_the_requested_steps(ray_head, planted_shards, tmp_path):
+    job = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=4",
+                  "train.save_every_steps=4", *JOB, wait=False)
+    marker = tmp_path / "vsrn" / "checkpoints" / "step-00000008" / "COMPLETE"
+    deadline = time.time() + 300
+    while not marker.exists():
+        assert job.poll() is None, job.stdout.read()[-4000:]
+        assert time.time() < deadline
+        time.sleep(0.2)
+    workers = subprocess.run(["pgrep", "-f", "^ray::RayTrainWorker"], capture_output=True, text=True).stdout.split()
+    assert workers, "no Ray Train worker process found"
+    os.kill(int(min(workers, key=int)), signal.SIGKILL)  # the oldest: a rank, not a loader worker of it
+    out, _ = job.communicate(timeout=600)
+    assert job.returncode == 0 and "succeeded" in out, out[-4000:]
+    assert "RETRY" in out and "resumed from" in out
+    metrics = json.loads((tmp_path / "vsrn" / "metrics.json").read_text())
+    assert metrics["steps"] == 28 and metrics["restarts"] == 1 and metrics["world_size"] == 2
+    resumed_at = int(re.search(r"resumed from \S+step-(\d+)", out).group(1))
+    assert 4 <= resumed_at <= 8
+
+
+def test_a_bad_config_fails_fast_with_the_config_error(ray_head, tmp_path):
+    started = time.time()
+    proc = _submit(ray_head, f"ray.storage_path={tmp_path}", "train.lrr=0.1")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "failed" in out.lower()
+    assert "unknown key 'train.lrr'. Did you mean 'train.lr'?" in out
+    assert "Traceback" not in out
+    assert time.time() - started < 60
+    assert not (tmp_path / "vsrn").exists()  # no worker started
