@@ -103,16 +103,9 @@ class Trainer:
                 f"data.batch_size={config.data.batch_size} must be divisible by {engine.world_size} ranks x "
                 f"train.grad_accumulation={self.accumulation}: each rank's micro-batch is batch_size / {slices}"
             )
-        samples = t.samples_per_epoch or shards.num_samples(config.data.train_split)
-        if samples is None:
-            raise ValueError("the shard set has no manifest count for the train split; set train.samples_per_epoch")
-        micro_global = config.data.batch_size // self.accumulation
-        if config.data.resampled:
-            self.steps_per_epoch = batches_per_rank(samples, config.data.batch_size)
-            self.micro_per_epoch = self.steps_per_epoch * self.accumulation
-        else:  # the last step of an exact epoch may take fewer micro-batches
-            self.micro_per_epoch = exact_epoch_steps(samples, micro_global, engine.world_size)
-            self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accumulation)
+        recipe.uniform_shapes = engine.uniform_shapes
+        self.train_streams, self.micro_per_epoch = self._build_streams()
+        self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accumulation)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
@@ -127,17 +120,50 @@ class Trainer:
         self.schedulers = {
             name: build_scheduler(config, opt, self.steps_per_epoch, self.total_steps) for name, opt in self.optimizers.items()
         }
-        recipe.uniform_shapes = engine.uniform_shapes
-        spec = StreamSpec(
-            urls=shards.urls(config.data.train_split), keep=recipe.sample_keys, sample_fn=recipe.train_sample,
-            collate_fn=recipe.collate_train, batch_size=micro_global // engine.world_size,
-            seed=config.seed, rank=engine.rank, world_size=engine.world_size,
-        )
-        self.train_stream = (
-            TrainStream(spec, self.micro_per_epoch, config.data.shuffle_buffer)
-            if config.data.resampled
-            else ExactEpochStream(spec, samples, config.data.shuffle_buffer)
-        )
+
+    def _build_streams(self) -> tuple[dict, int]:
+        """One stream per name in recipe.train_streams(), and the micro-batches each rank takes
+        per epoch. Several streams take turns, an optimizer step each, until each has yielded its
+        own epoch (L2C's captions and image pairs)."""
+        config, engine, t = self.config, self.engine, self.config.train
+        micro_global = config.data.batch_size // self.accumulation
+        names = self.recipe.train_streams()
+        if len(names) > 1 and not config.data.resampled:
+            raise ValueError(f"data.resampled=false reads one stream; this recipe has {len(names)} ({', '.join(names)})")
+        streams, micro = {}, 0
+        for index, (name, split) in enumerate(names.items()):
+            samples = t.samples_per_epoch or self.shards.num_samples(split)
+            if samples is None:
+                raise ValueError(f"the shard set has no manifest count for split '{split}'; set train.samples_per_epoch")
+            sample_fn, collate_fn = self.recipe.stream_functions(name)
+            spec = StreamSpec(
+                urls=self.shards.urls(split), keep=self.recipe.sample_keys, sample_fn=sample_fn, collate_fn=collate_fn,
+                batch_size=micro_global // engine.world_size, seed=config.seed + 1_000_003 * index,
+                rank=engine.rank, world_size=engine.world_size,
+            )
+            if config.data.resampled:
+                count = batches_per_rank(samples, config.data.batch_size) * self.accumulation
+                streams[name] = TrainStream(spec, count, config.data.shuffle_buffer)
+            else:  # the last step of an exact epoch may take fewer micro-batches
+                count = exact_epoch_steps(samples, micro_global, engine.world_size)
+                streams[name] = ExactEpochStream(spec, samples, config.data.shuffle_buffer)
+            micro += count
+        return streams, micro
+
+    def _epoch_batches(self, epoch: int):
+        """This epoch's micro-batches, tagged with their stream; streams take turns step by step."""
+        for stream in self.train_streams.values():
+            stream.epoch = epoch
+        loaders = {name: iter(make_loader(s, self.config.data.workers)) for name, s in self.train_streams.items()}
+        while loaders:
+            for name in list(loaders):
+                for _ in range(self.accumulation):
+                    batch = next(loaders[name], None)
+                    if batch is None:
+                        del loaders[name]
+                        break
+                    batch["stream"] = name
+                    yield batch
 
     # ------------------------------------------------------------------ evaluation
 
@@ -156,14 +182,13 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> float:
         """The rest of one epoch (from the data position on resume); returns its mean loss."""
-        self.train_stream.epoch = epoch
         self.recipe.start_epoch(epoch)
         t = self.config.train
         self.model.train()
         replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
         window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
         fetch_start, pending = time.perf_counter(), []
-        for index, batch in enumerate(make_loader(self.train_stream, self.config.data.workers)):
+        for index, batch in enumerate(self._epoch_batches(epoch)):
             if index < replay:
                 continue  # the stream is seeded per epoch, so skipping replays the exact position
             self.state.skipped_samples += batch.pop("skipped", 0)

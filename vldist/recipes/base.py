@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 import torch
@@ -40,6 +40,16 @@ class Recipe(ABC):
 
     def start_epoch(self, epoch: int) -> None:
         """Called by the trainer before each epoch (0-based): for schedules and training phases."""
+
+    def train_streams(self) -> dict[str, str]:
+        """Named training streams and the split each reads. Several take turns, one optimizer
+        step each (L2C: single-image captions and image pairs); each batch carries its stream's
+        name as batch['stream']."""
+        return {"main": self.config.data.train_split}
+
+    def stream_functions(self, stream: str) -> tuple[Callable, Callable]:
+        """(sample_fn, collate_fn) that turn a stream's raw samples into its batches."""
+        return self.train_sample, self.collate_train
 
     def optimizer_groups(self, model: nn.Module) -> dict[str, list]:
         """Named optimizers and their parameters (or torch param-group dicts with their own lr).

@@ -1,0 +1,50 @@
+"""Two training streams taking turns (what L2C needs: single-image captions and image pairs).
+
+A test-only VSRN variant reads the planted train split (200 samples) and val split (40) as two
+streams; with a global batch of 32 that is 7 + 2 steps an epoch, alternating while both last.
+"""
+
+import json
+
+import pytest
+
+import vldist.recipes
+from vldist.recipes.vsrn import VSRNRecipe
+from vldist.train import load_config, run
+
+SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
+         "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "data.workers=1",
+         "train.validate_every=0"]
+
+
+class TwoStreamVSRN(VSRNRecipe):
+    seen: list[str] = []
+
+    def train_streams(self):
+        return {"captions": "train", "pairs": "val"}
+
+    def losses(self, model, batch, update="main"):
+        TwoStreamVSRN.seen.append(batch["stream"])
+        return super().losses(model, batch, update)
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_streams_take_turns_step_by_step_until_each_has_had_its_epoch(planted_shards, tmp_path, monkeypatch, accumulation):
+    monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", TwoStreamVSRN)
+    TwoStreamVSRN.seen = []
+    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=2",
+                                  f"train.grad_accumulation={accumulation}", *SMALL])
+    results = run(config)
+    one_epoch = ["captions", "pairs", "captions", "pairs", *["captions"] * 5]
+    per_step = TwoStreamVSRN.seen[::accumulation]
+    assert per_step == one_epoch * 2
+    assert TwoStreamVSRN.seen == [s for s in one_epoch * 2 for _ in range(accumulation)]  # a step's micro-batches share a stream
+    assert results["steps"] == 18
+    assert json.loads((tmp_path / "metrics.json").read_text())["samples_seen"] == 2 * (7 + 2) * 32
+
+
+def test_exact_epochs_refuse_several_streams(planted_shards, tmp_path, monkeypatch):
+    monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", TwoStreamVSRN)
+    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "data.resampled=false", *SMALL])
+    with pytest.raises(ValueError, match="data.resampled=false reads one stream; this recipe has 2"):
+        run(config)
