@@ -41,3 +41,27 @@ def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int
         writer.close({"features": {"extractor": "planted", "dim": DIM}})
     Vocab.build(train_captions).save(out / "vocab.json")
     return out
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_pair() -> int:
+    """A free base port whose next port is free too (rank 1's metrics serve on base + 1)."""
+    import socket
+
+    for _ in range(50):
+        base = free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", base + 1))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no two adjacent free ports")

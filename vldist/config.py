@@ -90,6 +90,17 @@ class OutputConfig(Section):
     dir: str = Field("runs/{recipe}", description="where checkpoints and metrics go")
 
 
+class MetricsConfig(Section):
+    enabled: bool = Field(True, description="serve Prometheus metrics from every rank")
+    host: str = Field("127.0.0.1", description="address the metrics endpoints bind to (0.0.0.0: every interface)")
+    port: int = Field(9400, ge=1, le=65535, description="rank r serves on port + local rank r")
+    job: str = Field("{recipe}", description="the `job` label of every series")
+    linger_seconds: float = Field(0.0, ge=0, description="keep serving this long after training, for a last scrape")
+    targets_dir: str | None = Field(
+        None, description="each rank writes its endpoint here for Prometheus file_sd (Ray: <run dir>/prometheus)"
+    )
+
+
 class RayConfig(Section):
     address: str | None = Field(None, description="Ray cluster address (default: RAY_ADDRESS, else a local head)")
     num_workers: int = Field(2, ge=1, description="training workers (ranks), one process each")
@@ -115,6 +126,7 @@ class JobConfig(Section):
     engine: EngineConfig = EngineConfig()
     eval: EvalConfig = EvalConfig()
     output: OutputConfig = OutputConfig()
+    metrics: MetricsConfig = MetricsConfig()
     ray: RayConfig = RayConfig()
     model: Section = Section()
 

@@ -43,6 +43,9 @@ def worker_config(config: JobConfig) -> JobConfig:
     return config.model_copy(update={
         "data": config.data.model_copy(update={"shards": str(Path(config.data.shards).expanduser().resolve())}),
         "output": config.output.model_copy(update={"dir": str(run_dir(config))}),
+        "metrics": config.metrics.model_copy(
+            update={"targets_dir": config.metrics.targets_dir or str(run_dir(config) / "prometheus")}
+        ),
         "launcher": "local",
     })
 

@@ -18,6 +18,7 @@ from vldist import ray_launcher
 from vldist.dist.engine import make_engine
 from vldist.recipes import RECIPES, get_recipe
 from vldist.report import chance_recall, retrieval_table
+from vldist.telemetry.prometheus import start_rank_metrics
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
@@ -90,10 +91,13 @@ def run(config: JobConfig, on_checkpoint=None) -> dict | None:
     recipe = recipe_cls(config, shards.vocab(config.output_dir), shards.feature_dim())
     log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
              engine.world_size, config.output_dir)
+    metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
     try:
-        results = Trainer(config, recipe, engine, shards, on_checkpoint).fit()
+        results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics).fit()
         return results if engine.is_main else None
     finally:
+        if metrics is not None:
+            metrics.close(config.metrics.linger_seconds)
         engine.close()
 
 

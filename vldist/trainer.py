@@ -28,6 +28,8 @@ from vldist.data.shardset import ShardSet
 from vldist.dist.collectives import gather_objects, global_sum
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe
+from vldist.telemetry.flops import FlopCounter, device_peak
+from vldist.telemetry.progress import TrainingProgress, eval_batches
 
 log = logging.getLogger("vldist.train")
 
@@ -89,9 +91,11 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet, on_checkpoint=None):
+    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet, on_checkpoint=None, metrics=None):
         self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
         self.on_checkpoint = on_checkpoint  # called on every rank after each step checkpoint (Ray reports it)
+        self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
+        self.flops = FlopCounter(device_peak(engine.device, config.engine.mixed_precision) if metrics else None)
         self.out_dir = config.output_dir
         self.ckpt_dir = self.out_dir / "checkpoints"
         self.state = RunState()
@@ -173,7 +177,9 @@ class Trainer:
         result = None
         model = self.engine.evaluation_model(self.recipe.build_model)  # collective
         if self.engine.is_main:
-            loader = eval_loader(self.config, self.recipe, self.shards, split)
+            samples = self.shards.num_samples(split)
+            total = math.ceil(samples / self.config.data.eval_batch_size) if samples else None
+            loader = eval_batches(eval_loader(self.config, self.recipe, self.shards, split), total, split, True)
             result = self.recipe.evaluate(model, loader, self.engine.device)
         self.engine.barrier()
         return result
@@ -186,35 +192,32 @@ class Trainer:
         t = self.config.train
         self.model.train()
         replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
-        window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
-        fetch_start, pending = time.perf_counter(), []
+        fetch_start, pending, skipped = time.perf_counter(), [], 0
         for index, batch in enumerate(self._epoch_batches(epoch)):
             if index < replay:
                 continue  # the stream is seeded per epoch, so skipping replays the exact position
-            self.state.skipped_samples += batch.pop("skipped", 0)
+            skipped += batch.pop("skipped", 0)
             pending.append(batch)
             if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
                 continue
-            window_wait += time.perf_counter() - fetch_start
-            losses = self._step([_to_device(b, self.engine.device) for b in pending])
+            wait = time.perf_counter() - fetch_start  # blocked on the loader, not computing
+            step_start = time.perf_counter()
+            with self.flops.measure() as counter:  # the first step only, and on CUDA only
+                losses = self._step([_to_device(b, self.engine.device) for b in pending])
             # the last exact-epoch batch can be ragged, so count rather than assume
-            n = int(global_sum(torch.tensor(sum(_batch_size(b) for b in pending))))
-            pending = []
+            local = sum(_batch_size(b) for b in pending)
+            self.flops.counted(counter, local)
+            n = int(global_sum(torch.tensor(local)))
+            if self.engine.device.type == "cuda":
+                torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
+            self._observe_step(local, time.perf_counter() - step_start, wait, losses, skipped)
+            self.state.skipped_samples += skipped
+            pending, skipped = [], 0
             self.state.step += 1
             self.state.epoch_step += 1
             self.state.epoch_loss_sum += float(losses["loss"])
             self.state.samples_seen += n
-            window_samples, window_steps = window_samples + n, window_steps + 1
-            if self.engine.is_main and (self.state.step % t.log_every == 0 or self.state.step == self.total_steps):
-                elapsed = time.perf_counter() - window_start
-                parts = " ".join(f"{k} {float(v):.3f}" for k, v in losses.items() if not k.endswith("grad_norm"))
-                log.info(
-                    "epoch %d step %d/%d | %s | lr %.2e | grad %.2f | %.0f samples/s | data wait %.0f%% | eta %s",
-                    epoch + 1, self.state.step, self.total_steps, parts, self.current_lr(),
-                    losses["grad_norm"], window_samples / max(elapsed, 1e-9), 100 * window_wait / max(elapsed, 1e-9),
-                    _hms((self.total_steps - self.state.step) * elapsed / window_steps),
-                )
-                window_start, window_samples, window_steps, window_wait = time.perf_counter(), 0, 0, 0.0
+            self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr())
             if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
                 self.save_step()
             if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
@@ -226,6 +229,15 @@ class Trainer:
                 "was skipped as corrupt or the train split is empty (see the warnings above)"
             )
         return self.state.epoch_loss_sum / self.state.epoch_step
+
+    def _observe_step(self, samples: int, seconds: float, wait: float, losses: dict, skipped: int) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.observe_step(samples=samples, step_seconds=seconds, wait_seconds=wait, losses=losses,
+                                  lr=self.current_lr(), grad_norm=losses["grad_norm"], skipped=skipped)
+        if self.engine.device.type == "cuda":
+            self.metrics.set_device(cuda_memory_bytes=torch.cuda.memory_allocated(self.engine.device),
+                                    mfu=self.flops.mfu(samples, seconds))
 
     def current_lr(self) -> float:
         return next(iter(self.schedulers.values())).get_last_lr()[0]
@@ -268,6 +280,8 @@ class Trainer:
         cfg = self.config
         start = time.perf_counter()
         self._maybe_resume()
+        self.progress = TrainingProgress(self.engine.is_main, self.total_steps, self.state.step, cfg.train.log_every,
+                                         self.out_dir / "metrics.jsonl")
         if cfg.eval.baseline and self.state.step == 0:
             self.state.untrained = self.evaluate(cfg.eval.split)
             if self.engine.is_main:
@@ -276,6 +290,7 @@ class Trainer:
             epoch = self.state.epoch
             train_loss = self.train_epoch(epoch)
             self._end_of_epoch(epoch, train_loss)
+        self.progress.close()
         train_seconds = time.perf_counter() - start
         best = self.ckpt_dir / "best"
         if self.state.best_epoch is not None and best.is_dir():
@@ -311,7 +326,8 @@ class Trainer:
             score = float(global_sum(torch.tensor(val["full"]["rsum"] if val else 0.0, dtype=torch.float64)))
             if val:
                 entry["val"] = self.recipe.headline(val)
-                log.info("epoch %d validation: %s", epoch + 1, _short(entry["val"]))
+                self.progress.write(f"epoch {epoch + 1} validation: {_short(entry['val'])}")
+                self.progress.record({"event": "validation", "epoch": epoch + 1, "step": self.state.step, **entry["val"]})
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
                 self.save("best", entry)
@@ -330,7 +346,7 @@ class Trainer:
     def save(self, name: str, meta: dict) -> None:
         """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
         shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all."""
-        directory = self.ckpt_dir / name
+        directory, start = self.ckpt_dir / name, time.perf_counter()
         rng_states = gather_objects(torch.get_rng_state())
         model_state = self.engine.model_state_dict()  # whole weights on rank 0
         if self.engine.is_main:
@@ -355,6 +371,8 @@ class Trainer:
             )
             commit(tmp, directory)
         self.engine.barrier()  # no rank reads or replaces a checkpoint that is still being written
+        if self.metrics is not None:
+            self.metrics.observe_checkpoint(time.perf_counter() - start)
 
     def _maybe_resume(self) -> None:
         how = self.config.train.resume
@@ -386,6 +404,8 @@ class Trainer:
         torch.set_rng_state(rng[self.engine.rank] if self.engine.rank < len(rng) else rng[0])
         self.state = RunState(**train_state["run"])
         self.state.restarts += 1
+        if self.metrics is not None:
+            self.metrics.set_restarts(self.state.restarts)
         if self.engine.is_main:
             log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step,
                      self.state.epoch + 1, self.state.epoch_step)
@@ -393,11 +413,6 @@ class Trainer:
 
 def _batch_size(batch: dict) -> int:
     return next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600:d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def _short(metrics: dict) -> str:

@@ -10,7 +10,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import free_port, free_port_pair
 
 pytest.importorskip("ray")
 
@@ -27,12 +27,6 @@ RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
        "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "engine.sync_batchnorm=true",
        "data.workers=1", "ray.num_workers=2", "ray.max_failures=2"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -50,7 +44,7 @@ def ray_token(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ray_head(ray_token):
     temp = Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     head = subprocess.Popen(
         [*RAY, "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
          "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
@@ -111,7 +105,8 @@ def _submit(address, *args, wait=True):
 
 def test_submitted_job_trains_on_two_workers_and_writes_its_results(ray_head, planted_shards, tmp_path):
     started = time.time()
-    proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=2", *JOB)
+    proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=2",
+                   f"metrics.port={free_port_pair()}", *JOB)
     wall = time.time() - started
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
@@ -122,6 +117,8 @@ def test_submitted_job_trains_on_two_workers_and_writes_its_results(ray_head, pl
     assert (run / "checkpoints" / "best" / "model.safetensors").is_file()
     assert (run / "checkpoints" / "step-00000014" / "COMPLETE").is_file()
     assert "trained " in out  # the driver printed the results table
+    targets = sorted(p.name for p in (run / "prometheus").glob("*.json"))  # for Prometheus file_sd
+    assert targets == ["rank-0.json", "rank-1.json"]
     print(f"submit to end: {wall:.1f} s")
 
 

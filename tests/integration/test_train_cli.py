@@ -40,6 +40,16 @@ def test_train_writes_checkpoint_metrics_and_prints_the_table(trained_run):
     assert len(metrics["history"]) == 6 and all("val" in h for h in metrics["history"])
 
 
+def test_progress_is_recorded_as_json_lines(trained_run):
+    out, proc = trained_run
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [e for e in events if e["event"] == "train"]
+    assert [e["step"] for e in train] == [*range(5, 42, 5), 42]  # every train.log_every=5 steps, and the last
+    assert all(e["samples_per_second"] > 0 and 0 <= e["data_wait_share"] <= 1 for e in train)
+    assert [e["epoch"] for e in events if e["event"] == "validation"] == [1, 2, 3, 4, 5, 6]
+    assert "step 42/42" in proc.stderr and "samples/s" in proc.stderr and "eta" in proc.stderr
+
+
 def test_evaluate_reproduces_the_training_metrics(trained_run):
     out, _ = trained_run
     proc = _cli("vldist.evaluate", str(out), "--json")

@@ -76,7 +76,11 @@ def global_sum(x: Tensor) -> Tensor:
     """Sum of a detached value over ranks, e.g. the global loss from every rank's share."""
     x = x.detach().clone()
     if world()[1] > 1:
+        device = x.device
+        if dist.get_backend() == "nccl" and device.type != "cuda":
+            x = x.cuda()  # NCCL reduces CUDA tensors only
         dist.all_reduce(x)
+        x = x.to(device)
     return x
 
 
