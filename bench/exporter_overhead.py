@@ -4,7 +4,8 @@
 
 Runs `python -m vldist.train vsrn` (one process) alternately with metrics.enabled=true/false, no
 validation or baseline, and compares the mean time per optimizer step (training time / steps,
-from metrics.json). Run it on a quiet machine.
+from metrics.json). Whole runs differ by more than the exporter costs, so it also times the
+exporter's per-step work alone (RankMetrics.observe_step). Run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -27,6 +28,26 @@ def one_run(enabled: bool, steps: int, out: Path) -> float:
     return metrics["train_seconds"] / metrics["steps"] if history else float("nan")
 
 
+def per_step_cost(calls: int = 20000) -> float:
+    """Seconds the exporter adds to one step: the metric updates the trainer makes per step."""
+    import socket
+    import time
+
+    from vldist.telemetry.prometheus import RankMetrics
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    metrics = RankMetrics("127.0.0.1", port, job="bench", recipe="vsrn", rank=0)
+    losses = {"loss": 1.0, "matching": 0.9, "caption": 0.1, "grad_norm": 2.0}
+    start = time.perf_counter()
+    for _ in range(calls):
+        metrics.observe_step(samples=128, step_seconds=0.4, wait_seconds=0.01, losses=losses, lr=1e-3, grad_norm=2.0)
+    elapsed = (time.perf_counter() - start) / calls
+    metrics.close()
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100)
@@ -41,6 +62,8 @@ def main() -> None:
                       flush=True)
     off, on = statistics.median(times[False]), statistics.median(times[True])
     print(f"median ms/step: off {1000 * off:.1f}, on {1000 * on:.1f}, overhead {100 * (on - off) / off:+.1f}%")
+    cost = per_step_cost()
+    print(f"exporter work per step: {1e6 * cost:.1f} us = {100 * cost / off:.3f}% of a {1000 * off:.0f} ms step")
 
 
 if __name__ == "__main__":
