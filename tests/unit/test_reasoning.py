@@ -23,12 +23,17 @@ def test_rrr_layer_matches_the_paper_formula_written_out():
     v = torch.randn(B, K, D)
     out = layer(v)
 
-    def lin(m, x):  # y = W x + b, one vector at a time
-        return [sum(m.weight[o, i].item() * x[i] for i in range(D)) + m.bias[o].item() for o in range(D)]
+    def lin(m, x, rows=None):  # y = W x + b, one vector at a time (rows: a slice of W's outputs)
+        rows = rows or range(D)
+        return [sum(m.weight[o, i].item() * x[i] for i in range(D)) + m.bias[o].item() for o in rows]
 
+    # theta, phi, g are the three D-row blocks of the fused projection
+    theta_rows, phi_rows, g_rows = range(0, D), range(D, 2 * D), range(2 * D, 3 * D)
     for b in range(B):
         vs = [v[b, k].tolist() for k in range(K)]
-        th, ph, gg = [lin(layer.theta, x) for x in vs], [lin(layer.phi, x) for x in vs], [lin(layer.g, x) for x in vs]
+        th = [lin(layer.theta_phi_g, x, theta_rows) for x in vs]
+        ph = [lin(layer.theta_phi_g, x, phi_rows) for x in vs]
+        gg = [lin(layer.theta_phi_g, x, g_rows) for x in vs]
         for i in range(K):
             # R(v_i, v_j) = phi(v_i)^T psi(v_j), row-normalised by the number of regions (official code)
             r = [sum(th[i][d] * ph[j][d] for d in range(D)) / K for j in range(K)]

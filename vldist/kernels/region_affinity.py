@@ -6,11 +6,14 @@
 `softmax` normalises each row with a softmax. Padded regions (mask False) neither give nor receive
 messages: their columns are dropped from the affinity and their output rows are zero.
 
-This is the PyTorch reference; a fused kernel must match it.
+`region_affinity_torch` is the PyTorch reference; `region_affinity_triton.py` the fused kernel
+that must match it; `region_affinity` picks one.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from typing import Literal
 
 import torch
@@ -47,6 +50,29 @@ def region_affinity_torch(
     return out
 
 
-def region_affinity(theta, phi, g, normalize: Normalize = "count", mask=None):
-    """Dispatch point for fused implementations; today the PyTorch reference."""
-    return region_affinity_torch(theta, phi, g, normalize, mask)
+Kernel = Literal["auto", "triton", "torch"]
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def region_affinity(theta, phi, g, normalize: Normalize = "count", mask=None, kernel: Kernel = "auto"):
+    """The fused Triton kernel on CUDA (kernel=auto) or when asked (kernel=triton; on CPU only
+    under TRITON_INTERPRET=1), else the PyTorch reference."""
+    if kernel == "auto":
+        kernel = "triton" if theta.is_cuda and triton_available() and theta.shape[1] <= 128 else "torch"
+    if kernel == "torch":
+        return region_affinity_torch(theta, phi, g, normalize, mask)
+    if kernel != "triton":
+        raise ValueError(f"kernel must be 'auto', 'triton' or 'torch', not {kernel!r}")
+    if not triton_available():
+        raise RuntimeError("model.gcn_kernel=triton but triton is not installed; use gcn_kernel=auto or torch")
+    if not theta.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "model.gcn_kernel=triton on CPU needs TRITON_INTERPRET=1 in the environment (Triton's interpreter, "
+            "for testing; slow); use gcn_kernel=auto to run the PyTorch reference on CPU"
+        )
+    from vldist.kernels.region_affinity_triton import region_affinity_triton
+
+    return region_affinity_triton(theta, phi, g, normalize, mask)

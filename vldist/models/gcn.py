@@ -3,8 +3,10 @@
     R   = norm(theta(V) phi(V)^T)          affinity, Eq. 2 (row-normalised)
     V*  = BN(W_r (R g(V))) + V             Eq. 3 with the residual of the official code
 
-theta, phi, g and W_r are D x D projections (the official code's 1x1 convolutions); BN's weight
-and bias start at zero, so every layer starts as the identity and reasoning is learned.
+theta, phi, g and W_r are D x D projections (the official code's 1x1 convolutions; theta, phi and
+g are computed as one D -> 3D projection); BN's weight and bias start at zero, so every layer
+starts as the identity and reasoning is learned. The affinity-normalise-aggregate step runs in the
+fused Triton kernel on CUDA (`kernel`: auto | triton | torch, see vldist/kernels/).
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from vldist.kernels import region_affinity
 
 
 class RegionRelationReasoning(nn.Module):
-    def __init__(self, dim: int, normalize: str = "count"):
+    def __init__(self, dim: int, normalize: str = "count", kernel: str = "auto"):
         super().__init__()
-        self.normalize = normalize
-        self.theta = nn.Linear(dim, dim)
-        self.phi = nn.Linear(dim, dim)
-        self.g = nn.Linear(dim, dim)
+        self.normalize, self.kernel = normalize, kernel
+        # theta, phi and g as one (D -> 3D) projection: one GEMM instead of three
+        self.theta_phi_g = nn.Linear(dim, 3 * dim)
         self.w_r = nn.Linear(dim, dim)
         self.bn = nn.BatchNorm1d(dim)
         nn.init.zeros_(self.bn.weight)
@@ -29,7 +30,8 @@ class RegionRelationReasoning(nn.Module):
 
     def forward(self, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """v: (B, K, D) region features; mask: (B, K), True for real regions."""
-        y = region_affinity(self.theta(v), self.phi(v), self.g(v), self.normalize, mask)
+        theta, phi, g = self.theta_phi_g(v).chunk(3, dim=-1)
+        y = region_affinity(theta, phi, g, self.normalize, mask, self.kernel)
         return v + self._normalized_residual(self.w_r(y), mask)
 
     def _normalized_residual(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

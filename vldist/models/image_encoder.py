@@ -24,10 +24,13 @@ class RegionReasoningEncoder(nn.Module):
         rrr_layers: int = 4,
         affinity_norm: str = "count",
         global_reasoning: Literal["gru", "mean"] = "gru",
+        gcn_kernel: str = "auto",
     ):
         super().__init__()
         self.fc = xavier_linear(nn.Linear(region_dim, embed_size))
-        self.rrr = nn.ModuleList(RegionRelationReasoning(embed_size, affinity_norm) for _ in range(rrr_layers))
+        self.rrr = nn.ModuleList(
+            RegionRelationReasoning(embed_size, affinity_norm, gcn_kernel) for _ in range(rrr_layers)
+        )
         self.global_reasoning = global_reasoning
         self.gru = nn.GRU(embed_size, embed_size, batch_first=True) if global_reasoning == "gru" else None
 

@@ -33,6 +33,9 @@ class VSRNConfig(Section):
     word_dim: int = Field(300, ge=1, description="word embedding size (paper: 300)")
     rrr_layers: int = Field(4, ge=0, le=8, description="region relationship reasoning layers (paper: 4)")
     affinity_norm: Literal["count", "softmax"] = Field("count", description="RRR affinity normalisation")
+    gcn_kernel: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="RRR affinity kernel: auto = fused Triton on CUDA, PyTorch reference on CPU"
+    )
     global_reasoning: Literal["gru", "mean"] = Field("gru", description="GRU reasoning or the Mean-pool ablation")
     region_order: Literal["stored", "size", "random"] = Field(
         "stored", description="order regions enter the GRU: as stored (detector order), by box size, random"
@@ -56,7 +59,7 @@ class VSRNModel(nn.Module):
     def __init__(self, cfg: VSRNConfig, region_dim: int, vocab_size: int):
         super().__init__()
         self.image = RegionReasoningEncoder(
-            region_dim, cfg.embed_size, cfg.rrr_layers, cfg.affinity_norm, cfg.global_reasoning
+            region_dim, cfg.embed_size, cfg.rrr_layers, cfg.affinity_norm, cfg.global_reasoning, cfg.gcn_kernel
         )
         self.text = GRUTextEncoder(vocab_size, cfg.word_dim, cfg.embed_size)
         self.decoder = (
