@@ -37,6 +37,13 @@ def test_forward_and_gradients_match_the_reference_under_the_interpreter(interpr
         assert max(case["grads"]) < 1e-5, case
 
 
+def test_fp16_inputs_match_the_reference_to_half_precision(interpreted):
+    """fp16 in and out, fp32 accumulation: within 2e-3 of the fp32 reference on the same inputs."""
+    assert len(interpreted["fp16"]) == 3
+    for case in interpreted["fp16"]:
+        assert case["forward"] < 2e-3 and max(case["grads"]) < 2e-3, case
+
+
 def test_vsrn_trains_the_same_with_either_kernel(interpreted):
     run = interpreted["vsrn"]
     assert run["triton"] == pytest.approx(run["torch"], rel=1e-5)  # 3 SGD steps of a small VSRN
