@@ -28,24 +28,32 @@ def _configs():
 
 
 @triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
+def _chunk(base, rows, d0, K, D, stride_k, BLOCK_D: tl.constexpr):
+    """Offsets and bounds of the (BLOCK_K x BLOCK_D) tile of one image starting at column d0."""
+    d = d0 + tl.arange(0, BLOCK_D)
+    return base + rows[:, None] * stride_k + d[None, :], (rows < K)[:, None] & (d[None, :] < D)
+
+
+@triton.jit
 def _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k,
                          HAS_MASK: tl.constexpr, SOFTMAX: tl.constexpr, BLOCK_K: tl.constexpr,
                          BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
     """P (BLOCK_K x BLOCK_K, fp32) for one image, and its row/column validity."""
     rows = tl.arange(0, BLOCK_K)
-    cols_d = tl.arange(0, BLOCK_D)
     in_k = rows < K
     s = tl.zeros((BLOCK_K, BLOCK_K), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
-        d = d0 + cols_d
-        ld = in_k[:, None] & (d[None, :] < D)
-        offs = base + rows[:, None] * stride_k + d[None, :]
+        offs, ld = _chunk(base, rows, d0, K, D, stride_k, BLOCK_D)
         th = tl.load(theta_ptr + offs, mask=ld, other=0.0)
         ph = tl.load(phi_ptr + offs, mask=ld, other=0.0)
-        if IEEE:
-            s += tl.dot(th, tl.trans(ph), input_precision="ieee")
-        else:
-            s += tl.dot(th, tl.trans(ph))
+        s += _dot(th, tl.trans(ph), IEEE)
     if HAS_MASK:
         valid = tl.load(mask_ptr + base_mask + rows, mask=in_k, other=0) != 0
     else:
@@ -74,17 +82,10 @@ def _forward_kernel(theta_ptr, phi_ptr, g_ptr, mask_ptr, out_ptr, K, D, stride_b
     p, valid = _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k,
                                     HAS_MASK, SOFTMAX, BLOCK_K, BLOCK_D, IEEE)
     rows = tl.arange(0, BLOCK_K)
-    in_k = rows < K
     for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        ld = in_k[:, None] & (d[None, :] < D)
-        offs = base + rows[:, None] * stride_k + d[None, :]
+        offs, ld = _chunk(base, rows, d0, K, D, stride_k, BLOCK_D)
         gg = tl.load(g_ptr + offs, mask=ld, other=0.0)
-        if IEEE:
-            y = tl.dot(p.to(gg.dtype), gg, input_precision="ieee")
-        else:
-            y = tl.dot(p.to(gg.dtype), gg)
-        y = tl.where(valid[:, None], y, 0.0)  # padded regions receive nothing
+        y = tl.where(valid[:, None], _dot(p.to(gg.dtype), gg, IEEE), 0.0)  # padded regions receive nothing
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=ld)
 
 
@@ -98,19 +99,13 @@ def _backward_kernel(theta_ptr, phi_ptr, g_ptr, mask_ptr, dy_ptr, dtheta_ptr, dp
     p, valid = _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k,
                                     HAS_MASK, SOFTMAX, BLOCK_K, BLOCK_D, IEEE)
     rows = tl.arange(0, BLOCK_K)
-    in_k = rows < K
     # dP = dY g^T, over D (rows of padded regions had their output zeroed: no gradient)
     dp = tl.zeros((BLOCK_K, BLOCK_K), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        ld = in_k[:, None] & (d[None, :] < D)
-        offs = base + rows[:, None] * stride_k + d[None, :]
+        offs, ld = _chunk(base, rows, d0, K, D, stride_k, BLOCK_D)
         dy = tl.where(valid[:, None], tl.load(dy_ptr + offs, mask=ld, other=0.0), 0.0)
         gg = tl.load(g_ptr + offs, mask=ld, other=0.0)
-        if IEEE:
-            dp += tl.dot(dy, tl.trans(gg), input_precision="ieee")
-        else:
-            dp += tl.dot(dy, tl.trans(gg))
+        dp += _dot(dy, tl.trans(gg), IEEE)
     dp = tl.where(valid[:, None], dp, 0.0)
     col_ok = valid[None, :] & (rows[:, None] >= 0)
     if SOFTMAX:
@@ -120,23 +115,13 @@ def _backward_kernel(theta_ptr, phi_ptr, g_ptr, mask_ptr, dy_ptr, dtheta_ptr, dp
         ds = tl.where(col_ok, dp / count, 0.0)
     # d_theta = dS phi, d_phi = dS^T theta, d_g = P^T dY, chunk by chunk over D
     for d0 in range(0, D, BLOCK_D):
-        d = d0 + tl.arange(0, BLOCK_D)
-        ld = in_k[:, None] & (d[None, :] < D)
-        offs = base + rows[:, None] * stride_k + d[None, :]
+        offs, ld = _chunk(base, rows, d0, K, D, stride_k, BLOCK_D)
         th = tl.load(theta_ptr + offs, mask=ld, other=0.0)
         ph = tl.load(phi_ptr + offs, mask=ld, other=0.0)
         dy = tl.where(valid[:, None], tl.load(dy_ptr + offs, mask=ld, other=0.0), 0.0)
-        if IEEE:
-            d_th = tl.dot(ds.to(ph.dtype), ph, input_precision="ieee")
-            d_ph = tl.dot(tl.trans(ds).to(th.dtype), th, input_precision="ieee")
-            d_gg = tl.dot(tl.trans(p).to(dy.dtype), dy, input_precision="ieee")
-        else:
-            d_th = tl.dot(ds.to(ph.dtype), ph)
-            d_ph = tl.dot(tl.trans(ds).to(th.dtype), th)
-            d_gg = tl.dot(tl.trans(p).to(dy.dtype), dy)
-        tl.store(dtheta_ptr + offs, d_th.to(dtheta_ptr.dtype.element_ty), mask=ld)
-        tl.store(dphi_ptr + offs, d_ph.to(dphi_ptr.dtype.element_ty), mask=ld)
-        tl.store(dg_ptr + offs, d_gg.to(dg_ptr.dtype.element_ty), mask=ld)
+        tl.store(dtheta_ptr + offs, _dot(ds.to(ph.dtype), ph, IEEE).to(dtheta_ptr.dtype.element_ty), mask=ld)
+        tl.store(dphi_ptr + offs, _dot(tl.trans(ds).to(th.dtype), th, IEEE).to(dphi_ptr.dtype.element_ty), mask=ld)
+        tl.store(dg_ptr + offs, _dot(tl.trans(p).to(dy.dtype), dy, IEEE).to(dg_ptr.dtype.element_ty), mask=ld)
 
 
 def _launch_args(theta: torch.Tensor, mask: torch.Tensor | None, normalize: str) -> dict:
