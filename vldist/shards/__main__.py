@@ -1,4 +1,5 @@
-"""Command line for shard sets: `python -m vldist.shards synth --out shards/synth`."""
+"""Command line for shard sets: `python -m vldist.shards synth --out shards/synth`,
+`python -m vldist.shards verify shards/synth`."""
 
 from __future__ import annotations
 
@@ -51,15 +52,44 @@ def _run_synth(args) -> int:
     return 0
 
 
+def _add_verify(sub) -> None:
+    p = sub.add_parser(
+        "verify",
+        help="re-read every sample of a shard set and report problems by shard and key",
+        description="Check a shard set against its manifest (files, sha256, counts) and decode every "
+                    "member of every sample. Exits 0 when all is well, 1 when it found problems.",
+    )
+    p.add_argument("dir", type=Path, help="the shard set directory")
+    p.add_argument("--max-problems", type=int, default=50, help="problems to print (default 50; all are counted)")
+
+
+def _run_verify(args) -> int:
+    from .verify import verify
+
+    start = time.perf_counter()
+    report = verify(args.dir)
+    for line in report.problems[: args.max_problems]:
+        print(f"problem: {line}")
+    if len(report.problems) > args.max_problems:
+        print(f"... and {len(report.problems) - args.max_problems} more")
+    counts = ", ".join(f"{split} {n}" for split, n in report.samples.items()) or "no samples"
+    verdict = "ok" if report.ok else f"{len(report.problems)} problems"
+    print(f"{args.dir}: {counts}; {verdict} ({time.perf_counter() - start:.1f} s)")
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vldist.shards", description="Build shard sets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_synth(sub)
-    # `convert` (COCO, Flickr30K, CUB...) and `verify` subcommands are to be added here.
+    _add_verify(sub)
+    # `convert` (COCO, Flickr30K, CUB, ...) is to be added here.
     args = parser.parse_args(argv)
     try:
         if args.command == "synth":
             return _run_synth(args)
+        if args.command == "verify":
+            return _run_verify(args)
     except (FileExistsError, ValueError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,69 @@
+"""`python -m vldist.shards verify`: every problem is found and named by shard and key."""
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+from helpers import write_planted_shards
+
+from vldist.shards.verify import verify
+
+
+def _tar(path, members: dict[str, bytes]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _npy(array) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_an_intact_set_passes(tmp_path):
+    report = verify(write_planted_shards(tmp_path / "s"))
+    assert report.ok, report.problems
+    assert dict(report.samples) == {"train": 200, "val": 40, "test": 60}
+
+
+def test_damage_is_reported_by_shard_and_key(tmp_path):
+    shards = write_planted_shards(tmp_path / "s")
+    truncated = shards / "train-000000.tar"
+    truncated.write_bytes(truncated.read_bytes()[:3000])
+    (shards / "val-000000.tar").unlink()
+    good = json.dumps({"captions": ["a red circle"]}).encode()
+    _tar(shards / "train-000001.tar", {
+        "bad-json.json": b"{not json", "bad-json.regions.npy": _npy(np.ones((3, 32), np.float32)),
+        "nan.json": good, "nan.regions.npy": _npy(np.full((3, 32), np.nan, np.float32)),
+        "wide.json": good, "wide.regions.npy": _npy(np.ones((3, 7), np.float32)),
+        "nocap.json": json.dumps({"captions": []}).encode(),
+        "test-0000001.json": good,  # a key the test split uses too
+    })
+    problems = "\n".join(verify(shards).problems)
+    assert "train-000000.tar: sha256 differs" in problems
+    assert "train-000000.tar: unreadable tar" in problems
+    assert "val-000000.tar: listed in manifest.json but missing" in problems
+    assert "train-000001.tar bad-json: json does not decode" in problems
+    assert "train-000001.tar nan: regions.npy holds NaN or inf" in problems
+    assert "train-000001.tar wide: regions.npy has 7 features, the manifest says 32" in problems
+    assert "train-000001.tar nocap: json has no non-empty 'captions'" in problems
+    assert "train-000001.tar: holds 5 samples, manifest.json says 50" in problems
+    assert "test-0000001: key appears in 2 samples" in problems
+
+
+def test_the_command_exits_non_zero_and_prints_the_problems(tmp_path):
+    shards = write_planted_shards(tmp_path / "s")
+    (shards / "test-000000.tar").write_bytes(b"")
+    proc = subprocess.run([sys.executable, "-m", "vldist.shards", "verify", str(shards)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "problem: test-000000.tar" in proc.stdout and "problems" in proc.stdout.splitlines()[-1]
+    ok = subprocess.run([sys.executable, "-m", "vldist.shards", "verify", str(write_planted_shards(tmp_path / "t"))],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.strip().endswith(")") and "; ok (" in ok.stdout

@@ -1,0 +1,115 @@
+"""`python -m vldist.shards verify <dir>`: re-read every sample of a shard set and report problems.
+
+Checks, against `manifest.json` when there is one: every listed shard exists, has its sha256 and
+its sample count; every sample's members decode (`json` with a non-empty `captions` list,
+`regions.npy` a finite 2-D array with the manifest's feature size, `jpg`/`png` a readable image);
+keys are unique across the set. Each problem names the shard and the key.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from vldist.shards.writer import sha256_file
+
+
+@dataclass
+class Report:
+    samples: Counter = field(default_factory=Counter)  # per split
+    problems: list[str] = field(default_factory=list)
+
+    def problem(self, where: str, what: str) -> None:
+        self.problems.append(f"{where}: {what}")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _check_member(ext: str, data: bytes, feature_dim: int | None) -> str | None:
+    """What is wrong with one member, or None."""
+    try:
+        if ext == "json":
+            meta = json.loads(data)
+            captions = meta.get("captions")
+            if not isinstance(captions, list) or not captions or not all(isinstance(c, str) for c in captions):
+                return "json has no non-empty 'captions' list of strings"
+        elif ext == "regions.npy":
+            regions = np.load(io.BytesIO(data), allow_pickle=False)
+            if regions.ndim != 2 or regions.shape[0] == 0:
+                return f"regions.npy has shape {regions.shape}, expected (R>0, F)"
+            if feature_dim is not None and regions.shape[1] != feature_dim:
+                return f"regions.npy has {regions.shape[1]} features, the manifest says {feature_dim}"
+            if not np.isfinite(regions).all():
+                return "regions.npy holds NaN or inf"
+        elif ext in ("jpg", "jpeg", "png"):
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as image:
+                image.load()
+    except Exception as err:  # noqa: BLE001 - any decode failure is the finding
+        return f"{ext} does not decode ({type(err).__name__}: {err})"
+    return None
+
+
+def _read_shard(path: Path, split: str, feature_dim: int | None, keys: Counter, report: Report) -> int:
+    """Check every sample of one shard; returns how many samples it holds."""
+    samples: dict[str, set[str]] = {}
+    try:
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                key, _, ext = member.name.partition(".")
+                samples.setdefault(key, set()).add(ext)
+                data = tar.extractfile(member).read()
+                problem = _check_member(ext, data, feature_dim)
+                if problem:
+                    report.problem(f"{path.name} {key}", problem)
+    except (tarfile.TarError, OSError, EOFError) as err:
+        report.problem(path.name, f"unreadable tar after {len(samples)} samples ({err})")
+    for key, exts in samples.items():
+        keys[key] += 1
+        if "json" not in exts:
+            report.problem(f"{path.name} {key}", f"no json member (has {sorted(exts)})")
+    report.samples[split] += len(samples)
+    return len(samples)
+
+
+def verify(directory: Path) -> Report:
+    directory, report, keys = Path(directory), Report(), Counter()
+    manifest_path = directory / "manifest.json"
+    if not directory.is_dir():
+        report.problem(str(directory), "no such directory")
+        return report
+    if manifest_path.is_file():
+        manifest = json.loads(manifest_path.read_text())
+        feature_dim = (manifest.get("features") or {}).get("dim")
+        for split, entry in manifest.get("splits", {}).items():
+            for shard in entry.get("shards", []):
+                path = directory / shard["file"]
+                if not path.is_file():
+                    report.problem(shard["file"], "listed in manifest.json but missing")
+                    continue
+                if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
+                    report.problem(shard["file"], "sha256 differs from manifest.json (changed or damaged)")
+                count = _read_shard(path, split, feature_dim, keys, report)
+                if "samples" in shard and count != shard["samples"]:
+                    report.problem(shard["file"], f"holds {count} samples, manifest.json says {shard['samples']}")
+    else:
+        tars = sorted(directory.glob("*-*.tar"))
+        if not tars:
+            report.problem(str(directory), "no manifest.json and no <split>-NNNNNN.tar shards")
+        for path in tars:
+            _read_shard(path, path.name.rsplit("-", 1)[0], None, keys, report)
+    for key, n in keys.items():
+        if n > 1:
+            report.problem(key, f"key appears in {n} samples; keys must be unique across the set")
+    return report
