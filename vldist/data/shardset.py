@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from vldist.data.vocab import Vocab
 
@@ -54,10 +58,28 @@ class ShardSet:
         return [str(p) for p in paths]
 
     def num_samples(self, split: str) -> int | None:
-        return self.manifest.get("splits", {}).get(split, {}).get("samples")
+        """From the manifest; without one, counted from the tar headers (shards from other tools)."""
+        listed = self.manifest.get("splits", {}).get(split, {}).get("samples")
+        if listed is not None or self.manifest.get("splits"):
+            return listed
+        keys = set()
+        for url in self.urls(split):
+            with tarfile.open(url) as tar:
+                keys.update((url, m.name.partition(".")[0]) for m in tar if m.isfile())
+        return len(keys)
 
     def feature_dim(self) -> int | None:
-        return self.manifest.get("features", {}).get("dim")
+        """From the manifest; without one, the width of the first train sample's regions.npy."""
+        dim = self.manifest.get("features", {}).get("dim")
+        if dim is not None or self.manifest:
+            return dim
+        for url in self.urls("train"):
+            with tarfile.open(url) as tar:
+                for member in tar:
+                    if member.name.endswith(".regions.npy"):
+                        regions = np.load(io.BytesIO(tar.extractfile(member).read()), allow_pickle=False)
+                        return int(regions.shape[1]) if regions.ndim == 2 else None
+        return None
 
     def vocab(self, cache_dir: Path) -> Vocab:
         """The set's vocab.json, else one built from the train captions and cached in `cache_dir`."""
