@@ -17,15 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 
 from helpers import free_port, write_planted_shards  # noqa: E402
-from test_ray import JOB, RAY, _stop_head  # noqa: E402
+from test_ray import JOB, RAY, _stop_head, _wait_for_dashboard  # noqa: E402
 
 
 def main() -> None:
@@ -44,14 +42,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
-    while True:
-        try:
-            urllib.request.urlopen(f"{address}/api/version", timeout=2)
-            break
-        except urllib.error.HTTPError:
-            break
-        except OSError:
-            time.sleep(0.2)
+    _wait_for_dashboard(address, head)
     print(f"head up in {time.time() - started:.1f} s")
     try:
         for trial in range(args.trials):

@@ -6,6 +6,8 @@ names the three words. Region features and captions therefore agree, so retrieva
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +67,19 @@ def free_port_pair() -> int:
         except OSError:
             continue
     raise RuntimeError("no two adjacent free ports")
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """An array as the bytes of a .npy file, as any tool writing shards would store it."""
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def write_tar(path: Path, members: dict[str, bytes]) -> None:
+    """A shard written with plain tarfile: member name -> bytes, in the order given."""
+    with tarfile.open(path, "w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))

@@ -1,12 +1,11 @@
 """Shards written by other tools, following shards/README.md, train as they are: no manifest,
 no vocab.json; `webdataset.ShardWriter` for train, plain `tarfile` for val and test."""
 
-import io
 import json
-import tarfile
 
 import numpy as np
 import webdataset as wds
+from helpers import npy_bytes, write_tar
 
 from vldist.train import load_config, run
 
@@ -21,12 +20,6 @@ def _sample(rng, key):
     return key, {"captions": captions}, feats
 
 
-def _npy(array) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
-
-
 def test_shards_from_webdataset_and_tarfile_train(tmp_path):
     rng = np.random.default_rng(0)
     out = tmp_path / "foreign"
@@ -34,15 +27,13 @@ def test_shards_from_webdataset_and_tarfile_train(tmp_path):
     with wds.ShardWriter(str(out / "train-%06d.tar"), maxcount=40) as sink:
         for i in range(96):
             key, meta, feats = _sample(rng, f"tr{i:05d}")
-            sink.write({"__key__": key, "json": json.dumps(meta).encode(), "regions.npy": _npy(feats)})
+            sink.write({"__key__": key, "json": json.dumps(meta).encode(), "regions.npy": npy_bytes(feats)})
     for split, n in (("val", 20), ("test", 20)):
-        with tarfile.open(out / f"{split}-000000.tar", "w") as tar:
-            for i in range(n):
-                key, meta, feats = _sample(rng, f"{split}{i:05d}")
-                for ext, data in (("json", json.dumps(meta).encode()), ("regions.npy", _npy(feats))):
-                    info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
+        members = {}
+        for i in range(n):
+            key, meta, feats = _sample(rng, f"{split}{i:05d}")
+            members.update({f"{key}.json": json.dumps(meta).encode(), f"{key}.regions.npy": npy_bytes(feats)})
+        write_tar(out / f"{split}-000000.tar", members)
     assert not (out / "manifest.json").exists() and len(list(out.glob("train-*.tar"))) == 3
 
     config = load_config("vsrn", [f"data.shards={out}", f"output.dir={tmp_path / 'run'}", "data.batch_size=32",

@@ -7,6 +7,7 @@ import tarfile
 
 import numpy as np
 import pytest
+from helpers import write_tar
 
 from vldist.data.pipeline import EvalStream, StreamSpec, TrainStream, batches_per_rank, make_loader
 from vldist.data.shardset import ShardSet, ShardsNotFoundError
@@ -88,14 +89,10 @@ def test_truncated_tar_and_corrupt_member_are_skipped_and_counted(planted_shards
     members = _read_tar_directly(damaged)
     bad_key = sorted(members)[3]
     corrupt = tmp_path / "test-000001.tar"
-    with tarfile.open(corrupt, "w") as tar:
-        for key in sorted(members):
-            for ext, data in sorted(members[key].items()):
-                if key == bad_key and ext == "regions.npy":
-                    data = b"not an npy file"
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    write_tar(corrupt, {
+        f"{key}.{ext}": b"not an npy file" if (key, ext) == (bad_key, "regions.npy") else data
+        for key in sorted(members) for ext, data in sorted(members[key].items())
+    })
     # a tar cut off in the middle of a member
     truncated = tmp_path / "test-000000.tar"
     data = open(good, "rb").read()

@@ -1,29 +1,13 @@
 """`python -m vldist.shards verify`: every problem is found and named by shard and key."""
 
-import io
 import json
 import subprocess
 import sys
-import tarfile
 
 import numpy as np
-from helpers import write_planted_shards
+from helpers import npy_bytes, write_planted_shards, write_tar
 
 from vldist.shards.verify import verify
-
-
-def _tar(path, members: dict[str, bytes]) -> None:
-    with tarfile.open(path, "w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
-def _npy(array) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array)
-    return buf.getvalue()
 
 
 def test_an_intact_set_passes(tmp_path):
@@ -38,10 +22,10 @@ def test_damage_is_reported_by_shard_and_key(tmp_path):
     truncated.write_bytes(truncated.read_bytes()[:3000])
     (shards / "val-000000.tar").unlink()
     good = json.dumps({"captions": ["a red circle"]}).encode()
-    _tar(shards / "train-000001.tar", {
-        "bad-json.json": b"{not json", "bad-json.regions.npy": _npy(np.ones((3, 32), np.float32)),
-        "nan.json": good, "nan.regions.npy": _npy(np.full((3, 32), np.nan, np.float32)),
-        "wide.json": good, "wide.regions.npy": _npy(np.ones((3, 7), np.float32)),
+    write_tar(shards / "train-000001.tar", {
+        "bad-json.json": b"{not json", "bad-json.regions.npy": npy_bytes(np.ones((3, 32), np.float32)),
+        "nan.json": good, "nan.regions.npy": npy_bytes(np.full((3, 32), np.nan, np.float32)),
+        "wide.json": good, "wide.regions.npy": npy_bytes(np.ones((3, 7), np.float32)),
         "nocap.json": json.dumps({"captions": []}).encode(),
         "test-0000001.json": good,  # a key the test split uses too
     })

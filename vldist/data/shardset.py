@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ def _how_to_build(directory: Path) -> str:
 class ShardSet:
     directory: Path
     manifest: dict
+    _counted: dict[str, int] = field(default_factory=dict, repr=False)  # splits counted without a manifest
 
     @classmethod
     def open(cls, directory: str | Path) -> "ShardSet":
@@ -62,11 +63,13 @@ class ShardSet:
         listed = self.manifest.get("splits", {}).get(split, {}).get("samples")
         if listed is not None or self.manifest.get("splits"):
             return listed
-        keys = set()
-        for url in self.urls(split):
-            with tarfile.open(url) as tar:
-                keys.update((url, m.name.partition(".")[0]) for m in tar if m.isfile())
-        return len(keys)
+        if split not in self._counted:  # a scan of every header: once per split, not per evaluation
+            keys = set()
+            for url in self.urls(split):
+                with tarfile.open(url) as tar:
+                    keys.update((url, m.name.partition(".")[0]) for m in tar if m.isfile())
+            self._counted[split] = len(keys)
+        return self._counted[split]
 
     def feature_dim(self) -> int | None:
         """From the manifest; without one, the width of the first train sample's regions.npy."""

@@ -27,6 +27,7 @@ class AccelerateEngine(Engine):
         self.device = self.accelerator.device
         self.optimizers = {}
         self._prepared: dict[str, torch.optim.Optimizer] = {}
+        self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
 
     def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
         if dynamic_graph:
@@ -36,6 +37,7 @@ class AccelerateEngine(Engine):
         names = list(optimizers)
         self.model, *prepared = self.accelerator.prepare(model.to(self.device), *optimizers.values())
         self.optimizers, self._prepared = dict(optimizers), dict(zip(names, prepared))
+        self._params = {n: [p for g in o.param_groups for p in g["params"]] for n, o in self._prepared.items()}
         return self.model
 
     def autocast(self):
@@ -48,8 +50,7 @@ class AccelerateEngine(Engine):
         self.accelerator.backward(loss_share * (self.world_size / micro_batches))
 
     def step(self, name: str = "main", max_norm: float | None = None) -> float:
-        optimizer = self._prepared[name]
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer, params = self._prepared[name], self._params[name]
         if max_norm is None:
             self.accelerator.unscale_gradients(optimizer)
             norm = grad_norm(params)

@@ -9,14 +9,14 @@ Each rank counts its own samples and steps: sum over `rank` for the job's totals
 from __future__ import annotations
 
 import errno
-import json
 import logging
-import os
 import socket
 import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
+
+from vldist.shards.writer import write_json_atomic
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
@@ -55,9 +55,7 @@ def write_target(directory: Path, metrics: RankMetrics, host: str) -> Path:
     address = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"rank-{metrics.labels['rank']}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps([{"targets": [f"{address}:{metrics.port}"], "labels": metrics.labels}], indent=1) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, [{"targets": [f"{address}:{metrics.port}"], "labels": metrics.labels}])
     return path
 
 
@@ -67,6 +65,7 @@ class RankMetrics:
     def __init__(self, host: str, port: int, job: str, recipe: str, rank: int):
         self.registry = registry = CollectorRegistry()
         self.labels = {"job": job, "recipe": recipe, "rank": str(rank)}
+        self._children: dict[tuple, object] = {}
         names = list(self.labels)
 
         def metric(kind, name, doc, extra=(), **kw):
@@ -107,7 +106,12 @@ class RankMetrics:
         self.port = port
 
     def _l(self, metric, **extra):
-        return metric.labels(**self.labels, **extra)
+        """The series of `metric` with this rank's labels; looked up once, then reused every step."""
+        key = (id(metric), *extra.values())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(**self.labels, **extra)
+        return child
 
     def observe_step(self, *, samples: int, step_seconds: float, wait_seconds: float, losses: dict[str, float],
                      lr: float, grad_norm: float, skipped: int = 0) -> None:
