@@ -83,3 +83,24 @@ def write_tar(path: Path, members: dict[str, bytes]) -> None:
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
+
+
+def read_shard_set(directory: Path) -> dict[str, list[tuple[str, dict[str, bytes]]]]:
+    """Every sample of a shard set, per split in manifest order: (key, {extension: bytes})."""
+    import json
+
+    manifest = json.loads((Path(directory) / "manifest.json").read_text())
+    out = {}
+    for split, entry in manifest["splits"].items():
+        samples: dict[str, dict[str, bytes]] = {}
+        for shard in entry["shards"]:
+            with tarfile.open(Path(directory) / shard["file"]) as tar:
+                for member in tar:
+                    key, _, ext = member.name.partition(".")
+                    samples.setdefault(key, {})[ext] = tar.extractfile(member).read()
+        out[split] = list(samples.items())
+    return out
+
+
+def npy_load(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)

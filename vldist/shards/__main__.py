@@ -1,9 +1,10 @@
 """Command line for shard sets: `python -m vldist.shards synth --out shards/synth`,
-`python -m vldist.shards verify shards/synth`."""
+`python -m vldist.shards convert <format> --src ... --out ...`, `python -m vldist.shards verify <dir>`."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -78,19 +79,76 @@ def _run_verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _add_convert(sub) -> None:
+    from .convert import FORMATS
+
+    p = sub.add_parser(
+        "convert",
+        help="convert a public dataset layout (COCO/Flickr30K Karpathy, precomp, CUB, Birds-to-Words, folder)",
+        description="Convert a dataset in its usual layout into a shard set. Parallel, deterministic, "
+                    "resumable: rerun the same command after an interruption. See shards/README.md.",
+    )
+    formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    for name, converter in FORMATS.items():
+        f = formats.add_parser(name, help=converter.summary, description=converter.__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        f.add_argument("--src", required=True, type=Path, help="the source (see the description above)")
+        f.add_argument("--out", required=True, type=Path, help="the shard set directory to write")
+        f.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
+        f.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                       help="worker processes, each writing whole shards (default: the CPU count)")
+        f.add_argument("--on-error", choices=["stop", "skip"], default="stop",
+                       help="bad input: stop at the first problem (default), or skip it and list it in "
+                            "<out>/skipped.jsonl")
+        f.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+        f.add_argument("--quiet", action="store_true", help="no progress bar")
+        f.add_argument("--max-listed", type=int, default=20, help="skipped samples to print (default 20; all are in skipped.jsonl)")
+        converter.add_arguments(f)
+
+
+def _run_convert(args) -> int:
+    from .convert import FORMATS, BadInput, convert
+
+    try:
+        result = convert(FORMATS[args.format], args, args.out, shard_size=args.shard_size, workers=args.workers,
+                         on_error=args.on_error, progress=not args.quiet, overwrite=args.overwrite)
+    except BadInput as bad:
+        print(f"error: {bad}", file=sys.stderr)
+        done = len(list((args.out / ".convert" / "done").glob("*.json"))) if args.out.is_dir() else 0
+        print(f"nothing written is lost: {done} finished shards are kept, and rerunning the same command "
+              "goes on from them once the input is fixed; --on-error skip leaves such samples out and lists them",
+              file=sys.stderr)
+        return 2
+    if result.already_done:
+        print(f"{args.out} already holds this conversion (same input and options); nothing to do")
+        return 0
+    for record in result.skipped[: args.max_listed]:
+        print(f"skipped: {record['where']}: {record['problem']}")
+    if len(result.skipped) > args.max_listed:
+        print(f"... and {len(result.skipped) - args.max_listed} more")
+    splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in result.manifest["splits"].items())
+    skipped = f"; {len(result.skipped)} skipped, listed in {args.out / 'skipped.jsonl'}" if result.skipped else ""
+    resumed = f"; {result.reused_shards} shards kept from an earlier run" if result.reused_shards else ""
+    rate = result.samples_written / result.seconds if result.seconds else 0.0
+    print(f"wrote {args.out}: {splits}{skipped}{resumed}; {result.seconds:.1f} s, {rate:.1f} samples/s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vldist.shards", description="Build shard sets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_synth(sub)
+    _add_convert(sub)
     _add_verify(sub)
-    # `convert` (COCO, Flickr30K, CUB, ...) is to be added here.
     args = parser.parse_args(argv)
     try:
         if args.command == "synth":
             return _run_synth(args)
+        if args.command == "convert":
+            return _run_convert(args)
         if args.command == "verify":
             return _run_verify(args)
-    except (FileExistsError, ValueError, RuntimeError) as err:
+    except (FileExistsError, ValueError, RuntimeError) as err:  # not bad data: bad arguments
         print(f"error: {err}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")

@@ -127,8 +127,17 @@ class RegionFeatureExtractor:
         mean/std of the input, removes it: the same demo reaches R@1 ~20-28% instead of ~1%.
         """
         rows = self._pooled(images, boxes)
-        self._shift = rows.mean(dim=0)
-        self._scale = 1.0 / rows.std(dim=0).clamp(min=1e-3)
+        self.set_standardization(rows.mean(dim=0), 1.0 / rows.std(dim=0).clamp(min=1e-3))
+
+    def standardization(self) -> tuple[np.ndarray, np.ndarray]:
+        """(shift, scale) per dimension, as set by calibrate(): to hand to another process."""
+        if not self.standardized:
+            raise RuntimeError("calibrate() has not run")
+        return self._shift.cpu().numpy(), self._scale.cpu().numpy()
+
+    def set_standardization(self, shift, scale) -> None:
+        self._shift = torch.as_tensor(shift, dtype=torch.float32, device=self.device)
+        self._scale = torch.as_tensor(scale, dtype=torch.float32, device=self.device)
         self.standardized = True
 
     def extract(self, images: list[Image.Image], boxes: list[list]) -> list[np.ndarray]:

@@ -85,8 +85,46 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-class _OpenShard:
-    """The tar currently being filled for one split."""
+def check_split(split: str) -> None:
+    if not _SPLIT.match(split):
+        raise ValueError(f"split name {split!r} must be letters, digits or '_' (it names the shards)")
+
+
+def sample_members(sample: dict) -> tuple[str, list[tuple[str, bytes]]]:
+    """A sample dict (`__key__` plus member extension -> value) as its key and encoded members,
+    sorted by extension; raises ValueError naming what is wrong."""
+    key = sample.get("__key__")
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise ValueError(
+            f"sample key {key!r} must be a non-empty string of letters, digits, '_' or '-' "
+            "(no dots or slashes: WebDataset splits member names at the first dot)"
+        )
+    members = []
+    for ext in sorted(k for k in sample if not k.startswith("__")):
+        if not _EXT.match(ext):
+            raise ValueError(f"member extension {ext!r} of sample {key!r} is not a valid name")
+        members.append((ext, encode_value(ext, sample[ext])))
+    if not members:
+        raise ValueError(f"sample {key!r} has no members to write")
+    return key, members
+
+
+def build_manifest(source: str, shards_by_split: dict[str, list[dict]], extra: dict | None = None) -> dict:
+    """manifest.json's content: format, version, source, the `extra` keys, then splits with counts."""
+    manifest: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "source": source}
+    for name, value in (extra or {}).items():
+        if name in ("format", "version", "splits"):
+            raise ValueError(f"extra manifest key {name!r} would overwrite a required field")
+        manifest[name] = value
+    manifest["splits"] = {
+        split: {"samples": sum(s["samples"] for s in shards), "shards": shards}
+        for split, shards in shards_by_split.items()
+    }
+    return manifest
+
+
+class ShardFile:
+    """One tar being filled: written as `<name>.tmp`, renamed into place by finish()."""
 
     def __init__(self, out_dir: Path, split: str, index: int):
         self.final = out_dir / shard_name(split, index)
@@ -127,7 +165,7 @@ class ShardSetWriter:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.shard_size = shard_size
         self.source = source
-        self._open: dict[str, _OpenShard] = {}
+        self._open: dict[str, ShardFile] = {}
         self._finished: dict[str, list[dict]] = {}
         self._keys: set[str] = set()
         self._closed = False
@@ -135,29 +173,16 @@ class ShardSetWriter:
     def write(self, split: str, sample: dict) -> None:
         if self._closed:
             raise RuntimeError("this ShardSetWriter is closed; open a new one to write more samples")
-        if not _SPLIT.match(split):
-            raise ValueError(f"split name {split!r} must be letters, digits or '_' (it names the shards)")
-        key = sample.get("__key__")
-        if not isinstance(key, str) or not _KEY.match(key):
-            raise ValueError(
-                f"sample key {key!r} must be a non-empty string of letters, digits, '_' or '-' "
-                "(no dots or slashes: WebDataset splits member names at the first dot)"
-            )
+        check_split(split)
+        key, members = sample_members(sample)
         if key in self._keys:
             raise ValueError(f"duplicate sample key {key!r}: keys must be unique across the whole set")
-        members = []
-        for ext in sorted(k for k in sample if not k.startswith("__")):
-            if not _EXT.match(ext):
-                raise ValueError(f"member extension {ext!r} of sample {key!r} is not a valid name")
-            members.append((ext, encode_value(ext, sample[ext])))
-        if not members:
-            raise ValueError(f"sample {key!r} has no members to write")
         self._keys.add(key)
 
         shard = self._open.get(split)
         if shard is None:
             index = len(self._finished.setdefault(split, []))
-            shard = self._open[split] = _OpenShard(self.out_dir, split, index)
+            shard = self._open[split] = ShardFile(self.out_dir, split, index)
         shard.add(key, members)
         if shard.samples >= self.shard_size:
             self._finished[split].append(shard.finish())
@@ -171,15 +196,7 @@ class ShardSetWriter:
             self._finished[split].append(shard.finish())
         self._open.clear()
         self._closed = True
-        manifest: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "source": self.source}
-        for name, value in (extra or {}).items():
-            if name in ("format", "version", "splits"):
-                raise ValueError(f"extra manifest key {name!r} would overwrite a required field")
-            manifest[name] = value
-        manifest["splits"] = {
-            split: {"samples": sum(s["samples"] for s in shards), "shards": shards}
-            for split, shards in self._finished.items()
-        }
+        manifest = build_manifest(self.source, self._finished, extra)
         write_json_atomic(self.out_dir / MANIFEST_NAME, manifest)
         return manifest
 
