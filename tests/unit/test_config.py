@@ -59,3 +59,9 @@ def test_help_lists_recipes_job_files_and_keys_with_defaults():
     assert "vsrn" in text and "vsrn_coco" in text
     assert "model.rrr_layers = 4" in text
     assert "data.batch_size = 128" in text
+
+
+@pytest.mark.parametrize("job", ["vsrn", "vsrn_coco", "vsrn_karpathy"])
+def test_every_shipped_job_file_validates(job):
+    config = load_config(job, [])
+    assert config.recipe == "vsrn" and config.data.max_regions >= 5

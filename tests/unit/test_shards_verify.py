@@ -28,6 +28,8 @@ def test_damage_is_reported_by_shard_and_key(tmp_path):
         "wide.json": good, "wide.regions.npy": npy_bytes(np.ones((3, 7), np.float32)),
         "nocap.json": json.dumps({"captions": []}).encode(),
         "test-0000001.json": good,  # a key the test split uses too
+        "pair.json": good, "pair.img1.jpg": b"\xff\xd8 not a jpeg",  # a pair sample's named members
+        "pair.img2.regions.npy": npy_bytes(np.full((3, 32), np.inf, np.float32)),
     })
     problems = "\n".join(verify(shards).problems)
     assert "train-000000.tar: sha256 differs" in problems
@@ -37,7 +39,9 @@ def test_damage_is_reported_by_shard_and_key(tmp_path):
     assert "train-000001.tar nan: regions.npy holds NaN or inf" in problems
     assert "train-000001.tar wide: regions.npy has 7 features, the manifest says 32" in problems
     assert "train-000001.tar nocap: json has no non-empty 'captions'" in problems
-    assert "train-000001.tar: holds 5 samples, manifest.json says 50" in problems
+    assert "train-000001.tar pair: img1.jpg does not decode" in problems
+    assert "train-000001.tar pair: regions.npy holds NaN or inf" in problems
+    assert "train-000001.tar: holds 6 samples, manifest.json says 50" in problems
     assert "test-0000001: key appears in 2 samples" in problems
 
 

@@ -2,7 +2,8 @@
 
 Checks, against `manifest.json` when there is one: every listed shard exists, has its sha256 and
 its sample count; every sample's members decode (`json` with a non-empty `captions` list,
-`regions.npy` a finite 2-D array with the manifest's feature size, `jpg`/`png` a readable image);
+`regions.npy` a finite 2-D array with the manifest's feature size, `jpg`/`png` a readable image;
+the same for the named images of pair samples, `img1.jpg`, `img1.regions.npy`);
 keys are unique across the set. Each problem names the shard and the key.
 """
 
@@ -41,7 +42,7 @@ def _check_member(ext: str, data: bytes, feature_dim: int | None) -> str | None:
             captions = meta.get("captions")
             if not isinstance(captions, list) or not captions or not all(isinstance(c, str) for c in captions):
                 return "json has no non-empty 'captions' list of strings"
-        elif ext == "regions.npy":
+        elif ext == "regions.npy" or ext.endswith(".regions.npy"):  # img1.regions.npy: one of a pair
             regions = np.load(io.BytesIO(data), allow_pickle=False)
             if regions.ndim != 2 or regions.shape[0] == 0:
                 return f"regions.npy has shape {regions.shape}, expected (R>0, F)"
@@ -49,7 +50,7 @@ def _check_member(ext: str, data: bytes, feature_dim: int | None) -> str | None:
                 return f"regions.npy has {regions.shape[1]} features, the manifest says {feature_dim}"
             if not np.isfinite(regions).all():
                 return "regions.npy holds NaN or inf"
-        elif ext in ("jpg", "jpeg", "png"):
+        elif ext.rpartition(".")[2] in ("jpg", "jpeg", "png"):
             from PIL import Image
 
             with Image.open(io.BytesIO(data)) as image:

@@ -151,18 +151,20 @@ def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> bool:
             if json.loads(plan_file.read_text()).get("fingerprint") == fingerprint:
                 _discard_partial_shards(out)
                 return False  # resume
-            raise FileExistsError(
-                f"--out {out} holds an unfinished conversion of other input or options; rerun the "
-                "command that started it to resume, or pass --overwrite to start again"
-            )
-        if (out / MANIFEST_NAME).is_file():
+            if any((state / "done").glob("*.json")):
+                raise FileExistsError(
+                    f"--out {out} holds an unfinished conversion of other input or options; rerun the "
+                    "command that started it to resume, or pass --overwrite to start again"
+                )
+        elif (out / MANIFEST_NAME).is_file():
             manifest = json.loads((out / MANIFEST_NAME).read_text())
             if manifest.get("conversion", {}).get("fingerprint") == fingerprint:
                 return True
             raise FileExistsError(f"--out {out} already holds a shard set made from other input or options; "
                                   "pass --overwrite to replace it, or choose another --out")
-        raise FileExistsError(f"--out {out} holds shards without a manifest or a conversion record; "
-                              "pass --overwrite to replace them, or choose another --out")
+        else:
+            raise FileExistsError(f"--out {out} holds shards without a manifest or a conversion record; "
+                                  "pass --overwrite to replace them, or choose another --out")
     for path in entries:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     (state / "done").mkdir(parents=True, exist_ok=True)

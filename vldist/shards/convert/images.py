@@ -130,16 +130,18 @@ def calibrated_setup(options: dict | None, device: str, paths: list[Path]) -> di
     if options is None:
         return None
     extractor = _extractor(options, device)
-    images = []
+    images, first_problem = [], None
     for path in paths:
         try:
             images.append(load_image(path, str(path)).image)
-        except BadInput:
-            continue  # reported when its shard is written
+        except BadInput as bad:
+            first_problem = first_problem or bad  # each is reported when its shard is written
+            continue
         if len(images) == CALIBRATION_IMAGES:
             break
     if not images:
-        raise BadInput("the train split", "has no readable image to calibrate the region features on")
+        raise BadInput("region features", f"none of the first {len(paths)} train images can be read to calibrate "
+                                          f"them on; the first: {first_problem.what}")
     extractor.calibrate(images, [grid_boxes(im.width, im.height, options["region_grid"]) for im in images])
     shift, scale = extractor.standardization()
     return {"options": options, "device": device, "shift": shift, "scale": scale}
