@@ -48,7 +48,7 @@ def main() -> None:
             ("karpathy, features 224 px, 36 regions", n, ["karpathy", *src]),
             ("precomp 36 x 2048, float16", args.precomp, ["precomp", "--src", str(tmp / "precomp")]),
         ]
-        print(f"| conversion | samples | workers | seconds | samples/s |\n|---|---|---|---|---|")
+        print("| conversion | samples | workers | seconds | samples/s |\n|---|---|---|---|---|")
         for name, samples, argv in cases:
             for workers in args.workers:
                 out = tmp / f"out-{len(name)}-{workers}"

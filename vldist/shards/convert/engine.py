@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ...data.vocab import Vocab
 from ..writer import MANIFEST_NAME, ShardFile, build_manifest, check_split, sample_members, sha256_file, write_json_atomic
-from .base import BadInput, Converter, Item, Problems, SampleMaker, skip_record
+from .base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
 
 STATE_DIR = ".convert"
 SKIPPED_NAME = "skipped.jsonl"
