@@ -1,6 +1,6 @@
 """Conversion throughput (samples per second) of `python -m vldist.shards convert`.
 
-    python bench/convert_throughput.py [--images 1000] [--precomp 2000] [--workers 1 2]
+    python bench/convert_throughput.py [--images 1000] [--precomp 2000] [--workers 1 2] [--shard-size 100]
 
 Builds format-faithful inputs with the tests' fixture generators (tests/dataset_fixtures.py):
 a COCO-style Karpathy set of rendered JPEGs (`--image-size`, default 256 px) and a precomp set of
@@ -35,6 +35,8 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--precomp", type=int, default=2000, help="precomp images (default 2000)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--shard-size", type=int, default=100,
+                        help="samples per shard (default 100): workers share out whole shards")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +54,7 @@ def main() -> None:
         for name, samples, argv in cases:
             for workers in args.workers:
                 out = tmp / f"out-{len(name)}-{workers}"
-                seconds = timed([*argv, "--out", str(out), "--workers", str(workers)])
+                seconds = timed([*argv, "--out", str(out), "--workers", str(workers), "--shard-size", str(args.shard_size)])
                 print(f"| {name} | {samples} | {workers} | {seconds:.1f} | {samples / seconds:.0f} |", flush=True)
 
 

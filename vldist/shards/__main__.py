@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from .extractor_args import add_extractor_arguments
+
 
 def _add_synth(sub) -> None:
     p = sub.add_parser(
@@ -24,14 +26,7 @@ def _add_synth(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="data seed; each split derives its own stream (default 0)")
     p.add_argument("--shard-size", type=int, default=1000, help="samples per tar shard (default 1000)")
     p.add_argument("--image-size", type=int, default=128, help="image side in pixels (default 128)")
-    p.add_argument("--feature-size", type=int, default=96, help="side the feature extractor resizes images to (default 96)")
-    p.add_argument("--layer", default="layer2", choices=["layer1", "layer2", "layer3", "layer4"],
-                   help="ResNet stage the region features come from (default layer2; with --weights use layer4)")
-    p.add_argument("--grid", type=int, default=2,
-                   help="roi_align grid side: a region row has channels x grid^2 values (default 2; with layer4 use 1)")
-    p.add_argument("--backbone", default="resnet50", help="torchvision ResNet for region features (default resnet50)")
-    p.add_argument("--weights", default=None,
-                   help="torchvision weight name, e.g. IMAGENET1K_V2 (needs a download); default: seeded random")
+    add_extractor_arguments(p, input_size=96)
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -302,7 +302,7 @@ def _finish(out: Path, converter, options: dict, plan: Plan, tasks: list[ShardTa
         "conversion": {
             "converter": converter.name, "converter_version": converter.version, "options": options,
             "inputs": plan.inputs, "fingerprint": fingerprint,
-            "skipped": dict(Counter(s["split"] or "?" for s in skipped)),
+            "skipped": dict(Counter(s["split"] or "unplaced" for s in skipped)),
         },
     }
     if plan.features:

@@ -18,6 +18,7 @@ import io
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..extractor_args import add_extractor_arguments
 from .base import BadInput, Item, Plan
 
 STORED_AS_IS = {"JPEG": "jpg", "PNG": "png"}
@@ -74,14 +75,7 @@ def add_feature_arguments(parser: argparse.ArgumentParser, default_on: bool = Tr
                        help="store images and text only" + ("" if default_on else " (default)"))
     group.add_argument("--region-grid", type=int, default=6,
                        help="regions are the cells of a G x G grid (default 6: 36 regions, as VSRN)")
-    group.add_argument("--feature-size", type=int, default=224, help="side images are resized to (default 224)")
-    group.add_argument("--layer", default="layer2", choices=["layer1", "layer2", "layer3", "layer4"],
-                       help="ResNet stage (default layer2; with --weights use layer4)")
-    group.add_argument("--grid", type=int, default=2,
-                       help="roi_align grid side per region (default 2; with layer4 use 1)")
-    group.add_argument("--backbone", default="resnet50", help="torchvision ResNet (default resnet50)")
-    group.add_argument("--weights", default=None,
-                       help="torchvision weight name, e.g. IMAGENET1K_V2 (needs a download); default seeded random")
+    add_extractor_arguments(group, input_size=224)
     group.add_argument("--device", default="cpu", help="where features are computed: cpu or cuda (default cpu)")
 
 
