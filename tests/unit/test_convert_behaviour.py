@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from dataset_fixtures import make_folder, make_karpathy, make_precomp
 from helpers import read_shard_set
 
@@ -31,6 +32,7 @@ def coco(tmp_path):
 
 def test_same_bytes_with_one_worker_or_two(tmp_path, coco, capsys):
     features = ["--images", coco / "images", "--feature-size", "64", "--region-grid", "2"]
+    threads = torch.get_num_threads()
     for workers in (1, 2):
         code, _ = run(capsys, "karpathy", coco / "dataset_coco.json", tmp_path / f"w{workers}", "--workers", workers,
                       *features)
@@ -38,6 +40,7 @@ def test_same_bytes_with_one_worker_or_two(tmp_path, coco, capsys):
     one, two = files(tmp_path / "w1"), files(tmp_path / "w2")
     assert sorted(one) == sorted(two) and len(one) > 7
     assert one == two  # tars, manifest and vocab byte for byte
+    assert torch.get_num_threads() == threads  # features ran on one thread; the caller's setting is back
 
 
 def test_out_holds_one_conversion(tmp_path, coco, capsys):

@@ -7,7 +7,7 @@ is found at conversion time and not mid-training.
 Region features (optional) come from vldist's RegionFeatureExtractor over a grid of boxes: without
 a detector, a G x G grid of cells is the usual stand-in for bottom-up regions (G=6 gives VSRN's
 36 regions). Every dimension is standardised with statistics of the first train images, as synth
-does; each worker computes with one thread so the features do not depend on --workers.
+does; features are computed on one torch thread per worker so they do not depend on --workers.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import copy
 import io
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,12 +99,23 @@ def manifest_features(options: dict | None, dim: int | None) -> dict | None:
             "standardized_on": f"the first {CALIBRATION_IMAGES} readable train images"}
 
 
-def _extractor(options: dict, device: str):
+@contextmanager
+def one_thread():
+    """Torch on one thread inside the block, restored after: the same float sums whatever
+    --workers is (deterministic features), and a caller's own thread setting left alone."""
     import torch
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _extractor(options: dict, device: str):
     from ..features import RegionFeatureExtractor
 
-    torch.set_num_threads(1)  # the same float sums whatever --workers is: deterministic features
     return RegionFeatureExtractor(options["backbone"], weights=options["weights"], input_size=options["input_size"],
                                   layer=options["layer"], grid=options["grid"], device=device)
 
@@ -136,7 +148,8 @@ def calibrated_setup(options: dict | None, device: str, paths: list[Path]) -> di
     if not images:
         raise BadInput("region features", f"none of the first {len(paths)} train images can be read to calibrate "
                                           f"them on; the first: {first_problem.what}")
-    extractor.calibrate(images, [grid_boxes(im.width, im.height, options["region_grid"]) for im in images])
+    with one_thread():
+        extractor.calibrate(images, [grid_boxes(im.width, im.height, options["region_grid"]) for im in images])
     shift, scale = extractor.standardization()
     return {"options": options, "device": device, "shift": shift, "scale": scale}
 
@@ -153,7 +166,8 @@ class RegionFeatures:
         return grid_boxes(image.width, image.height, self.cells)
 
     def __call__(self, images: list[LoadedImage]) -> list:
-        return self.extractor.extract([im.image for im in images], [self.boxes(im) for im in images])
+        with one_thread():
+            return self.extractor.extract([im.image for im in images], [self.boxes(im) for im in images])
 
 
 class ImageSamples:
