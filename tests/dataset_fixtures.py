@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+from helpers import planted_sample
 from PIL import Image
 
 from vldist.shards.captions import make_captions
@@ -66,25 +67,19 @@ def make_karpathy(root: Path, counts: dict[str, int], dataset: str = "coco", ima
     return expected
 
 
-WORDS = ["red", "green", "blue", "yellow", "circle", "square", "star", "small", "large", "left", "right", "top"]
-
-
 def make_precomp(root: Path, counts: dict[str, int], regions: int = 4, dim: int = 16, per_caption: bool = False,
                  ids: bool = True, boxes: bool = True, seed: int = 0) -> dict[str, dict]:
     """`{split}_ims.npy`, `{split}_caps.txt` and optional `{split}_ids.txt`, `{split}_ims_bbx.npy`.
-    Region r of an image is a noisy one-hot of a word its captions name. Returns per source split
-    the features (one row per image), captions (5 per image) and ids."""
+    Images are planted samples (helpers.planted_sample). Returns per source split the features
+    (one row per image), captions (5 per image) and ids."""
     rng = np.random.default_rng(seed)
     root.mkdir(parents=True, exist_ok=True)
     expected = {}
     for split, n in counts.items():
-        ims = np.zeros((n, regions, dim), np.float32)
-        captions, ids_list = [], [str(500000 + 3 * i) for i in range(n)]
-        for i in range(n):
-            words = rng.choice(len(WORDS), 3, replace=False)
-            ims[i, np.arange(regions), words[np.arange(regions) % 3]] = 1.0
-            captions += [" ".join(WORDS[w] for w in rng.permutation(words)) for _ in range(5)]
-        ims += 0.1 * rng.standard_normal(ims.shape).astype(np.float32)
+        planted = [planted_sample(rng, regions, dim) for _ in range(n)]
+        ims = np.stack([feats for feats, _ in planted]) if planted else np.zeros((0, regions, dim), np.float32)
+        captions = [c for _, texts in planted for c in texts]
+        ids_list = [str(500000 + 3 * i) for i in range(n)]
         bbx = rng.uniform(0, 400, (n, regions, 4)).astype(np.float32)
         rows = np.repeat(ims, 5, axis=0) if per_caption else ims
         np.save(root / f"{split}_ims.npy", rows)

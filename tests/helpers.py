@@ -19,6 +19,17 @@ WORDS = ["red", "green", "blue", "yellow", "circle", "square", "star", "small", 
 DIM = 32
 
 
+def planted_sample(rng: np.random.Generator, regions: int = 3, dim: int = DIM) -> tuple[np.ndarray, list[str]]:
+    """Region features (regions, dim) and 5 captions that agree: three words are drawn, region r
+    is a noisy one-hot of word r mod 3, and every caption names the three words in some order."""
+    attrs = rng.choice(len(WORDS), 3, replace=False)
+    feats = np.zeros((regions, dim), np.float32)
+    feats[np.arange(regions), attrs[np.arange(regions) % 3]] = 1.0
+    feats += 0.1 * rng.standard_normal(feats.shape).astype(np.float32)
+    captions = [" ".join(WORDS[a] for a in rng.permutation(attrs)) for _ in range(5)]
+    return feats, captions
+
+
 def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int = 0) -> Path:
     counts = counts or {"train": 200, "val": 40, "test": 60}
     rng = np.random.default_rng(seed)
@@ -26,11 +37,7 @@ def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int
     with ShardSetWriter(out, shard_size=shard_size, source="planted-test") as writer:
         for split, n in counts.items():
             for i in range(n):
-                attrs = rng.choice(len(WORDS), 3, replace=False)
-                feats = np.zeros((3, DIM), np.float32)
-                feats[np.arange(3), attrs] = 1.0
-                feats += 0.1 * rng.standard_normal(feats.shape).astype(np.float32)
-                captions = [" ".join(WORDS[a] for a in rng.permutation(attrs)) for _ in range(5)]
+                feats, captions = planted_sample(rng)
                 if split == "train":
                     train_captions += captions
                 key = f"{split}-{i:07d}"

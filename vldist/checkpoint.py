@@ -17,7 +17,6 @@ its files into the temporary directory, and rank 0 calls `commit` once all are d
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from vldist.files import sha256_file
 
 MARKER = "COMPLETE"
 FILES = "files.json"
@@ -64,14 +65,6 @@ def write_files(tmp: Path, *, model_state: dict, train_state: dict, config_yaml:
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            sha.update(block)
-    return sha.hexdigest()
-
-
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name not in (MARKER, FILES))
 
@@ -83,7 +76,7 @@ def commit(tmp: Path, directory: Path) -> Path:
     for f in _files(tmp):
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
-        listing[str(f.relative_to(tmp))] = {"bytes": f.stat().st_size, "sha256": _digest(f)}
+        listing[str(f.relative_to(tmp))] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     (tmp / FILES).write_text(json.dumps(listing, indent=1) + "\n")
     (tmp / MARKER).write_text("ok\n")
     for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
@@ -120,7 +113,7 @@ def verify(directory: Path) -> None:
         path = directory / name
         if not path.is_file():
             raise CheckpointError(f"{path} is missing; the checkpoint is damaged")
-        if path.stat().st_size != expected["bytes"] or _digest(path) != expected["sha256"]:
+        if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
             raise CheckpointError(
                 f"{path} has {path.stat().st_size} bytes, not the {expected['bytes']} written, or another checksum; "
                 "the checkpoint is damaged"

@@ -5,18 +5,13 @@ import json
 
 import numpy as np
 import webdataset as wds
-from helpers import npy_bytes, write_tar
+from helpers import npy_bytes, planted_sample, write_tar
 
 from vldist.train import load_config, run
 
-WORDS = ["red", "green", "blue", "yellow", "circle", "square", "star", "small"]
-
 
 def _sample(rng, key):
-    attrs = rng.choice(len(WORDS), 3, replace=False)
-    feats = np.zeros((3, 16), np.float32)
-    feats[np.arange(3), attrs] = 1.0
-    captions = [" ".join(WORDS[a] for a in rng.permutation(attrs)) for _ in range(5)]
+    feats, captions = planted_sample(rng, dim=16)
     return key, {"captions": captions}, feats
 
 

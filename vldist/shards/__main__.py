@@ -101,25 +101,21 @@ def _add_convert(sub) -> None:
         converter.add_arguments(f)
 
 
-def _finished_shards(out: Path) -> int:
-    done = out / ".convert" / "done"
-    return len(list(done.glob("*.json"))) if done.is_dir() else 0
-
-
 def _run_convert(args) -> int:
     from .convert import FORMATS, BadInput, convert
+    from .convert.engine import finished_shard_count
 
     try:
         result = convert(FORMATS[args.format], args, args.out, shard_size=args.shard_size, workers=args.workers,
                          on_error=args.on_error, progress=not args.quiet, overwrite=args.overwrite)
     except BadInput as bad:
         print(f"error: {bad}", file=sys.stderr)
-        print(f"nothing written is lost: {_finished_shards(args.out)} finished shards are kept, and rerunning the "
+        print(f"nothing written is lost: {finished_shard_count(args.out)} finished shards are kept, and rerunning the "
               "same command goes on from them once the input is fixed; --on-error skip leaves such samples out "
               "and lists them", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"\ninterrupted: {_finished_shards(args.out)} finished shards are kept; rerun the same command to "
+        print(f"\ninterrupted: {finished_shard_count(args.out)} finished shards are kept; rerun the same command to "
               "go on from them", file=sys.stderr)
         return 130
     if result.already_done:

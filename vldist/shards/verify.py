@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vldist.shards.writer import sha256_file
+from vldist.files import sha256_file
 
 
 @dataclass

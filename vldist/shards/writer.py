@@ -8,7 +8,6 @@ so a set without a manifest (or with `.tmp` files) is recognisably unfinished.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -18,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from vldist.files import sha256_file, write_json_atomic
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "vldist-shards"
@@ -63,26 +64,6 @@ def _tar_info(name: str, size: int) -> tarfile.TarInfo:
     info.uname = info.gname = ""
     info.type = tarfile.REGTYPE
     return info
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to `path` via a temporary file and os.replace, so readers never see half of it."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def check_split(split: str) -> None:

@@ -15,7 +15,7 @@ import csv
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..writer import sha256_file
+from ...files import sha256_file
 from .base import BadInput, Converter, Item, Problems
 from .images import ImageSamples, add_feature_arguments, feature_options, image_plan
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..writer import sha256_file
+from ...files import sha256_file
 from .base import BadInput, Converter, Item, Problems
 from .images import ImageSamples, add_feature_arguments, feature_options, image_plan
 

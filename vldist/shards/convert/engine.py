@@ -24,7 +24,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ...data.vocab import Vocab
-from ..writer import MANIFEST_NAME, ShardFile, build_manifest, check_split, sample_members, sha256_file, write_json_atomic
+from ...files import sha256_file, write_json_atomic
+from ..writer import MANIFEST_NAME, ShardFile, build_manifest, check_split, sample_members
 from .base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
 
 STATE_DIR = ".convert"
@@ -49,7 +50,6 @@ class ShardTask:
 class Result:
     manifest: dict
     skipped: list[dict] = field(default_factory=list)
-    written_shards: int = 0  # shards written by this run
     reused_shards: int = 0  # shards found finished by an earlier, interrupted run
     samples_written: int = 0
     seconds: float = 0.0
@@ -68,9 +68,9 @@ def convert(converter: type[Converter], args, out: str | Path, shard_size: int =
     tasks = _tasks(plan.splits, shard_size)
     fingerprint = _fingerprint(converter, options, shard_size, plan)
 
-    if _prepare_out(out, fingerprint, overwrite):
-        manifest = json.loads((out / MANIFEST_NAME).read_text())
-        return Result(manifest, already_done=True, seconds=time.perf_counter() - start)
+    finished = _prepare_out(out, fingerprint, overwrite)
+    if finished is not None:
+        return Result(finished, already_done=True, seconds=time.perf_counter() - start)
 
     state = out / STATE_DIR
     done = _finished_records(state, out, tasks)
@@ -90,7 +90,7 @@ def convert(converter: type[Converter], args, out: str | Path, shard_size: int =
     records = [done[t.record_name] for t in tasks]
     skipped = plan.skipped + [s for r in records for s in r["skipped"]]
     manifest = _finish(out, converter, options, plan, tasks, records, skipped, fingerprint)
-    return Result(manifest, skipped, written_shards=len(todo), reused_shards=len(tasks) - len(todo),
+    return Result(manifest, skipped, reused_shards=len(tasks) - len(todo),
                   samples_written=sum(r["samples"] for r in records), seconds=time.perf_counter() - start)
 
 
@@ -133,8 +133,9 @@ def _is_set_file(path: Path) -> bool:
     return stem.endswith(".tar") and bool(split) and index.isdigit() and len(index) == 6
 
 
-def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> bool:
-    """Make `out` ready for this conversion; True when it already holds exactly its result."""
+def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> dict | None:
+    """Make `out` ready for this conversion; returns its manifest when it already holds exactly
+    this conversion's result."""
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} exists and is not a directory; choose another --out")
     entries = sorted(out.iterdir()) if out.exists() else []
@@ -150,7 +151,7 @@ def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> bool:
         if plan_file.is_file():
             if json.loads(plan_file.read_text()).get("fingerprint") == fingerprint:
                 _discard_partial_shards(out)
-                return False  # resume
+                return None  # resume
             if any((state / "done").glob("*.json")):
                 raise FileExistsError(
                     f"--out {out} holds an unfinished conversion of other input or options; rerun the "
@@ -159,7 +160,7 @@ def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> bool:
         elif (out / MANIFEST_NAME).is_file():
             manifest = json.loads((out / MANIFEST_NAME).read_text())
             if manifest.get("conversion", {}).get("fingerprint") == fingerprint:
-                return True
+                return manifest
             raise FileExistsError(f"--out {out} already holds a shard set made from other input or options; "
                                   "pass --overwrite to replace it, or choose another --out")
         else:
@@ -169,7 +170,13 @@ def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> bool:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     (state / "done").mkdir(parents=True, exist_ok=True)
     write_json_atomic(plan_file, {"fingerprint": fingerprint})
-    return False
+    return None
+
+
+def finished_shard_count(out: Path) -> int:
+    """Shards an unfinished conversion into `out` has finished (what a rerun keeps)."""
+    done = Path(out) / STATE_DIR / "done"
+    return len(list(done.glob("*.json"))) if done.is_dir() else 0
 
 
 def _discard_partial_shards(out: Path) -> None:

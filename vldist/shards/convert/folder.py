@@ -17,7 +17,7 @@ import csv
 import json
 from pathlib import Path
 
-from ..writer import sha256_file
+from ...files import sha256_file
 from .base import BadInput, Converter, Item, Problems
 from .images import IMAGE_SUFFIXES, ImageSamples, add_feature_arguments, feature_options, image_plan
 

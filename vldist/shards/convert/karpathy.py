@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..writer import sha256_file
+from ...files import sha256_file
 from .base import BadInput, Converter, Item, Problems
 from .images import ImageSamples, add_feature_arguments, feature_options, image_plan
 
@@ -74,7 +74,7 @@ class KarpathyConverter(Converter):
             try:
                 source_split, filename, captions, tokens = cls._entry(entry, cpi)
             except BadInput as bad:
-                problems.report(f"{where} {bad.where}".strip(), bad.what, split=None)
+                problems.report(f"{where} {bad.where}".strip(), bad.what)
                 continue
             where = f"{where} ({filename})"
             split = source_split

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..writer import sha256_file
+from ...files import sha256_file
 from .base import BadInput, Converter, Item, Plan, Problems
 
 KNOWN_SPLITS = ("train", "dev", "test", "testall")
