@@ -11,7 +11,7 @@ from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state
 from vldist.config import ConfigError, JobConfig, job_config_class, read_yaml, validate
 from vldist.data.shardset import ShardSet, ShardsNotFoundError
 from vldist.data.vocab import Vocab
-from vldist.dist.engine import pick_device
+from vldist.distributed.engine import pick_device
 from vldist.recipes import get_recipe
 from vldist.report import chance_recall, retrieval_table
 

@@ -15,7 +15,7 @@ from vldist.config import (
 )
 from vldist.data.shardset import ShardSet, ShardsNotFoundError
 from vldist import ray_launcher
-from vldist.dist.engine import make_engine
+from vldist.distributed.engine import make_engine
 from vldist.recipes import RECIPES, get_recipe
 from vldist.report import chance_recall, retrieval_table
 from vldist.telemetry.prometheus import start_rank_metrics

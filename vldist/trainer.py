@@ -25,7 +25,7 @@ from vldist.data.pipeline import (
     EvalStream, ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
 )
 from vldist.data.shardset import ShardSet
-from vldist.dist.collectives import gather_objects, global_sum
+from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe
 from vldist.telemetry.flops import FlopCounter, device_peak

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 
-from vldist.dist.accelerate_engine import AccelerateEngine  # noqa: E402
+from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
 
 WORKER = Path(worker.__file__)
 

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from slurm_cluster import available, slurm_cluster  # noqa: E402
 
-from vldist.dist.launch_env import adopt_slurm_environment  # noqa: E402
+from vldist.distributed.launch_env import adopt_slurm_environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "data.batch_size=32",

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from vldist.config import ConfigError
-from vldist.dist.deepspeed_config import deepspeed_config
+from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.train import load_config
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vldist.dist.collectives import all_gather_with_grad, global_sum, world
+from vldist.distributed.collectives import all_gather_with_grad, global_sum, world
 from vldist.losses.hinge import hardest_negative_hinge, vse_hinge_loss
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vldist.dist.collectives import all_reduce_with_grad, world
+from vldist.distributed.collectives import all_reduce_with_grad, world
 
 
 def _distributed() -> bool:

@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from vldist.data.vocab import Vocab
-from vldist.dist.accelerate_engine import AccelerateEngine
-from vldist.dist.collectives import global_sum
-from vldist.dist.engine import Engine
+from vldist.distributed.accelerate_engine import AccelerateEngine
+from vldist.distributed.collectives import global_sum
+from vldist.distributed.engine import Engine
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.vsrn import VSRNRecipe
 from vldist.train import load_config
@@ -91,7 +91,7 @@ def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches
 def make_engine(backend: str, recipe: VSRNRecipe) -> Engine:
     if backend == "accelerate":
         return AccelerateEngine("cpu")
-    from vldist.dist.deepspeed_engine import DeepSpeedEngine
+    from vldist.distributed.deepspeed_engine import DeepSpeedEngine
 
     return DeepSpeedEngine(recipe.config)
 

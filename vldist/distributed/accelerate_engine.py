@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vldist.dist.engine import Engine, grad_norm, pick_device
-from vldist.dist.launch_env import adopt_slurm_environment
+from vldist.distributed.engine import Engine, grad_norm, pick_device
+from vldist.distributed.launch_env import adopt_slurm_environment
 
 OPTIMIZER_FILE = "optimizer.pt"
 

@@ -113,9 +113,9 @@ class Engine(ABC):
 def make_engine(config) -> Engine:
     e, t = config.engine, config.train
     if e.backend == "deepspeed":
-        from vldist.dist.deepspeed_engine import DeepSpeedEngine
+        from vldist.distributed.deepspeed_engine import DeepSpeedEngine
 
         return DeepSpeedEngine(config)
-    from vldist.dist.accelerate_engine import AccelerateEngine
+    from vldist.distributed.accelerate_engine import AccelerateEngine
 
     return AccelerateEngine(t.device, e.mixed_precision)

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from torch import nn
 
 from vldist.config import ConfigError
-from vldist.dist.deepspeed_config import deepspeed_config
-from vldist.dist.engine import Engine, pick_device
-from vldist.dist.launch_env import adopt_slurm_environment
+from vldist.distributed.deepspeed_config import deepspeed_config
+from vldist.distributed.engine import Engine, pick_device
+from vldist.distributed.launch_env import adopt_slurm_environment
 
 SUBDIR, TAG = "deepspeed", "zero"
 
