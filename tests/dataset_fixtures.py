@@ -196,3 +196,15 @@ def make_folder(root: Path, mode: str = "sidecar") -> list[dict]:
             for e in expected:
                 f.write(json.dumps({"image": e["image"], "captions": e["captions"], "split": e["split"]}) + "\n")
     return sorted(expected, key=lambda e: (e["split"], e["image"])) if mode == "sidecar" else expected
+
+
+def make_scene_folder(root: Path, counts: dict[str, int], image_size: int = 64, seed: int = 0) -> None:
+    """Conceptual Captions' layout, as most people's own data looks: one image, one description
+    (a sidecar `.txt`), in train/ val/ test/ folders. Rendered scenes, so there is something to learn."""
+    rng = random.Random(seed)
+    for split, n in counts.items():
+        (root / split).mkdir(parents=True)
+        for i in range(n):
+            scene = generate_scene(rng, image_size)
+            scene.image.save(root / split / f"{i:05d}.jpg", format="JPEG", quality=90)
+            (root / split / f"{i:05d}.txt").write_text(make_captions(scene, rng, n=1)[0] + "\n")

@@ -7,6 +7,7 @@ names the three words. Region features and captions therefore agree, so retrieva
 from __future__ import annotations
 
 import io
+import sys
 import tarfile
 from pathlib import Path
 
@@ -30,24 +31,28 @@ def planted_sample(rng: np.random.Generator, regions: int = 3, dim: int = DIM) -
     return feats, captions
 
 
-def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int = 0) -> Path:
+def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int = 0, dim: int = DIM,
+                         unreadable=()) -> Path:
+    """`unreadable`: keys whose region features hold NaN, as a damaged feature file would."""
     counts = counts or {"train": 200, "val": 40, "test": 60}
     rng = np.random.default_rng(seed)
     train_captions = []
     with ShardSetWriter(out, shard_size=shard_size, source="planted-test") as writer:
         for split, n in counts.items():
             for i in range(n):
-                feats, captions = planted_sample(rng)
+                feats, captions = planted_sample(rng, dim=dim)
                 if split == "train":
                     train_captions += captions
                 key = f"{split}-{i:07d}"
+                if key in unreadable:
+                    feats[0, 0] = np.nan
                 writer.write(split, {
                     "__key__": key,
                     "json": {"id": key, "split": split, "captions": captions,
                              "region_boxes": [[0, 0, 10 * (r + 1), 10 * (r + 1)] for r in range(3)]},
                     "regions.npy": feats.astype(np.float16),
                 })
-        writer.close({"features": {"extractor": "planted", "dim": DIM}})
+        writer.close({"features": {"extractor": "planted", "dim": dim}})
     Vocab.build(train_captions).save(out / "vocab.json")
     return out
 
@@ -111,3 +116,51 @@ def read_shard_set(directory: Path) -> dict[str, list[tuple[str, dict[str, bytes
 
 def npy_load(data: bytes) -> np.ndarray:
     return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+# A 2-rank job of 2 epochs x 25 steps (200 samples, batch 8) with a record per step in
+# metrics.jsonl: long enough to stop mid-epoch, short enough to run three times.
+PREEMPT_JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=8",
+               "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2", "eval.baseline=false",
+               "train.log_every=1", "train.keep_last=10", "metrics.enabled=false", "engine.sync_batchnorm=true"]
+PREEMPT_STEPS, PREEMPT_EPOCH_STEPS = 50, 25
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def wait_for_step(out: Path, step: int, proc=None, timeout: float = 240) -> None:
+    """Until metrics.jsonl of run `out` records a training step >= `step` (fails if proc ends first)."""
+    import json
+    import time
+
+    deadline = time.time() + timeout
+    path = out / "metrics.jsonl"
+    while True:
+        if path.exists():
+            lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip().endswith("}")]
+            if any(e.get("event") == "train" and e["step"] >= step for e in lines):
+                return
+        assert proc is None or proc.poll() is None, "the run ended before it reached the step"
+        assert time.time() < deadline, f"no step {step} in {path} after {timeout} s"
+        time.sleep(0.05)
+
+
+def stop_event(out: Path) -> dict:
+    """The 'stopped' record a stopped run leaves in metrics.jsonl."""
+    import json
+
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    stops = [e for e in events if e["event"] == "stopped"]
+    assert len(stops) == 1, stops
+    return stops[0]
+
+
+def weights(checkpoint: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(checkpoint / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert (a[name] == b[name]).all(), name

@@ -23,8 +23,10 @@ import shutil
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
+from vldist import compat
 from vldist.files import sha256_file
 
 MARKER = "COMPLETE"
@@ -33,6 +35,10 @@ FILES = "files.json"
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing, incomplete or unreadable; the message says which and what to do."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk); the message names the previous good one."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -62,7 +68,7 @@ def write_files(tmp: Path, *, model_state: dict, train_state: dict, config_yaml:
     torch.save(train_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
     vocab.save(tmp / "vocab.json")
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    (tmp / "meta.json").write_text(json.dumps(compat.stamp(meta), indent=2) + "\n")
 
 
 def _files(root: Path) -> list[Path]:
@@ -125,12 +131,31 @@ def is_complete(directory: Path) -> bool:
 
 
 def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights, under today's parameter names (a checkpoint of an older vldist is upgraded)."""
     directory = Path(directory)
     _require_complete(directory)
     try:
-        return load_file(directory / "model.safetensors")
+        state = load_file(directory / "model.safetensors")
     except Exception as err:  # noqa: BLE001 - safetensors raises several types on damage
         raise CheckpointError(f"cannot read {directory / 'model.safetensors'} ({err}); the checkpoint is damaged") from err
+    return compat.upgrade_state(state, read_meta(directory))
+
+
+def read_meta(directory: Path) -> dict:
+    try:
+        return json.loads((Path(directory) / "meta.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read {Path(directory) / 'meta.json'} ({err}); the checkpoint is damaged") from err
+
+
+def read_config(directory: Path) -> dict:
+    """The job config the checkpoint was written with, as a dict, with keys moved since upgraded."""
+    path = Path(directory) / "config.yaml"
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise CheckpointError(f"cannot read {path} ({err}); the checkpoint is damaged") from err
+    return compat.upgrade_config(raw, read_meta(directory))
 
 
 def load_train_state(directory: Path) -> dict:

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-JOBS_DIR = REPO_ROOT / "jobs"
+# The built-in job files. In a checkout vldist/jobs is a link to the top-level jobs/ (the files
+# users see and copy); a wheel holds the files themselves, so an installed vldist has them too.
+PACKAGE_DIR = Path(__file__).resolve().parent
+JOBS_DIR = PACKAGE_DIR / "jobs"
 
 
 class ConfigError(ValueError):
@@ -67,6 +69,18 @@ class TrainConfig(Section):
     resume: str | None = Field(
         None, description="'latest': newest good checkpoint of output.dir (error if none); 'auto': it if any; or a path"
     )
+    stop_signals: list[str] = Field(
+        ["SIGTERM", "SIGUSR1"],
+        description="signals on which every rank finishes its step, checkpoints and exits 75 (docs/preemption.md)",
+    )
+
+    @field_validator("stop_signals")
+    @classmethod
+    def _signal_names(cls, names: list[str]) -> list[str]:
+        from vldist.preemption import signal_numbers
+
+        signal_numbers(names)  # raises ValueError naming an unknown signal
+        return names
 
 
 class EngineConfig(Section):
@@ -84,6 +98,9 @@ class EvalConfig(Section):
     split: str = Field("test", description="split evaluated at the end of training")
     baseline: bool = Field(True, description="also evaluate the untrained model, for comparison")
     fold_size: int = Field(1000, ge=1, description="images per fold of the 5-fold protocol")
+    max_captions_per_image: int | None = Field(
+        5, ge=1, description="use at most this many captions of each image (COCO/Flickr30K: the first 5); None: all"
+    )
 
 
 class OutputConfig(Section):
@@ -147,6 +164,7 @@ def job_config_class(model_config: type[Section]) -> type[JobConfig]:
 
 def find_job_file(name_or_path: str) -> Path:
     """`vsrn` -> jobs/vsrn.yaml; a path is taken as it is."""
+    # a path as given, then a user's own jobs/ in the working directory, then the built-in ones
     candidates = [Path(name_or_path), Path("jobs") / f"{name_or_path}.yaml", JOBS_DIR / f"{name_or_path}.yaml"]
     for path in candidates:
         if path.is_file():

@@ -7,31 +7,41 @@ import json
 import logging
 import sys
 
-from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state
-from vldist.config import ConfigError, JobConfig, job_config_class, read_yaml, validate
-from vldist.data.shardset import ShardSet, ShardsNotFoundError
+from vldist import compat
+from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, read_config, read_meta
+from vldist.config import ConfigError, JobConfig, job_config_class, validate
+from vldist.data.shardset import ShardSet, ShardsNotFoundError, ShardsUnfitError
 from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
+from vldist.eval_split import EmptySplitError, eval_loader, evaluate_split
 from vldist.recipes import get_recipe
-from vldist.report import chance_recall, retrieval_table
+from vldist.report import retrieval_report
 
 
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
-    from vldist.trainer import eval_loader
-
     ckpt = find_checkpoint(path)
-    raw = read_yaml(ckpt / "config.yaml")
+    raw = read_config(ckpt)  # keys an older vldist wrote are upgraded
+    trained = dict(raw)
     if shards:
-        raw["data"]["shards"] = shards
+        raw["data"] = {**raw.get("data", {}), "shards": shards}
     recipe_cls = get_recipe(raw["recipe"])
     config = validate(raw, job_config_class(recipe_cls.ModelConfig))
     shard_set = ShardSet.open(config.data.shards)
-    recipe = recipe_cls(config, Vocab.load(ckpt / "vocab.json"), shard_set.feature_dim())
+    try:
+        vocab = Vocab.load(ckpt / "vocab.json")
+    except ValueError as err:
+        raise CheckpointError(f"{err} (the checkpoint's vocabulary: the checkpoint is damaged)") from None
+    recipe = recipe_cls(config, vocab, shard_set.feature_dim())
+    state = load_model_state(ckpt)
+    compat.check_fits(ckpt, compat.expected_shapes(recipe.build_model), {n: tuple(t.shape) for n, t in state.items()},
+                      read_meta(ckpt), trained, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab),
+                      "evaluate")
     torch_device = pick_device(device)
     model = recipe.build_model()
-    model.load_state_dict(load_model_state(ckpt))
+    model.load_state_dict(state)
     model.to(torch_device)
-    return config, recipe.evaluate(model, eval_loader(config, recipe, shard_set, split), torch_device)
+    where = f"the {split} split of {shard_set.directory}"
+    return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), torch_device, where)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,15 +55,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         config, metrics = evaluate_checkpoint(args.checkpoint, args.split, args.shards, args.device)
-    except (CheckpointError, ConfigError, ShardsNotFoundError) as err:
+    except (CheckpointError, ConfigError, ShardsNotFoundError, ShardsUnfitError, compat.IncompatibleCheckpoint) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except EmptySplitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     recipe = get_recipe(config.recipe)(config, vocab=None)
-    cpi = config.model.captions_per_image
-    print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} images")
-    print(retrieval_table({"chance": chance_recall(metrics["n_images"], cpi), "model": recipe.headline(metrics)}))
-    if "1k_5fold" in metrics:
-        print("1K five-fold:\n" + retrieval_table({"model": metrics["1k_5fold"]}))
+    print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} images, "
+          f"{metrics['n_captions']} captions")
+    print(retrieval_report({"chance": metrics["chance"], "model": recipe.headline(metrics)}, metrics, args.split))
     if args.json:
         print(json.dumps(metrics, indent=2))
     return 0

@@ -8,6 +8,13 @@ runs the same `vldist.train.run` that torchrun starts, with the same engine. The
 checkpoint vldist commits is reported to Ray where it lies (no copy); when a worker dies, Ray
 restarts the group (up to `ray.max_failures` times) and the workers resume from the newest
 checkpoint in the run directory. The driver's exit status is the run's.
+
+Stopping: `ray job stop` sends SIGTERM to the driver alone (workers are actors). The driver
+relays it through a stop file in the run directory, which the workers watch; they finish their
+step, checkpoint and return, and the driver exits with EXIT_STOPPED. Ray kills the driver
+RAY_JOB_STOP_WAIT_TIME_S after the signal (3 s unless the job's runtime_env sets it), so give it
+the time a step and a checkpoint take. Submitting the same job again resumes (train.resume
+defaults to auto here).
 """
 
 from __future__ import annotations
@@ -15,15 +22,25 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 from vldist.config import JobConfig
+from vldist.files import write_json_atomic
+from vldist.preemption import STOP_FILE, TrainingStopped, signal_numbers, write_stop_file
+from vldist.run_lock import check_free
 
 log = logging.getLogger("vldist.ray")
+STOPPED_FILE = "stopped.json"  # rank 0 says where the workers stopped
 
 
 class RunFailed(RuntimeError):
     """The Ray run failed for good (after its restarts); the message holds the workers' error."""
+
+
+class RunStopped(RuntimeError):
+    """The workers stopped on request after a checkpoint; submitting the job again resumes."""
 
 
 def wanted(config: JobConfig) -> bool:
@@ -43,6 +60,8 @@ def worker_config(config: JobConfig) -> JobConfig:
     return config.model_copy(update={
         "data": config.data.model_copy(update={"shards": str(Path(config.data.shards).expanduser().resolve())}),
         "output": config.output.model_copy(update={"dir": str(run_dir(config))}),
+        # a job submitted again carries on where it stopped (a new run needs a new ray.name)
+        "train": config.train.model_copy(update={"resume": config.train.resume or "auto"}),
         "metrics": config.metrics.model_copy(
             update={"targets_dir": config.metrics.targets_dir or str(run_dir(config) / "prometheus")}
         ),
@@ -72,7 +91,29 @@ def _train_worker(payload: dict) -> None:
         # The checkpoint already lies in the run directory on shared storage: register, do not copy.
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_fn=lambda ckpt, _name: ckpt)
 
-    run(config, on_checkpoint=report)
+    out = config.output_dir
+    try:
+        run(config, on_checkpoint=report, stop_file=out / STOP_FILE)
+    except TrainingStopped as stopped:  # a normal end for Ray; the driver reads stopped.json
+        if ray.train.get_context().get_world_rank() == 0:
+            write_json_atomic(out / STOPPED_FILE, {"step": stopped.step, "checkpoint": str(stopped.checkpoint),
+                                                   "reason": stopped.reason})
+
+
+@contextmanager
+def relay_stop_signals(names, stop_file: Path):
+    """In the driver: a stop signal becomes the stop file that the workers watch."""
+
+    def relay(signum, frame):
+        write_stop_file(stop_file, signal.Signals(signum).name)
+        os.write(2, f"vldist: {signal.Signals(signum).name} received: asking the workers to checkpoint and stop\n".encode())
+
+    previous = {sig: signal.signal(sig, relay) for sig in signal_numbers(names)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def launch(config: JobConfig) -> dict:
@@ -85,12 +126,15 @@ def launch(config: JobConfig) -> dict:
 
     open_shards(config)  # build missing default shards once, here, before any worker starts
     config = worker_config(config)
+    out = Path(config.output.dir)
+    check_free(out)  # another run in this directory: refuse now, not in every worker
+    for leftover in (STOP_FILE, STOPPED_FILE):  # from an earlier stop of this run
+        (out / leftover).unlink(missing_ok=True)
     if not ray.is_initialized():
         ray.init(address=config.ray.address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
     gpus = config.ray.gpus_per_worker
     if gpus == "auto":
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    out = Path(config.output.dir)
     log.info("Ray: %d workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
              config.ray.cpus_per_worker, gpus, out)
     trainer = TorchTrainer(
@@ -106,8 +150,16 @@ def launch(config: JobConfig) -> dict:
             checkpoint_config=CheckpointConfig(num_to_keep=None),  # vldist prunes its own
         ),
     )
-    try:
-        trainer.fit()
-    except ray.train.TrainingFailedError as err:
-        raise RunFailed(f"the Ray run failed after {config.ray.max_failures} restarts at most: {err}") from None
+    # after ray.init, which sets its own SIGTERM handler (sys.exit) in the driver
+    with relay_stop_signals(config.train.stop_signals, out / STOP_FILE):
+        try:
+            trainer.fit()
+        except ray.train.TrainingFailedError as err:
+            raise RunFailed(f"the Ray run failed after {config.ray.max_failures} restarts at most: {err}") from None
+    if (out / STOPPED_FILE).is_file():
+        stopped = json.loads((out / STOPPED_FILE).read_text())
+        raise RunStopped(
+            f"stopped by {stopped['reason']} after step {stopped['step']}; checkpoint {stopped['checkpoint']}. "
+            "Submit the same job again to carry on from it."
+        )
     return json.loads((out / "metrics.json").read_text())

@@ -1,28 +1,50 @@
 """Train a recipe: `python -m vldist.train [JOB] [section.key=value ...]`.
 
 JOB is a job file name under jobs/ (default: vsrn) or a path to a YAML job file.
+
+Exit codes (the whole catalogue of bad input: docs/bad-input.md):
+  0   trained and evaluated
+  1   the run failed: a non-finite loss, a checkpoint that cannot be written (a full disk), an
+      evaluation split with no readable sample, a Ray run that failed for good
+  2   refused before training: a bad job config, missing shards, a checkpoint that cannot be
+      resumed (none usable, or another model), output.dir in use by another run
+  75  stopped by a signal (train.stop_signals) after checkpointing the step it reached; the same
+      command with train.resume=auto carries on (docs/preemption.md)
+  130 interrupted by Ctrl-C: nothing after the last checkpoint was kept
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
+from vldist.checkpoint import CheckpointError, CheckpointWriteError
+from vldist.compat import IncompatibleCheckpoint
 from vldist.config import (
     ConfigError, DataConfig, JobConfig, deep_merge, describe_keys, find_job_file, job_config_class,
     list_job_files, parse_overrides, read_yaml, validate,
 )
-from vldist.data.shardset import ShardSet, ShardsNotFoundError
+from vldist.data.shardset import ShardSet, ShardsNotFoundError, ShardsUnfitError
 from vldist import ray_launcher
+from vldist.distributed.collectives import gather_objects
 from vldist.distributed.engine import make_engine
+from vldist.eval_split import EmptySplitError
+from vldist.preemption import EXIT_STOPPED, TrainingStopped, stop_requests
 from vldist.recipes import RECIPES, get_recipe
-from vldist.report import chance_recall, retrieval_table
+from vldist.report import retrieval_report
+from vldist.run_lock import OutputDirInUse, RunLock
 from vldist.telemetry.prometheus import start_rank_metrics
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
 SYNTH_DIR = DataConfig.model_fields["shards"].default
+
+REFUSED = (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
+           OutputDirInUse)  # exit 2
+FAILED = (ray_launcher.RunFailed, CheckpointWriteError, EmptySplitError)  # exit 1, with NonFiniteLossError
 
 
 def config_class(recipe: str) -> type[JobConfig]:
@@ -76,54 +98,83 @@ def usage(job: str) -> str:
     return "\n".join(lines)
 
 
-def run(config: JobConfig, on_checkpoint=None) -> dict | None:
+def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None) -> dict | None:
     """Train in this process, one rank of however many the launcher started; rank 0 returns the
-    results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint."""
+    results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint.
+    A stop signal (or `stop_file` appearing) ends it with TrainingStopped after a checkpoint."""
     from vldist.trainer import Trainer
 
-    engine = make_engine(config)
-    if not engine.is_main:
-        logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
-    shards = open_shards(config) if engine.is_main else None
-    engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
-    shards = shards or ShardSet.open(config.data.shards)
-    recipe_cls = get_recipe(config.recipe)
-    recipe = recipe_cls(config, shards.vocab(config.output_dir), shards.feature_dim())
-    log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
-             engine.world_size, config.output_dir)
-    metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
+    with stop_requests(config.train.stop_signals, stop_file) as stop:
+        engine = make_engine(config)
+        metrics = None
+        try:
+            with output_dir_lock(engine, config.output_dir):
+                if not engine.is_main:
+                    logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
+                shards = open_shards(config) if engine.is_main else None
+                engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
+                shards = shards or ShardSet.open(config.data.shards)
+                recipe_cls = get_recipe(config.recipe)
+                recipe = recipe_cls(config, shards.vocab(config.output_dir), shards.feature_dim())
+                log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
+                         engine.world_size, config.output_dir)
+                metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
+                results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop).fit()
+                return results if engine.is_main else None
+        finally:
+            if metrics is not None:
+                metrics.close(config.metrics.linger_seconds)
+            engine.close()
+
+
+@contextmanager
+def output_dir_lock(engine, directory: Path):
+    """Rank 0 holds the output directory for the run; if another run holds it, every rank refuses."""
+    lock, error = None, None
+    if engine.is_main:
+        try:
+            lock = RunLock(directory).acquire()
+        except OutputDirInUse as err:
+            error = str(err)
+    refused = [e for e in gather_objects(error) if e]
+    if refused:
+        raise OutputDirInUse(refused[0])
     try:
-        results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics).fit()
-        return results if engine.is_main else None
+        yield
     finally:
-        if metrics is not None:
-            metrics.close(config.metrics.linger_seconds)
-        engine.close()
+        if lock is not None:
+            lock.release()
 
 
 def print_results(config: JobConfig, results: dict) -> None:
     recipe = get_recipe(config.recipe)(config, vocab=None)
     test = results["test"]
-    rows = {"chance": chance_recall(test["n_images"], config.model.captions_per_image)}
+    rows = {"chance": test["chance"]}
     if "untrained" in results:
         rows["untrained"] = recipe.headline(results["untrained"])
     rows["trained"] = recipe.headline(test)
     print(f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} images, "
-          f"{results['steps']} steps in {results['wall_seconds']:.0f} s")
-    print(retrieval_table(rows))
-    if "1k_5fold" in test:
-        print("1K five-fold:\n" + retrieval_table({"trained": test["1k_5fold"]}))
+          f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s")
+    print(retrieval_report(rows, test, config.eval.split))
     out = config.output_dir
     print(f"checkpoint: {out / 'checkpoints' / 'best'}   metrics: {out / 'metrics.json'}")
 
 
+def _speaks() -> bool:
+    """Rank 0 (or a single process) reports errors; the other ranks reached the same verdict."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from vldist.trainer import NonFiniteLossError
+
     argv = list(sys.argv[1:] if argv is None else argv)
     job, overrides = split_args([a for a in argv if a not in ("-h", "--help")])
     if len(argv) != len([a for a in argv if a not in ("-h", "--help")]):
         print(usage(job))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    code, message = 0, None
     try:
         config = load_config(job, overrides)
         if ray_launcher.wanted(config):
@@ -131,12 +182,19 @@ def main(argv: list[str] | None = None) -> int:
             config = ray_launcher.worker_config(config)  # where the results were written
         else:
             results = run(config)
-    except (ConfigError, ShardsNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ray_launcher.RunFailed as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except REFUSED as err:
+        code, message = 2, f"error: {err}"
+    except (*FAILED, NonFiniteLossError) as err:
+        code, message = 1, f"error: {err}"
+    except (TrainingStopped, ray_launcher.RunStopped) as err:
+        code, message = EXIT_STOPPED, str(err)
+    except KeyboardInterrupt:
+        code, message = 130, ("interrupted: nothing after the last checkpoint was kept (train.resume=latest "
+                              "carries on from it; train.stop_signals=[SIGTERM,SIGUSR1,SIGINT] checkpoints on Ctrl-C)")
+    if message is not None:
+        if _speaks():
+            print(message, file=sys.stderr)
+        return code
     if results is not None:  # rank 0
         print_results(config, results)
     return 0

@@ -2,7 +2,8 @@
 
 fit() builds the model, streams batches, takes optimizer steps, checkpoints (every N steps and at
 each epoch end, resumable to the exact batch), validates each epoch keeping the best snapshot by
-validation rsum (as VSRN does), and evaluates the best snapshot on the test split.
+validation rsum (as VSRN does), and evaluates the best snapshot on the test split. On a stop
+request (preemption.py) every rank finishes the same step, checkpoints it and raises TrainingStopped.
 """
 
 from __future__ import annotations
@@ -10,23 +11,27 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
+from vldist import compat
 from vldist.checkpoint import (
-    CheckpointError, begin, commit, load_model_state, load_train_state, prune, step_checkpoints, step_name,
-    temporary_path, verify, write_files,
+    CheckpointError, CheckpointWriteError, begin, commit, load_model_state, load_train_state, prune, read_config,
+    read_meta, step_checkpoints, step_name, temporary_path, verify, write_files,
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.data.pipeline import (
-    EvalStream, ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
+    ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
 )
 from vldist.data.shardset import ShardSet
 from vldist.distributed.collectives import gather_objects, global_sum
+from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
+from vldist.preemption import StopRequest, TrainingStopped
 from vldist.recipes.base import Recipe
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
@@ -77,24 +82,18 @@ def build_scheduler(config: JobConfig, optimizer, steps_per_epoch: int, total_st
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def eval_loader(config: JobConfig, recipe: Recipe, shards: ShardSet, split: str):
-    """Every sample of a split once, in one process: what the retrieval protocol scores."""
-    spec = StreamSpec(
-        urls=shards.urls(split), keep=recipe.sample_keys, sample_fn=recipe.eval_sample,
-        collate_fn=recipe.collate_eval, batch_size=config.data.eval_batch_size, seed=config.seed,
-    )
-    return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)))
-
-
 def _to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet, on_checkpoint=None, metrics=None):
+    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet, on_checkpoint=None, metrics=None,
+                 stop: StopRequest | None = None):
         self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
         self.on_checkpoint = on_checkpoint  # called on every rank after each step checkpoint (Ray reports it)
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
+        self.stop = stop or StopRequest()  # fed by signals (or Ray's stop file) while training runs
+        self._saved_step: int | None = None  # the step of the newest step checkpoint this process wrote
         self.flops = FlopCounter(device_peak(engine.device, config.engine.mixed_precision) if metrics else None)
         self.out_dir = config.output_dir
         self.ckpt_dir = self.out_dir / "checkpoints"
@@ -158,7 +157,8 @@ class Trainer:
         """This epoch's micro-batches, tagged with their stream; streams take turns step by step."""
         for stream in self.train_streams.values():
             stream.epoch = epoch
-        loaders = {name: iter(make_loader(s, self.config.data.workers)) for name, s in self.train_streams.items()}
+        workers, shielded = self.config.data.workers, self.stop.signals
+        loaders = {name: iter(make_loader(s, workers, shielded)) for name, s in self.train_streams.items()}
         while loaders:
             for name in list(loaders):
                 for _ in range(self.accumulation):
@@ -177,10 +177,10 @@ class Trainer:
         result = None
         model = self.engine.evaluation_model(self.recipe.build_model)  # collective
         if self.engine.is_main:
-            samples = self.shards.num_samples(split)
-            total = math.ceil(samples / self.config.data.eval_batch_size) if samples else None
-            loader = eval_batches(eval_loader(self.config, self.recipe, self.shards, split), total, split, True)
-            result = self.recipe.evaluate(model, loader, self.engine.device)
+            loader = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
+            batches = eval_batches(loader, eval_batch_count(self.config, self.shards, split), split, True)
+            where = f"the {split} split of {self.shards.directory}"
+            result = evaluate_split(self.recipe, model, batches, self.engine.device, where)
         self.engine.barrier()
         return result
 
@@ -188,6 +188,9 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> float:
         """The rest of one epoch (from the data position on resume); returns its mean loss."""
+        if self.state.epoch_step >= self.steps_per_epoch or self.state.step >= self.total_steps:
+            # resumed from a stop after this epoch's (or the run's) last step: only its end remains
+            return self.state.epoch_loss_sum / self.state.epoch_step
         self.recipe.start_epoch(epoch)
         t = self.config.train
         self.model.train()
@@ -197,6 +200,7 @@ class Trainer:
             if index < replay:
                 continue  # the stream is seeded per epoch, so skipping replays the exact position
             skipped += batch.pop("skipped", 0)
+            batch.pop("skip_reasons", None)  # the warnings have shown them
             pending.append(batch)
             if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
                 continue
@@ -207,7 +211,9 @@ class Trainer:
             # the last exact-epoch batch can be ragged, so count rather than assume
             local = sum(_batch_size(b) for b in pending)
             self.flops.counted(counter, local)
-            n = int(global_sum(torch.tensor(local)))
+            # One all-reduce: the global sample count, and whether any rank was asked to stop (a
+            # signal may reach one rank only; all then stop after this same step).
+            n, stopping = (int(v) for v in global_sum(torch.tensor([local, int(self.stop.requested)])))
             if self.engine.device.type == "cuda":
                 torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
             self._observe_step(local, time.perf_counter() - step_start, wait, losses, skipped)
@@ -220,13 +226,17 @@ class Trainer:
             self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr())
             if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
                 self.save_step()
+            if stopping:
+                self._stop()
             if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
                 break
             fetch_start = time.perf_counter()
         if self.state.epoch_step == 0:
-            raise RuntimeError(
-                f"epoch {epoch + 1} yielded no training batches: every sample of {self.config.data.shards} "
-                "was skipped as corrupt or the train split is empty (see the warnings above)"
+            raise EmptySplitError(
+                f"epoch {epoch + 1} yielded no training batches: every sample of the {self.config.data.train_split} "
+                f"split of {self.config.data.shards} was skipped as unreadable, or the split is empty (the warnings "
+                f"above give the first reasons). `python -m vldist.shards verify {self.config.data.shards}` lists "
+                "every problem."
             )
         return self.state.epoch_loss_sum / self.state.epoch_step
 
@@ -269,10 +279,12 @@ class Trainer:
         summed = dict(zip(losses, totals.tolist()))
         if not math.isfinite(summed["loss"]):
             parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
+            saved = step_checkpoints(self.ckpt_dir)
+            restart = (f"carry on from the last checkpoint, {saved[-1]}, with train.resume=latest (nothing was "
+                       "saved after it)" if saved else "start again (no checkpoint was written before it)")
             raise NonFiniteLossError(
                 f"non-finite loss at step {self.state.step + 1}, update '{update}' ({parts}). Lower train.lr or set "
-                "train.grad_clip, check the shards for bad features, and restart from the last checkpoint "
-                f"in {self.ckpt_dir} (nothing was saved after it)."
+                f"train.grad_clip, check the shards for bad features, and {restart}."
             )
         return summed
 
@@ -286,10 +298,12 @@ class Trainer:
             self.state.untrained = self.evaluate(cfg.eval.split)
             if self.engine.is_main:
                 log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(self.state.untrained)))
-        while self.state.step < self.total_steps:
+        while self.state.step < self.total_steps or self._epoch_end_pending():
             epoch = self.state.epoch
             train_loss = self.train_epoch(epoch)
             self._end_of_epoch(epoch, train_loss)
+            if bool(global_sum(torch.tensor(int(self.stop.requested)))):  # asked during validation
+                self._stop()
         self.progress.close()
         train_seconds = time.perf_counter() - start
         best = self.ckpt_dir / "best"
@@ -310,6 +324,25 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
+
+    def _epoch_end_pending(self) -> bool:
+        """A stop after an epoch's last step checkpointed before the epoch's end (validation, best
+        snapshot) ran; a resumed run does that first."""
+        last = self.state.history[-1]["step"] if self.state.history else 0
+        return self.state.epoch_step > 0 and last != self.state.step
+
+    def _stop(self) -> None:
+        """Every rank, together: checkpoint the step reached (unless that is done) and stop."""
+        reasons = [r for r in gather_objects(self.stop.reason) if r]
+        reason = reasons[0] if reasons else "a stop request"
+        if self._saved_step != self.state.step:
+            self.save_step()
+        checkpoint = self.ckpt_dir / step_name(self.state.step)
+        self.progress.write(f"stopped by {reason} after step {self.state.step}: checkpoint {checkpoint}")
+        self.progress.record({"event": "stopped", "step": self.state.step, "reason": reason,
+                              "checkpoint": str(checkpoint)})
+        self.progress.close()
+        raise TrainingStopped(self.state.step, checkpoint, reason)
 
     def _end_of_epoch(self, epoch: int, train_loss: float) -> None:
         """After an epoch, or after the last step (which may fall mid-epoch: then the data position
@@ -338,6 +371,7 @@ class Trainer:
     def save_step(self) -> None:
         meta = {"step": self.state.step, "epoch": self.state.epoch}
         self.save(step_name(self.state.step), meta)
+        self._saved_step = self.state.step
         if self.engine.is_main:
             prune(self.ckpt_dir, self.config.train.keep_last)
         if self.on_checkpoint is not None:
@@ -345,17 +379,14 @@ class Trainer:
 
     def save(self, name: str, meta: dict) -> None:
         """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
-        shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all."""
+        shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all.
+        A write that fails on any rank (a full disk) fails the save on every rank together."""
         directory, start = self.ckpt_dir / name, time.perf_counter()
         rng_states = gather_objects(torch.get_rng_state())
         model_state = self.engine.model_state_dict()  # whole weights on rank 0
-        if self.engine.is_main:
-            begin(directory)
-        self.engine.barrier()
-        tmp = temporary_path(directory)
-        self.engine.save_training_state(tmp)
-        self.engine.barrier()  # every rank's files are written
-        if self.engine.is_main:
+        tmp, main = temporary_path(directory), self.engine.is_main
+
+        def write_rest() -> None:
             write_files(
                 tmp,
                 model_state=model_state,
@@ -367,12 +398,41 @@ class Trainer:
                 config_yaml=to_yaml(self.config),
                 vocab=self.recipe.vocab,
                 meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size,
-                      "engine": self.config.engine.backend},
+                      "engine": self.config.engine.backend, "feature_dim": self.recipe.feature_dim,
+                      "vocab_size": len(self.recipe.vocab)},
             )
             commit(tmp, directory)
-        self.engine.barrier()  # no rank reads or replaces a checkpoint that is still being written
+
+        self._write_together(directory, (lambda: begin(directory)) if main else None)
+        self._write_together(directory, lambda: self.engine.save_training_state(tmp))  # every rank's files
+        # the last agreement is also the barrier: no rank reads a checkpoint still being written
+        self._write_together(directory, write_rest if main else None)
         if self.metrics is not None:
             self.metrics.observe_checkpoint(time.perf_counter() - start)
+
+    def _write_together(self, directory: Path, write) -> None:
+        """Collective: run this rank's part of a checkpoint write, then agree that all succeeded."""
+        error = None
+        if write is not None:
+            try:
+                write()
+            except Exception as err:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError (torch) or SafetensorError
+                error = f"{type(err).__name__}: {err}"
+        errors = [e for e in gather_objects(error) if e]
+        if not errors:
+            return
+        if self.engine.is_main:
+            shutil.rmtree(temporary_path(directory), ignore_errors=True)  # give the space back
+        previous = step_checkpoints(self.ckpt_dir)
+        # torch reports a full disk as "unexpected pos ...": say it in words when that is the cause
+        free = shutil.disk_usage(self.ckpt_dir).free
+        needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0
+        full = f" The disk is full: {free / 2**20:.1f} MiB free, a checkpoint takes {needed / 2**20:.1f} MiB." \
+            if free < needed else ""
+        kept = (f"The previous checkpoint {previous[-1]} is complete and usable: free space (or move output.dir "
+                "to a larger disk) and run again with train.resume=latest to carry on from it."
+                if previous else "No earlier checkpoint exists: free space and start the run again.")
+        raise CheckpointWriteError(f"cannot write checkpoint {directory}: {errors[0]}.{full} {kept}")
 
     def _maybe_resume(self) -> None:
         how = self.config.train.resume
@@ -395,6 +455,7 @@ class Trainer:
         # Every rank checks every file first and so reaches the same verdict: a damaged
         # checkpoint is skipped by all ranks together, before any collective load starts.
         verify(path)
+        self._check_fits(path)
         train_state = load_train_state(path)
         self.engine.load_model_state(load_model_state(path))
         self.engine.load_training_state(path)
@@ -409,6 +470,18 @@ class Trainer:
         if self.engine.is_main:
             log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step,
                      self.state.epoch + 1, self.state.epoch_step)
+
+
+    def _check_fits(self, path: Path) -> None:
+        """Refuse, with the reason, a checkpoint of another model than this job builds (IncompatibleCheckpoint
+        is no CheckpointError: an older checkpoint of the same run would not fit either)."""
+        meta = read_meta(path)
+        saved = compat.checkpoint_shapes(path / "model.safetensors")
+        saved = {compat.upgrade_parameter_names([n], meta)[n]: shape for n, shape in saved.items()}
+        compat.check_fits(
+            path, compat.expected_shapes(self.recipe.build_model), saved, meta, read_config(path),
+            self.config.model_dump(mode="json"), self.recipe.feature_dim, len(self.recipe.vocab), "resume from",
+        )
 
 
 def _batch_size(batch: dict) -> int:

@@ -1,7 +1,12 @@
-"""VSRN trains on converted shards: COCO-style Karpathy images with CNN grid features, and
-SCAN-style precomputed features as given."""
+"""VSRN trains on converted shards: COCO-style Karpathy images with CNN grid features, SCAN-style
+precomputed features as given, and a folder of images with one caption each."""
 
-from dataset_fixtures import make_karpathy, make_precomp
+import json
+import subprocess
+import sys
+
+import pytest
+from dataset_fixtures import make_karpathy, make_precomp, make_scene_folder
 
 from vldist.shards.__main__ import main
 from vldist.train import load_config, run
@@ -44,3 +49,30 @@ def test_vsrn_learns_from_precomputed_features(tmp_path):
     trained, untrained = results["test"]["full"], results["untrained"]["full"]
     # planted: every caption names the words its image's regions encode
     assert trained["i2t_r1"] > 30 and trained["rsum"] > 3 * untrained["rsum"], (trained, untrained)
+
+
+def test_a_folder_with_one_caption_per_image_trains_and_evaluates_from_the_cli(tmp_path):
+    """Evaluation takes the captions each image has: here one, so i2t finds 1 of N captions."""
+    make_scene_folder(tmp_path / "photos", {"train": 240, "val": 20, "test": 60})
+    out = tmp_path / "shards"
+    _convert("folder", "--src", tmp_path / "photos", "--out", out, "--features", "--feature-size", "48",
+             "--region-grid", "2")
+    run = tmp_path / "run"
+    train = _cli("vldist.train", "vsrn", f"data.shards={out}", f"output.dir={run}", "train.epochs=6",
+                 "data.batch_size=32", "data.max_regions=5", "model.max_violation=false", *SMALL_MODEL)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert "test split: 60 images, 60 captions" in train.stdout
+    metrics = json.loads((run / "metrics.json").read_text())
+    test = metrics["test"]
+    assert test["n_images"] == test["n_captions"] == 60 and test["skipped_samples"] == 0
+    assert test["chance"]["i2t_r1"] == pytest.approx(100 / 60) and test["chance"]["t2i_r1"] == pytest.approx(100 / 60)
+    assert test["full"]["rsum"] > 1.5 * metrics["untrained"]["full"]["rsum"], (test["full"], metrics["untrained"])
+
+    evaluated = _cli("vldist.evaluate", str(run), "--json")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    printed = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
+    assert printed["full"] == pytest.approx(test["full"]) and printed["n_captions"] == 60
+
+
+def _cli(module, *args):
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, timeout=600)

@@ -19,7 +19,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import free_port, free_port_pair
+from helpers import PREEMPT_EPOCH_STEPS, PREEMPT_JOB, free_port, free_port_pair, stop_event, wait_for_step
+
+from vldist.checkpoint import verify
 
 pytest.importorskip("ray")
 
@@ -152,3 +154,34 @@ def test_a_bad_config_fails_fast_with_the_config_error(ray_head, tmp_path):
     assert "Traceback" not in out
     assert time.time() - started < 60
     assert not (tmp_path / "vsrn").exists()  # no worker started
+
+
+def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_head, planted_shards, tmp_path):
+    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, "train.epochs=4"]
+    # Ray kills the driver RAY_JOB_STOP_WAIT_TIME_S after `ray job stop` (3 s by default): give the
+    # workers the time a step and a checkpoint take, as docs/preemption.md tells users to.
+    runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}})
+    submit = subprocess.run([*RAY, "job", "submit", "--address", ray_head, "--no-wait", "--runtime-env-json",
+                             runtime_env, "--", sys.executable, "-m", "vldist.train", "vsrn", *job],
+                            capture_output=True, text=True, timeout=120)
+    assert submit.returncode == 0, submit.stderr
+    job_id = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr).group(0)
+    run = tmp_path / "vsrn"
+    wait_for_step(run, 5)
+    stop = subprocess.run([*RAY, "job", "stop", "--address", ray_head, job_id], capture_output=True, text=True,
+                          timeout=120)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    logs = subprocess.run([*RAY, "job", "logs", "--address", ray_head, job_id], capture_output=True, text=True,
+                          timeout=60).stdout
+    assert "asking the workers to checkpoint and stop" in logs and "stopped by SIGTERM" in logs, logs[-4000:]
+    step = stop_event(run)["step"]  # where the workers were: `ray job stop` itself takes a few seconds
+    assert 5 <= step < 4 * PREEMPT_EPOCH_STEPS
+    verify(run / "checkpoints" / f"step-{step:08d}")
+    assert json.loads((run / "stopped.json").read_text())["step"] == step
+
+    again = _submit(ray_head, *job)  # the same job, submitted again
+    out = again.stdout + again.stderr
+    assert again.returncode == 0 and "succeeded" in out, out[-4000:]
+    assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'}" in out
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == 4 * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2

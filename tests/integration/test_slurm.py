@@ -1,4 +1,5 @@
-"""cluster/slurm/train.sbatch on a real one-node Slurm cluster: 2 srun tasks form one process group."""
+"""cluster/slurm/train.sbatch on a real one-node Slurm cluster: 2 srun tasks form one process group,
+and the time-limit warning checkpoints, requeues and resumes the job."""
 
 import json
 import subprocess
@@ -9,13 +10,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from helpers import (  # noqa: E402
+    PREEMPT_EPOCH_STEPS, PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, stop_event, wait_for_step, weights,
+)
 from slurm_cluster import available, slurm_cluster  # noqa: E402
 
+from vldist.checkpoint import step_checkpoints  # noqa: E402
 from vldist.distributed.launch_env import adopt_slurm_environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-JOB = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "data.batch_size=32",
-       "data.shuffle_buffer=100", "data.eval_batch_size=64", "train.epochs=3", "engine.sync_batchnorm=true"]
 
 
 def test_srun_tasks_are_mapped_and_the_batch_step_is_not():
@@ -29,28 +32,51 @@ def test_srun_tasks_are_mapped_and_the_batch_step_is_not():
     assert not adopt_slurm_environment(under_torchrun) and under_torchrun["WORLD_SIZE"] == "4"
 
 
+def _job(env, job_id: str) -> str:
+    return subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
+
+
 @pytest.mark.skipif(available() is not None, reason=str(available()))
-def test_sbatch_job_trains_on_two_ranks(planted_shards, tmp_path):
+def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(planted_shards, tmp_path,
+                                                                               two_rank_reference):
+    """The job's --signal=B:USR1 warning reaches the batch script, which forwards it to the 2 srun
+    ranks; they checkpoint the step reached and the script requeues the job, which resumes from it
+    and ends with the weights of an uninterrupted 2-rank run."""
     out = tmp_path / "run"
     with slurm_cluster(tmp_path / "slurm") as env:
         submit = subprocess.run(
             ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
              f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}",
              "--export=ALL,MASTER_ADDR=127.0.0.1,PYTHON=" + sys.executable,
-             str(REPO / "cluster/slurm/train.sbatch"), "vsrn", f"data.shards={planted_shards}", f"output.dir={out}", *JOB],
+             str(REPO / "cluster/slurm/train.sbatch"), "vsrn", f"data.shards={planted_shards}", f"output.dir={out}",
+             *PREEMPT_JOB],
             env=env, capture_output=True, text=True, timeout=30,
         )
         assert submit.returncode == 0, submit.stderr
         job_id = submit.stdout.strip().split(";")[0]
-        deadline = time.time() + 400
-        while subprocess.run(["squeue", "-h", "-j", job_id], env=env, capture_output=True, text=True).stdout.strip():
-            assert time.time() < deadline, "the Slurm job did not finish in time"
-            time.sleep(1)
-        state = subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
+        wait_for_step(out, 5)
+        # What the time-limit warning does (--signal=B:USR1@N): USR1 to the batch script alone.
+        subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=env, check=True, timeout=30)
+        deadline = time.time() + 300
+        while "Restarts=1" not in (state := _job(env, job_id)) or "JobState=PENDING" not in state:
+            assert "JobState=COMPLETED" not in state and "JobState=FAILED" not in state, state
+            assert time.time() < deadline, "the job was not requeued"
+            time.sleep(0.5)
+        stopped_at = stop_event(out)["step"]
+        assert [p.name for p in step_checkpoints(out / "checkpoints")] == [f"step-{stopped_at:08d}"]
+        # Slurm holds a requeued job for about two minutes before it may start again; skip the wait.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env=env, check=True, timeout=30)
+        while "JobState=COMPLETED" not in (state := _job(env, job_id)):
+            assert "JobState=FAILED" not in state and "JobState=CANCELLED" not in state, state
+            assert time.time() < deadline, "the requeued job did not finish"
+            time.sleep(0.5)
     log = (tmp_path / f"slurm-{job_id}.out").read_text()
-    assert "JobState=COMPLETED" in state or (out / "metrics.json").exists(), log[-3000:]
-    assert "ExitCode=0:0" in state, state + log[-3000:]
+    assert "time limit near" in log and log.count("SIGUSR1 received") == 2
+    assert f"requeueing job {job_id}" in log and "start 2 on" in log
+    assert f"resumed from {out / 'checkpoints' / f'step-{stopped_at:08d}'}" in log
+    assert 5 <= stopped_at < PREEMPT_EPOCH_STEPS  # mid-epoch, where no periodic checkpoint falls
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["world_size"] == 2
-    assert metrics["steps"] == 3 * 7  # what torchrun and one process take for this job
+    assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1
+    final = f"step-{PREEMPT_STEPS:08d}"
+    assert_same_weights(weights(out / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))
     assert "terminate called" not in log

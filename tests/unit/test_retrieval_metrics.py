@@ -1,10 +1,14 @@
-"""Retrieval metrics against hand-computed ranks and a brute-force VSE++ reimplementation."""
+"""Retrieval metrics against hand-computed ranks and brute-force references (VSE++ and a sort per query)."""
+
+import itertools
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
 from vldist.metrics import retrieval_protocols, retrieval_recall
+from vldist.report import chance_recall
 
 KEYS = {"i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
         "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum"}
@@ -221,3 +225,209 @@ def test_non_finite_rejected(bad):
 def test_bad_fold_size():
     with pytest.raises(ValueError, match="fold_size"):
         retrieval_protocols(perfect(3, 5), fold_size=0)
+
+
+# --- any number of captions per image (`caption_images`) ---
+
+def brute_ranks(sims, caption_images):
+    """1-based i2t and t2i ranks by sorting every query's candidates; ties go against the query."""
+    sims, caption_images = np.asarray(sims).tolist(), list(caption_images)
+    n_images, n_captions = len(sims), len(caption_images)
+    i2t = []
+    for i in range(n_images):
+        # Best score first; at equal score a caption of image i goes after the other captions.
+        order = sorted(range(n_captions), key=lambda j: (-sims[i][j], caption_images[j] == i))
+        i2t.append(next(pos for pos, j in enumerate(order, 1) if caption_images[j] == i))
+    t2i = []
+    for j in range(n_captions):
+        true = caption_images[j]
+        order = sorted(range(n_images), key=lambda i: (-sims[i][j], i == true))
+        t2i.append(order.index(true) + 1)
+    return i2t, t2i
+
+
+def brute_metrics(sims, caption_images):
+    out = {}
+    for prefix, ranks in zip(("i2t", "t2i"), brute_ranks(sims, caption_images)):
+        for k in (1, 5, 10):
+            out[f"{prefix}_r{k}"] = 100 * sum(r <= k for r in ranks) / len(ranks)
+        s, m = sorted(ranks), len(ranks)
+        out[f"{prefix}_medr"] = float(s[m // 2] if m % 2 else (s[m // 2 - 1] + s[m // 2]) // 2)
+        out[f"{prefix}_meanr"] = sum(ranks) / m
+    out["rsum"] = sum(out[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+    return out
+
+
+def mixed_set(n_images, seed, counts=(1, 2, 5)):
+    """Images with 1, 2 or 5 captions, the captions shuffled into a random column order."""
+    rng = np.random.default_rng(seed)
+    per_image = rng.choice(counts, size=n_images)
+    caption_images = rng.permutation(np.repeat(np.arange(n_images), per_image))
+    n_captions = len(caption_images)
+    sims = rng.normal(size=(n_images, n_captions))
+    sims[caption_images, np.arange(n_captions)] += 1.5  # weakly informative: ranks spread out
+    # One decimal: a few dozen distinct scores, so ground truths tie with negatives all the time.
+    return np.round(sims, 1), caption_images, per_image
+
+
+@pytest.mark.parametrize("n_images,seed", [(40, 0), (40, 1), (300, 2)])
+def test_mixed_caption_counts_match_bruteforce(n_images, seed):
+    # 300 images exceed one chunk of rows (256), so chunk boundaries are exercised too.
+    sims, caption_images, per_image = mixed_set(n_images, seed)
+    assert set(per_image.tolist()) == {1, 2, 5}
+    # Deliberate ties: image 0's best caption ties with one negative and caption 0's true image
+    # ties with another image, on top of the many ties from rounding.
+    own0 = np.flatnonzero(caption_images == 0)
+    neg0 = np.flatnonzero(caption_images != 0)[0]
+    sims[0, neg0] = sims[0, own0].max()
+    sims[(caption_images[0] + 1) % n_images, 0] = sims[caption_images[0], 0]
+    expected = brute_metrics(sims, caption_images)
+    out = retrieval_recall(sims, caption_images=caption_images)
+    assert set(out) == KEYS and all(type(v) is float for v in out.values())
+    assert 0 < out["i2t_r1"] < 100 and 0 < out["t2i_r1"] < 100
+    for k in KEYS:
+        assert out[k] == pytest.approx(expected[k], abs=1e-9), k
+    # Both directions are sensitive to the tie rule: breaking ties for the query scores better.
+    best_own = [sims[i, caption_images == i].max() for i in range(n_images)]
+    optimistic_i2t = [1 + np.sum((sims[i] > best_own[i]) & (caption_images != i))
+                      for i in range(n_images)]
+    assert np.mean(optimistic_i2t) < out["i2t_meanr"]
+
+
+def test_one_caption_per_image_in_random_order():
+    # Image i's caption sits in column perm[i]; image 2 prefers the caption of image 0.
+    perm = np.array([3, 0, 4, 1, 2])
+    caption_images = np.argsort(perm)  # caption in column perm[i] describes image i
+    sims = np.zeros((5, 5))
+    sims[np.arange(5), perm] = 1.0
+    sims[2, perm[0]] = 2.0
+    out = retrieval_recall(sims, caption_images=caption_images)
+    assert out["i2t_r1"] == 80.0 and out["i2t_meanr"] == pytest.approx(6 / 5)  # image 2: rank 2
+    assert out["t2i_r1"] == 80.0 and out["t2i_meanr"] == pytest.approx(6 / 5)  # caption of image 0
+
+
+@pytest.mark.parametrize("n_images,cpi,seed", [(40, 5, 0), (300, 2, 1), (25, 1, 2)])
+def test_regular_layout_as_caption_images_is_identical(n_images, cpi, seed):
+    rng = np.random.default_rng(seed)
+    sims = np.round(rng.normal(size=(n_images, n_images * cpi)) + 1.5 * perfect(n_images, cpi), 1)
+    caption_images = np.repeat(np.arange(n_images), cpi)
+    ref = retrieval_recall(sims, cpi)
+    assert retrieval_recall(sims, caption_images=caption_images) == ref
+    assert retrieval_recall(sims, caption_images=caption_images.tolist()) == ref
+    assert retrieval_recall(sims, caption_images=torch.from_numpy(caption_images)) == ref
+    # Column order does not matter as long as caption_images follows the columns.
+    perm = rng.permutation(n_images * cpi)
+    assert retrieval_recall(sims[:, perm], caption_images=caption_images[perm]) == ref
+    ref_protocols = retrieval_protocols(sims, cpi, fold_size=5)
+    assert "1k_5fold" in ref_protocols
+    assert retrieval_protocols(sims[:, perm], cpi, 5, caption_images=caption_images[perm]) == ref_protocols
+
+
+def test_captions_per_image_is_ignored_with_caption_images():
+    sims, caption_images, _ = mixed_set(12, 3)
+    ref = retrieval_recall(sims, caption_images=caption_images)
+    assert retrieval_recall(sims, 3, caption_images=caption_images) == ref
+    assert retrieval_protocols(sims, 7, 2, caption_images=caption_images)["full"] == ref
+
+
+def test_1k_folds_by_images_with_variable_caption_counts():
+    # 23 images: 5 folds of 4 images, the last 3 images belong to no fold.
+    fold = 4
+    sims, caption_images, _ = mixed_set(23, 4)
+    out = retrieval_protocols(sims, fold_size=fold, caption_images=caption_images)
+    per_fold = []
+    for f in range(5):
+        images = range(f * fold, (f + 1) * fold)
+        cols = [j for j, i in enumerate(caption_images) if i in images]
+        sub = [[sims[i, j] for j in cols] for i in images]
+        per_fold.append(brute_metrics(sub, [caption_images[j] - f * fold for j in cols]))
+    assert set(out) == {"full", "1k_5fold"}
+    for k in KEYS:
+        assert out["1k_5fold"][k] == pytest.approx(np.mean([m[k] for m in per_fold]), abs=1e-9), k
+    assert out["full"] == pytest.approx(brute_metrics(sims, caption_images), abs=1e-9)
+    # Folds of 4 images are far easier than all 23: the two results must really differ.
+    assert out["1k_5fold"]["rsum"] > out["full"]["rsum"]
+
+
+@pytest.mark.parametrize("caption_images,match", [
+    ([0, 0, 2, 2], r"image 1 has no caption"),
+    ([0, 1, 1, 1], r"image 2 has no caption.*i2t is undefined"),
+    ([0, 1, 3, 2], r"caption_images\[2\] = 3 is out of range.*0\.\.2"),
+    ([0, -1, 1, 2], r"caption_images\[1\] = -1 is out of range"),
+    ([0, 1, 2], r"one image index per caption \(sims.shape\[1\] = 4\), got shape \(3,\)"),
+    ([[0, 1, 2, 2]], r"1-D"),
+    ([0.0, 1.0, 2.0, 2.0], r"integer image indices"),
+    ([True, False, True, True], r"integer image indices"),
+])
+def test_bad_caption_images_say_what_is_wrong(caption_images, match):
+    sims = np.zeros((3, 4))
+    with pytest.raises(ValueError, match=match):
+        retrieval_recall(sims, caption_images=caption_images)
+    with pytest.raises(ValueError, match=match):
+        retrieval_protocols(sims, caption_images=np.array(caption_images))
+
+
+def test_caption_images_sims_checks():
+    with pytest.raises(ValueError, match=r"2-D \(n_images x n_captions\)"):
+        retrieval_recall(np.zeros(4), caption_images=[0, 0, 0, 0])
+    with pytest.raises(ValueError, match="n_images >= 1"):
+        retrieval_recall(np.zeros((0, 2)), caption_images=[0, 0])
+    sims = np.eye(3)
+    sims[2, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        retrieval_recall(sims, caption_images=[0, 1, 2])
+
+
+# --- chance level ---
+
+def exact_chance_by_enumeration(caption_counts, k):
+    """i2t/t2i R@K of a uniformly random ranking, by enumerating every top-K set / image order."""
+    owner = [i for i, c in enumerate(caption_counts) for _ in range(c)]
+    n_images, n_caps = len(caption_counts), len(owner)
+    tops = list(itertools.combinations(range(n_caps), min(k, n_caps)))
+    i2t = Fraction(sum(sum(any(owner[j] == i for j in top) for top in tops)
+                       for i in range(n_images)), n_images * len(tops))
+    orders = list(itertools.permutations(range(n_images)))
+    t2i = Fraction(sum(order.index(0) < k for order in orders), len(orders))
+    return 100 * i2t, 100 * t2i
+
+
+@pytest.mark.parametrize("caption_counts", [[1, 2, 5, 1, 3], [5, 5], [1] * 6, [2, 1, 1, 1, 1, 1, 1, 1, 1]])
+def test_chance_recall_with_caption_counts_matches_enumeration(caption_counts):
+    out = chance_recall(len(caption_counts), caption_counts=caption_counts)
+    for k in (1, 5, 10):
+        i2t, t2i = exact_chance_by_enumeration(caption_counts, k)
+        assert out[f"i2t_r{k}"] == pytest.approx(float(i2t), rel=1e-12), k
+        assert out[f"t2i_r{k}"] == pytest.approx(float(t2i), rel=1e-12), k
+    assert out["rsum"] == pytest.approx(sum(v for key, v in out.items() if key != "rsum"))
+
+
+def test_chance_recall_coco_size_matches_product_form():
+    rng = np.random.default_rng(0)
+    counts = rng.choice([1, 2, 5, 7], size=5000)
+    n_caps = int(counts.sum())
+    out = chance_recall(5000, caption_counts=counts)
+    for k in (1, 5, 10):
+        # P(no caption of the image in the top K) = prod_t (N - c - t) / (N - t).
+        miss = [np.prod([(n_caps - c - t) / (n_caps - t) for t in range(k)]) for c in counts]
+        assert out[f"i2t_r{k}"] == pytest.approx(100 * (1 - np.mean(miss)), rel=1e-9), k
+        assert out[f"t2i_r{k}"] == pytest.approx(100 * k / 5000)
+
+
+def test_chance_recall_regular_layout_unchanged():
+    for n, cpi in [(5000, 5), (1000, 5), (31783, 1), (7, 2)]:
+        assert chance_recall(n, cpi) == chance_recall(n, 3, caption_counts=[cpi] * n)
+    # One caption per image: i2t R@K = K / N exactly, like t2i.
+    assert chance_recall(5000, 1)["i2t_r1"] == pytest.approx(100 / 5000, rel=1e-15)
+    assert chance_recall(5000, 1)["i2t_r10"] == pytest.approx(100 * 10 / 5000, rel=1e-15)
+    # Fewer captions than K: every caption is in the top K.
+    assert chance_recall(1, 5)["i2t_r10"] == 100.0
+
+
+def test_chance_recall_bad_caption_counts():
+    with pytest.raises(ValueError, match="image 1 has caption count 0"):
+        chance_recall(3, caption_counts=[1, 0, 2])
+    with pytest.raises(ValueError, match=r"3 entries; expected one per image \(n_images=4\)"):
+        chance_recall(4, caption_counts=[1, 1, 2])
+    with pytest.raises(ValueError, match="integer counts"):
+        chance_recall(2, caption_counts=[1, 2.5])

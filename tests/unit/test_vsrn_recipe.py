@@ -51,7 +51,7 @@ def test_regions_beyond_max_are_truncated_and_bad_features_rejected():
         _recipe().train_sample(raw, random.Random(0))
 
 
-def test_eval_samples_keep_five_captions_and_a_fixed_region_order():
+def test_eval_samples_keep_up_to_five_captions_and_a_fixed_region_order():
     recipe = _recipe("model.region_order=random")
     a = recipe.eval_sample(_raw("img7"), random.Random(0))
     b = recipe.eval_sample(_raw("img7"), random.Random(99))
@@ -89,3 +89,46 @@ def test_hardest_negatives_start_after_the_warmup():
     recipe.start_epoch(2)
     assert recipe.hardest_negatives
     assert _recipe("model.max_violation_warmup_epochs=0").hardest_negatives  # no warm-up: the paper's loss from the first step
+
+
+def _raw_with(key, captions, seed):
+    feats = np.random.default_rng(seed).standard_normal((3, 6)).astype(np.float32)
+    buf = io.BytesIO()
+    np.save(buf, feats)
+    return {"__key__": key, "json": json.dumps({"captions": captions}).encode(), "regions.npy": buf.getvalue()}
+
+
+def test_evaluation_takes_every_caption_an_image_has_and_ranks_as_a_brute_force_count():
+    """Images with 1, 2 and 5 captions (7 with the cap at 5): the protocol scores the captions each
+    image has. Reference: every image's best own caption and every caption's image, counted by hand
+    from the model's own embeddings, ties against the query."""
+    torch.manual_seed(0)
+    recipe = _recipe()
+    model = recipe.build_model().eval()
+    words = ["a", "red", "circle", "blue", "square"]
+    counts = [1, 2, 5, 1, 7, 2, 1, 5]
+    rng = random.Random(0)
+    samples = [recipe.eval_sample(_raw_with(f"k{i}", [" ".join(rng.choices(words, k=3)) for _ in range(n)], i), rng)
+               for i, n in enumerate(counts)]
+    kept = [min(n, 5) for n in counts]  # eval.max_captions_per_image
+    assert [len(s["captions"]) for s in samples] == kept
+    batches = [recipe.collate_eval(samples[:3]), recipe.collate_eval(samples[3:])]
+    result = recipe.evaluate(model, batches, torch.device("cpu"))
+    assert result["n_images"] == 8 and result["n_captions"] == sum(kept)
+
+    with torch.no_grad():
+        images = torch.cat([model.embed_images(b["regions"], b["mask"]) for b in batches])
+        captions = torch.cat([model.embed_captions(b["tokens"], b["lengths"]) for b in batches])
+    sims = (images @ captions.T).double()
+    owner = [i for i, n in enumerate(kept) for _ in range(n)]
+    i2t, t2i = [], []
+    for i in range(len(kept)):
+        best = max(sims[i, j] for j in range(len(owner)) if owner[j] == i)
+        i2t.append(1 + sum(1 for j in range(len(owner)) if owner[j] != i and sims[i, j] >= best))
+    for j, i in enumerate(owner):
+        t2i.append(1 + sum(1 for k in range(len(kept)) if k != i and sims[k, j] >= sims[i, j]))
+    for k in (1, 5, 10):
+        assert result["full"][f"i2t_r{k}"] == pytest.approx(100 * np.mean([r <= k for r in i2t]))
+        assert result["full"][f"t2i_r{k}"] == pytest.approx(100 * np.mean([r <= k for r in t2i]))
+    assert result["full"]["i2t_meanr"] == pytest.approx(np.mean(i2t))
+    assert result["chance"]["t2i_r1"] == pytest.approx(100 / 8)

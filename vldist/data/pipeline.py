@@ -11,6 +11,7 @@ about what a sample holds beyond the tar member names it is told to keep.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vldist.data.skips import skipped
+from vldist.preemption import ignore_in_worker
 
 SampleFn = Callable[[dict, random.Random], "dict | None"]
 CollateFn = Callable[[list[dict]], dict]
@@ -80,12 +82,35 @@ def _batches(spec: StreamSpec, samples: Iterator[dict], limit: int | None, parti
                 return
     if buf and partial:
         yield _collate(spec, buf)
+    if partial and skipped.pending:  # skips after the last batch (or a shard with no good sample)
+        count, reasons = skipped.take()
+        yield {"skipped": count, "skip_reasons": reasons, "only_skips": True}
 
 
 def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
     batch = spec.collate_fn(samples)
-    batch["skipped"] = skipped.take()
+    batch["skipped"], batch["skip_reasons"] = skipped.take()
     return batch
+
+
+class _ShardDraws:
+    """Endless shard draws with replacement, which end once many draws in a row gave no readable
+    sample: with every shard corrupt, drawing would otherwise never end (the trainer then reports
+    an epoch without batches)."""
+
+    def __init__(self, urls: list[str], rng: random.Random):
+        self.urls, self.rng = urls, rng
+        self.fruitless = 0  # draws since the last readable sample
+
+    def __iter__(self) -> Iterator[str]:
+        while self.fruitless <= 2 * len(self.urls) + 8:
+            self.fruitless += 1
+            yield self.rng.choice(self.urls)
+
+    def count_readable(self, samples: Iterator[dict]) -> Iterator[dict]:
+        for sample in samples:
+            self.fruitless = 0
+            yield sample
 
 
 class TrainStream(IterableDataset):
@@ -104,8 +129,8 @@ class TrainStream(IterableDataset):
         if mine == 0:
             return
         rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch))
-        urls = iter(lambda: rng.choice(self.spec.urls), None)  # endless draws with replacement
-        samples = _decoded(self.spec, urls, rng)
+        draws = _ShardDraws(self.spec.urls, rng)
+        samples = draws.count_readable(_decoded(self.spec, iter(draws), rng))
         if self.shuffle_buffer > 1:
             samples = wds.filters._shuffle(samples, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
         yield from _batches(self.spec, samples, limit=mine, partial=False)
@@ -186,7 +211,8 @@ def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
     return max(1, math.ceil(samples_per_epoch / global_batch))
 
 
-def make_loader(stream: IterableDataset, workers: int) -> DataLoader:
+def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> DataLoader:
+    """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself)."""
     return DataLoader(
         stream,
         batch_size=None,  # the stream batches itself
@@ -195,6 +221,7 @@ def make_loader(stream: IterableDataset, workers: int) -> DataLoader:
         # random stream (dropout) depending on when loaders are created, breaking exact resume.
         generator=torch.Generator().manual_seed(0),
         persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
+        worker_init_fn=functools.partial(ignore_in_worker, tuple(shielded_signals)) if workers else None,
         pin_memory=torch.cuda.is_available(),
         prefetch_factor=4 if workers else None,
     )

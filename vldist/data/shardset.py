@@ -17,6 +17,10 @@ class ShardsNotFoundError(FileNotFoundError):
     """The shard directory or a split in it is missing; the message says how to make it."""
 
 
+class ShardsUnfitError(ValueError):
+    """The shard set lacks what the recipe reads (e.g. region features); the message says how to add it."""
+
+
 def _how_to_build(directory: Path) -> str:
     return (
         f"Build the embedded dataset with `python -m vldist.shards synth --out {directory}`, "
@@ -41,7 +45,7 @@ class ShardSet:
             try:
                 manifest = json.loads(manifest_path.read_text())
             except ValueError as err:
-                raise ValueError(f"{manifest_path} is not valid JSON ({err}); rebuild or fix the shard set") from err
+                raise ShardsUnfitError(f"{manifest_path} is not valid JSON ({err}); rebuild or fix the shard set") from err
         return cls(directory, manifest)
 
     def urls(self, split: str) -> list[str]:
@@ -88,7 +92,10 @@ class ShardSet:
         """The set's vocab.json, else one built from the train captions and cached in `cache_dir`."""
         for path in (self.directory / "vocab.json", cache_dir / "vocab.json"):
             if path.is_file():
-                return Vocab.load(path)
+                try:
+                    return Vocab.load(path)
+                except ValueError as err:
+                    raise ShardsUnfitError(str(err)) from None
         vocab = Vocab.build(self._train_captions())
         cache_dir.mkdir(parents=True, exist_ok=True)
         vocab.save(cache_dir / "vocab.json")

@@ -1,7 +1,8 @@
 """Counting and rate-limited reporting of corrupt samples that the pipeline skips.
 
 Each loader worker is its own process, so each has its own counter; the pipeline attaches the
-number skipped since the last batch to every batch (`batch["skipped"]`), and the trainer sums them.
+number skipped since the last batch to every batch (`batch["skipped"]`, with the first reasons in
+`batch["skip_reasons"]`), and the trainer and the evaluation sum them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ log = logging.getLogger("vldist.data")
 class SkipCounter:
     """A webdataset error handler: counts the failure, warns at a bounded rate, continues."""
 
-    def __init__(self, first_warnings: int = 5, then_every_seconds: float = 30.0):
+    def __init__(self, first_warnings: int = 5, then_every_seconds: float = 30.0, reasons_kept: int = 3):
         self.total = 0
         self.pending = 0  # skipped since the last take()
+        self.reasons: list[str] = []  # the first few since the last take(), to explain an empty split
+        self.reasons_kept = reasons_kept
         self.first_warnings = first_warnings
         self.then_every_seconds = then_every_seconds
         self._last_warning = 0.0
@@ -26,6 +29,8 @@ class SkipCounter:
     def __call__(self, exn: BaseException) -> bool:
         self.total += 1
         self.pending += 1
+        if len(self.reasons) < self.reasons_kept:
+            self.reasons.append(f"{type(exn).__name__}: {exn}")
         now = time.monotonic()
         if self.total <= self.first_warnings or now - self._last_warning >= self.then_every_seconds:
             extra = f" ({self._suppressed} more not shown)" if self._suppressed else ""
@@ -36,9 +41,10 @@ class SkipCounter:
             self._suppressed += 1
         return True  # tell webdataset to continue with the next sample
 
-    def take(self) -> int:
-        n, self.pending = self.pending, 0
-        return n
+    def take(self) -> tuple[int, list[str]]:
+        """(samples skipped since the last take, the first reasons among them)."""
+        n, reasons, self.pending, self.reasons = self.pending, self.reasons, 0, []
+        return n, reasons
 
 
 # One per process: the loader workers each get their own copy when they start.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vldist.config import REPO_ROOT, ConfigError
+from vldist.config import PACKAGE_DIR, ConfigError
 
 # DeepSpeed keys the job config owns, and the job key to use instead.
 OWNED_KEYS = {
@@ -27,13 +27,14 @@ OWNED_KEYS = {
 
 
 def find_deepspeed_file(name: str) -> Path:
-    candidates = [Path(name), REPO_ROOT / name]
+    """A path as given (from the working directory), else a file shipped with vldist ('jobs/deepspeed/...')."""
+    candidates = [Path(name), PACKAGE_DIR / name]
     for path in candidates:
         if path.is_file():
             return path
-    shipped = sorted(str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "jobs" / "deepspeed").glob("*.json"))
+    shipped = sorted(str(p.relative_to(PACKAGE_DIR)) for p in (PACKAGE_DIR / "jobs" / "deepspeed").glob("*.json"))
     raise ConfigError(
-        f"engine.deepspeed_config: no file '{name}' (looked in . and {REPO_ROOT}). Shipped: {', '.join(shipped)}"
+        f"engine.deepspeed_config: no file '{name}' (looked in . and {PACKAGE_DIR}). Shipped: {', '.join(shipped)}"
     )
 
 

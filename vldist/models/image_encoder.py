@@ -27,7 +27,7 @@ class RegionReasoningEncoder(nn.Module):
         gcn_kernel: str = "auto",
     ):
         super().__init__()
-        self.fc = xavier_linear(nn.Linear(region_dim, embed_size))
+        self.region_projection = xavier_linear(nn.Linear(region_dim, embed_size))  # W_f
         self.rrr = nn.ModuleList(
             RegionRelationReasoning(embed_size, affinity_norm, gcn_kernel) for _ in range(rrr_layers)
         )
@@ -37,7 +37,7 @@ class RegionReasoningEncoder(nn.Module):
     def forward(self, regions: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """regions (B, K, F), mask (B, K) with real regions first -> (I (B, D), V* (B, K, D))."""
         keep = mask.unsqueeze(-1)
-        v = l2norm(self.fc(regions)) * keep
+        v = l2norm(self.region_projection(regions)) * keep
         for layer in self.rrr:
             v = layer(v, mask)
         v_star = l2norm(v) * keep

@@ -20,8 +20,10 @@ from torch import nn
 
 from vldist.config import Section
 from vldist.data.collate import pad_regions, pad_tokens
+from vldist.data.shardset import ShardsUnfitError
 from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.metrics import retrieval_protocols
+from vldist.report import chance_recall
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.image_encoder import RegionReasoningEncoder
 from vldist.models.text_encoder import GRUTextEncoder
@@ -48,7 +50,6 @@ class VSRNConfig(Section):
     max_violation_warmup_epochs: int = Field(
         0, ge=0, description="epochs of sum-over-negatives before hardest negatives (VSE-infinity's warm-up; paper: 0)"
     )
-    captions_per_image: int = Field(5, ge=1, description="reference captions per image in evaluation")
     gather_negatives: bool = Field(
         True, description="hardest negatives over the global batch (all ranks); False: each rank's slice only"
     )
@@ -103,7 +104,11 @@ class VSRNRecipe(Recipe):
 
     def build_model(self) -> nn.Module:
         if self.feature_dim is None:
-            raise ValueError("the shard set does not say its region feature size (manifest features.dim)")
+            raise ShardsUnfitError(
+                f"the shard set {self.config.data.shards} has no region features (no features.dim in its manifest, "
+                "no regions.npy in its samples), and VSRN reads them. Convert the images again with --features "
+                "(python -m vldist.shards convert FORMAT ... --features)."
+            )
         return VSRNModel(self.cfg, self.feature_dim, len(self.vocab))
 
     # ------------------------------------------------------------------ samples and batches
@@ -143,15 +148,13 @@ class VSRNRecipe(Recipe):
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         raw = self._decode(raw)
-        cpi = self.cfg.captions_per_image
-        captions = raw["meta"]["captions"]
-        if len(captions) < cpi:
-            raise ValueError(f"sample {raw['__key__']} has {len(captions)} captions; evaluation needs {cpi}")
+        # every caption the image has, up to the protocol's cap (COCO: the first 5 of 5-7)
+        captions = raw["meta"]["captions"][: self.config.eval.max_captions_per_image]
         region_rng = random.Random(raw["__key__"])  # a fixed order per image in evaluation
         return {
             "key": raw["__key__"],
             "regions": self._regions(raw, region_rng),
-            "captions": [self.vocab.encode(c, self.config.data.max_caption_len) for c in captions[:cpi]],
+            "captions": [self.vocab.encode(c, self.config.data.max_caption_len) for c in captions],
         }
 
     def collate_train(self, samples: list[dict]) -> dict:
@@ -163,7 +166,8 @@ class VSRNRecipe(Recipe):
     def collate_eval(self, samples: list[dict]) -> dict:
         regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
         tokens, lengths = pad_tokens([c for s in samples for c in s["captions"]])
-        return {"keys": [s["key"] for s in samples], "regions": regions, "mask": mask, "tokens": tokens, "lengths": lengths}
+        return {"keys": [s["key"] for s in samples], "regions": regions, "mask": mask, "tokens": tokens,
+                "lengths": lengths, "caption_counts": [len(s["captions"]) for s in samples]}
 
     # ------------------------------------------------------------------ losses and evaluation
 
@@ -185,17 +189,19 @@ class VSRNRecipe(Recipe):
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device) -> dict:
         was_training = model.training
         model.eval()
-        images, captions, keys = [], [], []
+        images, captions, counts = [], [], []
         for batch in batches:
             images.append(model.embed_images(batch["regions"].to(device), batch["mask"].to(device)).float().cpu())
             captions.append(model.embed_captions(batch["tokens"].to(device), batch["lengths"].to(device)).float().cpu())
-            keys.extend(batch["keys"])
+            counts.extend(batch["caption_counts"])
         model.train(was_training)
         if not images:
             raise RuntimeError("the evaluation split yielded no samples (all missing or corrupt?)")
         sims = torch.cat(images) @ torch.cat(captions).T
-        result = retrieval_protocols(sims, self.cfg.captions_per_image, self.config.eval.fold_size)
-        result["n_images"] = len(keys)
+        caption_images = np.repeat(np.arange(len(counts)), counts)  # captions come image by image
+        result = retrieval_protocols(sims, fold_size=self.config.eval.fold_size, caption_images=caption_images)
+        result.update(n_images=len(counts), n_captions=int(sum(counts)),
+                      chance=chance_recall(len(counts), caption_counts=counts))
         return result
 
     def headline(self, metrics: dict) -> dict[str, float]:

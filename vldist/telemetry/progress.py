@@ -61,9 +61,14 @@ class TrainingProgress:
                 log.info(line)
 
     def record(self, entry: dict) -> None:
-        if self.enabled:
+        if not self.enabled or self.jsonl is None:
+            return
+        try:
             with open(self.jsonl, "a") as fh:
                 fh.write(json.dumps({"time": time.time(), **entry}) + "\n")
+        except OSError as err:  # a full disk: training goes on, and the checkpoint save reports it
+            log.warning("cannot append to %s (%s); progress records stop here, progress lines go on", self.jsonl, err)
+            self.jsonl = None
 
     def close(self) -> None:
         self.bar.close()

@@ -1,0 +1,113 @@
+"""VSRN's ablation (the paper's Table 4) in miniature, on the embedded synthetic scenes.
+
+    python bench/vsrn_ablation.py [--root runs/vsrn_ablation] [--seeds 0 1 2] [--rows gsr full]
+
+Trains the demo job (jobs/vsrn.yaml, 600 steps) once per row and seed, each as its own
+`python -m vldist.train vsrn ... output.dir=<root>/<row>/seed<k>` process:
+
+    mean-pool   Mean-pool baseline       model.rrr_layers=0 model.global_reasoning=mean
+    gsr         GSR only (0 RRR layers)  model.rrr_layers=0
+    gsr-star    4RRR + GSR*              model.caption_loss=false   (no generation loss L_G)
+    full        4RRR + GSR               the demo's defaults
+
+A run whose metrics.json exists is not run again, so an interrupted bench resumes where it
+stopped. Then prints a markdown table (mean ± sample std over seeds of the test recalls and rsum,
+and each seed's rsum) and writes it with the raw numbers to <root>/ablation.json. Each run's log
+is <root>/<row>/seed<k>/train.log. On a 2-core CPU a run takes about 4-6 minutes, so the 12 runs
+of the default take about an hour; `--steps 5` makes a quick smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (key, label, overrides): in the paper's order, weakest first
+ROWS = [
+    ("mean-pool", "Mean-pool", ["model.rrr_layers=0", "model.global_reasoning=mean"]),
+    ("gsr", "GSR", ["model.rrr_layers=0"]),
+    ("gsr-star", "4RRR + GSR*", ["model.caption_loss=false"]),
+    ("full", "4RRR + GSR", []),
+]
+# (metrics.json key, column): R@1s and rsum first, R@5/R@10 after
+COLUMNS = [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum"),
+           ("i2t_r5", "i2t R@5"), ("i2t_r10", "i2t R@10"), ("t2i_r5", "t2i R@5"), ("t2i_r10", "t2i R@10")]
+
+
+def train(run_dir: Path, overrides: list[str], seed: int, args: argparse.Namespace) -> float:
+    """Train one (row, seed) in a fresh process, its output in run_dir/train.log; seconds taken."""
+    argv = [*overrides, f"seed={seed}", "eval.baseline=false", "metrics.enabled=false", f"output.dir={run_dir}"]
+    if args.steps is not None:
+        argv.append(f"train.max_steps={args.steps}")
+    if args.shards is not None:
+        argv.append(f"data.shards={args.shards}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(run_dir / "train.log", "w") as log:
+        done = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", *argv], stdout=log,
+                              stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        sys.exit(f"{run_dir}: training failed (exit {done.returncode}), see {run_dir / 'train.log'}")
+    return time.perf_counter() - start
+
+
+def mean_std(values: list[float]) -> str:
+    """'m ± s' with the sample std; just 'm' for one value."""
+    if len(values) < 2:
+        return f"{values[0]:.1f}"
+    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def table(results: dict, seeds: list[int]) -> str:
+    head = ["row", *(name for _, name in COLUMNS), "rsum per seed"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, runs in results.items():
+        cells = [mean_std([runs[s]["test"][key] for s in seeds]) for key, _ in COLUMNS]
+        per_seed = " / ".join(f"{runs[s]['test']['rsum']:.1f}" for s in seeds)
+        lines.append("| " + " | ".join([label, *cells, per_seed]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path("runs/vsrn_ablation"))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rows", nargs="+", choices=[key for key, _, _ in ROWS], default=[key for key, _, _ in ROWS])
+    parser.add_argument("--steps", type=int, help="train.max_steps (default: the job's 600), for a smoke run")
+    parser.add_argument("--shards", help="data.shards (default: the job's shards/synth, built on first use)")
+    args = parser.parse_args()
+    root = args.root.resolve()
+
+    results, raw = {}, {}
+    for key, label, overrides in ROWS:
+        if key not in args.rows:
+            continue
+        results[label], raw[key] = {}, {"label": label, "overrides": overrides, "seeds": {}}
+        for seed in args.seeds:
+            run_dir = root / key / f"seed{seed}"
+            seconds = None  # not run now: metrics.json from an earlier invocation
+            if not (run_dir / "metrics.json").exists():
+                seconds = train(run_dir, overrides, seed, args)
+            metrics = json.loads((run_dir / "metrics.json").read_text())
+            results[label][seed] = {"test": metrics["test"]["full"]}
+            raw[key]["seeds"][seed] = {"test": metrics["test"]["full"], "steps": metrics["steps"],
+                                       "best_epoch": metrics["best_epoch"], "process_seconds": seconds,
+                                       "trainer_wall_seconds": metrics["wall_seconds"]}
+            took = "kept" if seconds is None else f"{seconds:.0f} s"
+            print(f"{label}, seed {seed}: rsum {metrics['test']['full']['rsum']:.1f} ({took})", flush=True)
+
+    text = table(results, args.seeds)
+    print("\n" + text)
+    (root / "ablation.json").write_text(json.dumps({"table": text, "seeds": args.seeds, "rows": raw}, indent=2) + "\n")
+    print(f"\n{root / 'ablation.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Stop requests (vldist/preemption.py) and the output directory's lock (vldist/run_lock.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from vldist.preemption import (
+    StopRequest, read_stop_file, signal_numbers, stop_requests, write_stop_file,
+)
+from vldist.run_lock import OutputDirInUse, RunLock, check_free
+
+
+def test_signal_names_with_or_without_sig_and_unknown_ones_refused():
+    assert signal_numbers(["SIGTERM", "usr1", "SIGUSR2"]) == [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2]
+    with pytest.raises(ValueError, match="'SIGFOO' is not a signal name"):
+        signal_numbers(["SIGFOO"])
+
+
+def test_an_unknown_signal_in_the_job_is_a_config_error():
+    from vldist.config import ConfigError
+    from vldist.train import load_config
+
+    with pytest.raises(ConfigError, match="train.stop_signals.*'SIGFOO' is not a signal name"):
+        load_config("vsrn", ["train.stop_signals=[SIGTERM,SIGFOO]"])
+
+
+def test_a_signal_is_recorded_a_second_is_acknowledged_and_handlers_come_back(capfd):
+    before = signal.getsignal(signal.SIGUSR1)
+    with stop_requests(["SIGUSR1"]) as stop:
+        assert not stop.requested
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.requested and stop.reason == "SIGUSR1"
+        os.kill(os.getpid(), signal.SIGUSR1)  # still alive: the second one is only acknowledged
+        assert stop.reason == "SIGUSR1"
+        # a stop was requested: on leaving, the process is on its way out and keeps ignoring it
+    assert signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN
+    signal.signal(signal.SIGUSR1, before)
+    err = capfd.readouterr().err
+    assert "SIGUSR1 received: finishing this step" in err and "received again: already stopping" in err
+    with stop_requests(["SIGUSR1"]) as stop:
+        pass
+    assert signal.getsignal(signal.SIGUSR1) == before  # no stop: the previous handler is back
+
+
+def test_a_forked_child_ignores_the_inherited_handler():
+    """Data-loader workers are forked from the trainer with its handler; a group-wide SIGTERM must
+    neither kill them nor count as their own stop."""
+    with stop_requests(["SIGTERM"]) as stop:
+        pid = os.fork()
+        if pid == 0:  # the child: survive our own SIGTERM, then exit 0 only if nothing was recorded
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            os._exit(0 if stop.reason is None else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert not stop.requested
+
+
+def test_the_watched_file_is_a_request_read_at_most_once_a_second(tmp_path):
+    path = tmp_path / ".stop-request"
+    stop = StopRequest(watch_file=path)
+    assert not stop.requested
+    write_stop_file(path, "SIGTERM")
+    assert not stop.requested  # looked less than a second ago
+    stop._next_look = 0.0
+    assert stop.requested and stop.reason.startswith("SIGTERM (relayed by pid")
+    assert read_stop_file(tmp_path / "absent") is None
+
+
+def test_the_lock_refuses_a_second_holder_naming_it_and_dies_with_its_process(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            from vldist.run_lock import RunLock
+            RunLock({str(tmp_path)!r}).acquire()
+            print("held", flush=True)
+            time.sleep(60)
+        """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirInUse) as refused:
+            RunLock(tmp_path).acquire()
+        message = str(refused.value)
+        assert f"pid {holder.pid} on host" in message and "set another output.dir" in message
+    finally:
+        holder.kill()  # SIGKILL: no chance to clean up
+        holder.wait()
+    check_free(tmp_path)  # the kernel dropped the lock with the process
+    with RunLock(tmp_path):
+        pass

@@ -1,0 +1,59 @@
+"""Evaluating a whole split: every sample once, in one process, with the skipped ones accounted for.
+
+The retrieval protocol ranks every image against every caption, so a sample skipped as unreadable
+changes what is measured: the result says how many were skipped, and a split that loses every
+sample is an error that gives the first reasons.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
+
+
+class EmptySplitError(RuntimeError):
+    """Every sample of an evaluation split was skipped; the message gives the first reasons."""
+
+
+def eval_loader(config, recipe, shards, split: str, shielded_signals=()):
+    spec = StreamSpec(
+        urls=shards.urls(split), keep=recipe.sample_keys, sample_fn=recipe.eval_sample,
+        collate_fn=recipe.collate_eval, batch_size=config.data.eval_batch_size, seed=config.seed,
+    )
+    return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)), shielded_signals)
+
+
+def eval_batch_count(config, shards, split: str) -> int | None:
+    samples = shards.num_samples(split)
+    return math.ceil(samples / config.data.eval_batch_size) if samples else None
+
+
+class SkipTally:
+    """Strips the skip reports off evaluation batches and adds them up."""
+
+    def __init__(self, where: str):
+        self.where, self.count, self.reasons, self.batches_seen = where, 0, [], 0
+
+    def batches(self, loader):
+        for batch in loader:
+            self.count += batch.pop("skipped", 0)
+            self.reasons += batch.pop("skip_reasons", [])[: max(0, 3 - len(self.reasons))]
+            if batch.pop("only_skips", False):
+                continue
+            self.batches_seen += 1
+            yield batch
+        if not self.batches_seen:
+            first = "\n  ".join(self.reasons) or "(no sample was read: are the shards empty?)"
+            raise EmptySplitError(
+                f"{self.where} yielded no samples: {self.count} were skipped as unreadable. The first reasons:\n  "
+                f"{first}\nRun `python -m vldist.shards verify <shard dir>` to list every problem."
+            )
+
+
+def evaluate_split(recipe, model, loader, device, where: str) -> dict:
+    """recipe.evaluate over the loader's batches, plus `skipped_samples` in the result."""
+    tally = SkipTally(where)
+    result = recipe.evaluate(model, tally.batches(loader), device)
+    result["skipped_samples"] = tally.count
+    return result

@@ -1,0 +1,130 @@
+"""Stop requests: a signal makes training finish its step, checkpoint and exit, instead of dying.
+
+Schedulers ask a job to stop with a signal some time before they kill it:
+- Slurm: SIGTERM on preemption and `scancel`; the time-limit warning `--signal=B:USR1@<s>`, which
+  `cluster/slurm/train.sbatch` forwards to the ranks and answers with a requeue;
+- torchrun: relays the signal it gets to each rank's process group;
+- Kubernetes: SIGTERM to the container's first process;
+- `ray job stop`: SIGTERM to the driver, which relays the request through a file in the run
+  directory (Ray Train workers are actors: no signal reaches them, see ray_launcher.py).
+
+A handler only records the request. The trainer reads it once per optimizer step, and the ranks
+agree through the all-reduce every step already makes (a signal may reach one rank only), so all
+stop after the same step, write one checkpoint together and exit with EXIT_STOPPED. Later signals
+are acknowledged and ignored: the checkpoint being written completes (and were the process killed
+anyway, the atomic write leaves the previous checkpoint intact).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+# sysexits.h EX_TEMPFAIL, "try again later": the run stopped cleanly after writing a checkpoint,
+# and the same command with train.resume=auto carries on. Slurm's train.sbatch requeues on it.
+EXIT_STOPPED = 75
+STOP_FILE = ".stop-request"  # in the run directory: how a Ray driver asks its workers to stop
+
+
+class TrainingStopped(Exception):
+    """Training stopped on request after writing a checkpoint of the step it reached."""
+
+    def __init__(self, step: int, checkpoint: Path, reason: str):
+        self.step, self.checkpoint, self.reason = step, checkpoint, reason
+        super().__init__(
+            f"stopped by {reason} after step {step}; checkpoint {checkpoint}. "
+            "Run the same command with train.resume=auto to carry on from it."
+        )
+
+
+def signal_numbers(names) -> list[signal.Signals]:
+    """['SIGTERM', 'USR1'] -> [Signals.SIGTERM, Signals.SIGUSR1]; unknown names raise ValueError."""
+    out = []
+    for name in names:
+        key = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+        try:
+            out.append(signal.Signals[key])
+        except KeyError:
+            raise ValueError(f"'{name}' is not a signal name (e.g. SIGTERM, SIGUSR1)") from None
+    return out
+
+
+class StopRequest:
+    """Whether a stop was asked for, and by what: a signal to this process or a watched file."""
+
+    def __init__(self, watch_file: Path | None = None):
+        self.reason: str | None = None
+        self.signals: tuple[signal.Signals, ...] = ()
+        self.watch_file = Path(watch_file) if watch_file else None
+        self._pid = os.getpid()
+        self._next_look = 0.0
+
+    @property
+    def requested(self) -> bool:
+        if self.reason is None and self.watch_file is not None and time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + 1.0  # one stat a second, not one a step
+            self.reason = read_stop_file(self.watch_file)
+        return self.reason is not None
+
+    def handle(self, signum, frame) -> None:
+        if os.getpid() != self._pid:
+            return  # a data-loader worker forked from the trainer: the trainer decides, workers go on
+        name = signal.Signals(signum).name
+        # os.write, not logging: a handler may interrupt a logging call in progress
+        if self.reason is None:
+            self.reason = name
+            os.write(2, f"vldist: {name} received: finishing this step, then checkpointing and stopping\n".encode())
+        else:
+            os.write(2, f"vldist: {name} received again: already stopping, the checkpoint is being written\n".encode())
+
+
+@contextmanager
+def stop_requests(signal_names=(), watch_file: Path | None = None):
+    """A StopRequest fed by the named signals while the block runs; the previous handlers come back
+    afterwards, unless a stop was requested: then the process is on its way out, and the signals
+    stay ignored (when one rank exits first, torchrun and srun signal the others, which must not
+    die with -15 instead of their own exit code). Handlers can only be set in the main thread:
+    elsewhere (a Ray Train worker runs the training function in a thread) only the file counts."""
+    stop = StopRequest(watch_file)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        stop.signals = tuple(signal_numbers(signal_names))
+        previous = {sig: signal.signal(sig, stop.handle) for sig in stop.signals}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_IGN if stop.reason else handler)
+
+
+def ignore_in_worker(signals, worker_id: int | None = None) -> None:
+    """worker_init_fn of data loaders: a stop signal sent to the whole process group (torchrun,
+    Slurm) must not kill the loader workers mid-epoch; the trainer stops them when it is done."""
+    for sig in signals:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def write_stop_file(path: Path, reason: str) -> None:
+    """Ask the workers watching `path` to stop (atomically, so a reader never sees half of it)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"reason": reason, "host": socket.gethostname(), "pid": os.getpid(),
+                               "time": time.time()}) + "\n")
+    os.replace(tmp, path)
+
+
+def read_stop_file(path: Path) -> str | None:
+    """The reason recorded in a stop file, or None when there is none."""
+    try:
+        entry = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return "a stop request"  # present but unreadable: still a request
+    return f"{entry.get('reason', 'a stop request')} (relayed by pid {entry.get('pid')} on {entry.get('host')})"
