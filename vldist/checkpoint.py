@@ -218,3 +218,30 @@ def find_checkpoint(path: Path) -> Path:
     if path.is_dir() and not ckpts.is_dir():
         _require_complete(path)  # raises with the precise reason
     raise CheckpointError(f"no complete checkpoint under '{path}'")
+
+
+def check_fits(directory: Path, build_model, job: dict, feature_dim: int | None, vocab_size: int | None,
+               action: str) -> None:
+    """Raise compat.IncompatibleCheckpoint, saying what differs, unless the checkpoint holds the
+    model `build_model()` makes (read from the weights' header alone)."""
+    directory = Path(directory)
+    meta = read_meta(directory)
+    shapes = compat.checkpoint_shapes(directory / "model.safetensors")
+    names = compat.upgrade_parameter_names(shapes, meta)
+    saved = {names[n]: shape for n, shape in shapes.items()}
+    compat.check_fits(directory, compat.expected_shapes(build_model), saved, meta, read_config(directory), job,
+                      feature_dim, vocab_size, action)
+
+
+def write_failed(directory: Path, error: str, checkpoints: Path) -> CheckpointWriteError:
+    """The error for a checkpoint that could not be written: the cause, a full disk said in words
+    (torch reports one as "unexpected pos ..."), and the previous checkpoint, which is intact."""
+    previous = step_checkpoints(checkpoints)
+    free = shutil.disk_usage(checkpoints).free
+    needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0
+    full = (f" The disk is full: {free / 2**20:.1f} MiB free, a checkpoint takes {needed / 2**20:.1f} MiB."
+            if free < needed else "")
+    kept = (f"The previous checkpoint {previous[-1]} is complete and usable: free space (or move output.dir "
+            "to a larger disk) and run again with train.resume=latest to carry on from it."
+            if previous else "No earlier checkpoint exists: free space and start the run again.")
+    return CheckpointWriteError(f"cannot write checkpoint {directory}: {error}.{full} {kept}")

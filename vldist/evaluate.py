@@ -8,7 +8,7 @@ import logging
 import sys
 
 from vldist import compat
-from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, read_config, read_meta
+from vldist.checkpoint import CheckpointError, check_fits, find_checkpoint, load_model_state, read_config
 from vldist.config import ConfigError, JobConfig, job_config_class, validate
 from vldist.data.shardset import ShardSet, ShardsNotFoundError, ShardsUnfitError
 from vldist.data.vocab import Vocab
@@ -21,7 +21,6 @@ from vldist.report import retrieval_report
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
     ckpt = find_checkpoint(path)
     raw = read_config(ckpt)  # keys an older vldist wrote are upgraded
-    trained = dict(raw)
     if shards:
         raw["data"] = {**raw.get("data", {}), "shards": shards}
     recipe_cls = get_recipe(raw["recipe"])
@@ -32,13 +31,11 @@ def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, de
     except ValueError as err:
         raise CheckpointError(f"{err} (the checkpoint's vocabulary: the checkpoint is damaged)") from None
     recipe = recipe_cls(config, vocab, shard_set.feature_dim())
-    state = load_model_state(ckpt)
-    compat.check_fits(ckpt, compat.expected_shapes(recipe.build_model), {n: tuple(t.shape) for n, t in state.items()},
-                      read_meta(ckpt), trained, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab),
-                      "evaluate")
+    check_fits(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab),
+               "evaluate")
     torch_device = pick_device(device)
     model = recipe.build_model()
-    model.load_state_dict(state)
+    model.load_state_dict(load_model_state(ckpt))
     model.to(torch_device)
     where = f"the {split} split of {shard_set.directory}"
     return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), torch_device, where)

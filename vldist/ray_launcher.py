@@ -82,9 +82,9 @@ def _train_worker(payload: dict) -> None:
     if restored is not None:
         # A restart after a failure. Ray hands back the last checkpoint it registered, but
         # registration lags the writes and vldist may have pruned that one since; the run
-        # directory holds every committed checkpoint, so resume from its newest good one.
+        # directory holds every committed checkpoint, and train.resume (auto under Ray, see
+        # worker_config) takes its newest good one.
         log.info("Ray restart: Ray's last checkpoint is %s; resuming from the newest in the run directory", restored.path)
-        config.train.resume = "latest"
 
     def report(path: Path, metrics: dict) -> None:
         checkpoint = ray.train.Checkpoint(path=str(path)) if ray.train.get_context().get_world_rank() == 0 else None

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from vldist import compat
 from vldist.checkpoint import (
-    CheckpointError, CheckpointWriteError, begin, commit, load_model_state, load_train_state, prune, read_config,
-    read_meta, step_checkpoints, step_name, temporary_path, verify, write_files,
+    CheckpointError, begin, check_fits, commit, load_model_state, load_train_state, prune, step_checkpoints,
+    step_name, temporary_path, verify, write_failed, write_files,
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.data.pipeline import (
@@ -423,16 +422,7 @@ class Trainer:
             return
         if self.engine.is_main:
             shutil.rmtree(temporary_path(directory), ignore_errors=True)  # give the space back
-        previous = step_checkpoints(self.ckpt_dir)
-        # torch reports a full disk as "unexpected pos ...": say it in words when that is the cause
-        free = shutil.disk_usage(self.ckpt_dir).free
-        needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0
-        full = f" The disk is full: {free / 2**20:.1f} MiB free, a checkpoint takes {needed / 2**20:.1f} MiB." \
-            if free < needed else ""
-        kept = (f"The previous checkpoint {previous[-1]} is complete and usable: free space (or move output.dir "
-                "to a larger disk) and run again with train.resume=latest to carry on from it."
-                if previous else "No earlier checkpoint exists: free space and start the run again.")
-        raise CheckpointWriteError(f"cannot write checkpoint {directory}: {errors[0]}.{full} {kept}")
+        raise write_failed(directory, errors[0], self.ckpt_dir)
 
     def _maybe_resume(self) -> None:
         how = self.config.train.resume
@@ -455,7 +445,10 @@ class Trainer:
         # Every rank checks every file first and so reaches the same verdict: a damaged
         # checkpoint is skipped by all ranks together, before any collective load starts.
         verify(path)
-        self._check_fits(path)
+        # Another model than this job builds is refused with the reason (IncompatibleCheckpoint is
+        # no CheckpointError: an older checkpoint of the same run would not fit either).
+        check_fits(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
+                   len(self.recipe.vocab), "resume from")
         train_state = load_train_state(path)
         self.engine.load_model_state(load_model_state(path))
         self.engine.load_training_state(path)
@@ -471,17 +464,6 @@ class Trainer:
             log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step,
                      self.state.epoch + 1, self.state.epoch_step)
 
-
-    def _check_fits(self, path: Path) -> None:
-        """Refuse, with the reason, a checkpoint of another model than this job builds (IncompatibleCheckpoint
-        is no CheckpointError: an older checkpoint of the same run would not fit either)."""
-        meta = read_meta(path)
-        saved = compat.checkpoint_shapes(path / "model.safetensors")
-        saved = {compat.upgrade_parameter_names([n], meta)[n]: shape for n, shape in saved.items()}
-        compat.check_fits(
-            path, compat.expected_shapes(self.recipe.build_model), saved, meta, read_config(path),
-            self.config.model_dump(mode="json"), self.recipe.feature_dim, len(self.recipe.vocab), "resume from",
-        )
 
 
 def _batch_size(batch: dict) -> int:

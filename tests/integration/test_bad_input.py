@@ -58,7 +58,7 @@ def test_shards_of_another_feature_width_are_refused_on_resume_and_in_evaluation
     shutil.copytree(trained, run)
     code, err = _train(capsys, f"data.shards={wide}", f"output.dir={run}", "train.epochs=2", "train.resume=latest",
                        *SMALL)
-    assert code == 2 and f"region feature width: checkpoint 32 (trained on" in err and f"shards 48 ({wide})" in err
+    assert code == 2 and "region feature width: checkpoint 32 (trained on" in err and f"shards 48 ({wide})" in err
     code = evaluate_main([str(run), "--shards", str(wide)])
     err = capsys.readouterr().err
     assert code == 2 and "cannot evaluate" in err and "region feature width: checkpoint 32" in err
