@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
 # (key, label, overrides): in the paper's order, weakest first
 ROWS = [
     ("mean-pool", "Mean-pool", ["model.rrr_layers=0", "model.global_reasoning=mean"]),

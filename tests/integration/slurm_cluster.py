@@ -42,6 +42,8 @@ def _config(root: Path) -> str:
         f"SlurmctldPort={_free_port()}",
         f"SlurmdPort={_free_port()}",
         "AuthType=auth/none", "CredType=cred/none",
+        # A requeued job waits until its killed run's credentials expire (120 s by default).
+        "AuthInfo=cred_expire=10",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none", "ReturnToService=2",
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
