@@ -160,7 +160,10 @@ def weights(checkpoint: Path) -> dict:
     return load_file(checkpoint / "model.safetensors")
 
 
-def assert_same_weights(a: dict, b: dict) -> None:
+def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    """Bit for bit by default; `atol` for weights another torch version made (its kernels may round
+    differently)."""
     assert a.keys() == b.keys()
     for name in a:
-        assert (a[name] == b[name]).all(), name
+        gap = (a[name].double() - b[name].double()).abs().max().item() if a[name].numel() else 0.0
+        assert gap <= atol, f"{name}: largest difference {gap:.3g} > {atol}"

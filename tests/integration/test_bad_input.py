@@ -81,7 +81,15 @@ def test_a_checkpoint_of_vldist_0_1_evaluates_and_resumes_as_it_did_then(planted
     assert code == 0, err
     renamed = compat.upgrade_state(_load(OLD / "expected" / "model-step-00000014.safetensors"), {"recipe": "vsrn"})
     assert "image.region_projection.weight" in renamed  # stored as image.fc.weight
-    assert_same_weights(weights(run / "checkpoints" / "step-00000014"), renamed)
+    resumed = weights(run / "checkpoints" / "step-00000014")
+    # 0.1.0 ran on the torch of its day; torch 2.15 rounds some kernels differently (measured:
+    # every tensor within 2e-7). w_r's bias feeds a BatchNorm, which subtracts it again: its
+    # gradient is rounding noise that Adam scales to whole steps, so it (and the running mean it
+    # shifts) follows the rounding of the torch at hand (measured gaps 4e-3 and 7e-4).
+    noise = ("image.rrr.0.w_r.bias", "image.rrr.0.bn.running_mean")
+    assert_same_weights({k: v for k, v in resumed.items() if k not in noise},
+                        {k: v for k, v in renamed.items() if k not in noise}, atol=1e-6)
+    assert_same_weights({k: resumed[k] for k in noise}, {k: renamed[k] for k in noise}, atol=0.02)
     assert json.loads((run / "metrics.json").read_text())["test"]["full"] == pytest.approx(expected["test"]["full"])
 
 
