@@ -43,6 +43,9 @@ class DataConfig(Section):
     )
     max_regions: int = Field(5, ge=1, description="regions per image after padding/truncation (K)")
     max_caption_len: int = Field(32, ge=3, description="tokens per caption incl. <start>/<end>")
+    vocab_min_count: int = Field(
+        1, ge=1, description="words seen fewer times in the train captions become <unk> (captioning papers: 5)"
+    )
 
 
 class TrainConfig(Section):
@@ -101,6 +104,15 @@ class EvalConfig(Section):
     max_captions_per_image: int | None = Field(
         5, ge=1, description="use at most this many captions of each image (COCO/Flickr30K: the first 5); None: all"
     )
+    beam_size: int = Field(3, ge=1, description="captioning: beam width of generation (1: greedy)")
+    max_generated_len: int | None = Field(
+        None, ge=2, description="captioning: most tokens generated, <end> included (default: data.max_caption_len - 1)"
+    )
+    self_retrieval_pool: int = Field(
+        1000, ge=1, description="captioning: images scored against each generated caption (paper: 5000)"
+    )
+    examples: int = Field(5, ge=0, description="captioning: generated captions printed beside their references")
+    meteor_timeout: float = Field(600.0, gt=0, description="seconds METEOR may take before it is ended (reported n/a)")
 
 
 class OutputConfig(Section):

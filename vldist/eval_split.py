@@ -51,9 +51,9 @@ class SkipTally:
             )
 
 
-def evaluate_split(recipe, model, loader, device, where: str) -> dict:
+def evaluate_split(recipe, model, loader, device, where: str, validation: bool = False) -> dict:
     """recipe.evaluate over the loader's batches, plus `skipped_samples` in the result."""
     tally = SkipTally(where)
-    result = recipe.evaluate(model, tally.batches(loader), device)
+    result = recipe.evaluate(model, tally.batches(loader), device, validation=validation)
     result["skipped_samples"] = tally.count
     return result

@@ -15,10 +15,11 @@ from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
 from vldist.eval_split import EmptySplitError, eval_loader, evaluate_split
 from vldist.recipes import get_recipe
-from vldist.report import retrieval_report
 
 
-def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
+def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
+    """(config, recipe, model on the device, shard set) of a checkpoint or a run directory (its
+    best checkpoint); `shards` replaces the shard directory the checkpoint was trained on."""
     ckpt = find_checkpoint(path)
     raw = read_config(ckpt)  # keys an older vldist wrote are upgraded
     if shards:
@@ -33,12 +34,17 @@ def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, de
     recipe = recipe_cls(config, vocab, shard_set.feature_dim())
     check_fits(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab),
                "evaluate")
-    torch_device = pick_device(device)
     model = recipe.build_model()
     model.load_state_dict(load_model_state(ckpt))
-    model.to(torch_device)
+    model.to(pick_device(device)).eval()
+    return config, recipe, model, shard_set
+
+
+def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
+    config, recipe, model, shard_set = load_checkpoint(path, shards, device)
     where = f"the {split} split of {shard_set.directory}"
-    return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), torch_device, where)
+    device = next(model.parameters()).device
+    return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), device, where)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = get_recipe(config.recipe)(config, vocab=None)
     print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} images, "
           f"{metrics['n_captions']} captions")
-    print(retrieval_report({"chance": metrics["chance"], "model": recipe.headline(metrics)}, metrics, args.split))
+    print(recipe.report({"model": metrics}, args.split))
     if args.json:
         print(json.dumps(metrics, indent=2))
     return 0

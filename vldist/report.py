@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import Counter
 from math import comb
@@ -68,4 +69,36 @@ def retrieval_report(rows: dict[str, dict[str, float]], metrics: dict, split: st
     if metrics.get("skipped_samples"):
         lines.append(f"{metrics['skipped_samples']} samples of the {split} split were unreadable and skipped "
                      f"(see the warnings): the protocol ran on the {metrics['n_images']} images that remain")
+    return "\n".join(lines)
+
+
+
+CAPTION_COLUMNS = {"bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4", "meteor": "METEOR",
+                   "rouge_l": "ROUGE-L", "cider_d": "CIDEr-D"}
+
+
+def _score(value: float) -> str:
+    return f"{value:>9.3f}" if math.isfinite(value) else f"{'n/a':>9}"  # METEOR timed out: NaN
+
+
+def caption_report(rows: dict[str, dict], split: str) -> str:
+    """Caption metrics (on pycocoevalcap's scale) and self-retrieval recall (percent) per model,
+    then the last model's example captions beside their references."""
+    last = list(rows.values())[-1]
+    ks = [k for k in last["self_retrieval"] if k.startswith("r")]
+    header = f"{'':<12}" + "".join(f"{name:>9}" for name in CAPTION_COLUMNS.values())
+    lines = [header + "  self-retrieval " + "".join(f"{'R@' + k[1:]:>8}" for k in ks)]
+    for name, m in rows.items():
+        recall = "".join(f"{m['self_retrieval'][k]:>8.2f}" for k in ks)
+        lines.append(f"{name:<12}" + "".join(_score(m["captions"][c]) for c in CAPTION_COLUMNS) + " " * 16 + recall)
+    lines.append(f"self-retrieval: each generated caption ranks the {last['self_retrieval']['n_images']} first "
+                 f"{split} images by ln p(caption | image)")
+    if not math.isfinite(last["captions"]["meteor"]):
+        lines.append("METEOR n/a: it did not finish within eval.meteor_timeout and was ended")
+    for example in last.get("examples", []):
+        lines.append(f"  {example['key']}  generated: {example['generated']}")
+        lines += [f"  {'':<{len(example['key'])}}  reference: {r}" for r in example["references"][:2]]
+    if last.get("skipped_samples"):
+        lines.append(f"{last['skipped_samples']} samples of the {split} split were unreadable and skipped "
+                     f"(see the warnings): the metrics cover the {last['n_images']} images that remain")
     return "\n".join(lines)

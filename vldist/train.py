@@ -15,6 +15,7 @@ Exit codes (the whole catalogue of bad input: docs/bad-input.md):
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -34,7 +35,6 @@ from vldist.distributed.engine import make_engine
 from vldist.eval_split import EmptySplitError
 from vldist.preemption import EXIT_STOPPED, TrainingStopped, stop_requests
 from vldist.recipes import RECIPES, get_recipe
-from vldist.report import retrieval_report
 from vldist.run_lock import OutputDirInUse, RunLock
 from vldist.telemetry.prometheus import start_rank_metrics
 
@@ -115,7 +115,8 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None) ->
                 engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
                 shards = shards or ShardSet.open(config.data.shards)
                 recipe_cls = get_recipe(config.recipe)
-                recipe = recipe_cls(config, shards.vocab(config.output_dir), shards.feature_dim())
+                recipe = recipe_cls(config, shards.vocab(config.output_dir, config.data.vocab_min_count),
+                                    shards.feature_dim())
                 log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
                          engine.world_size, config.output_dir)
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
@@ -147,15 +148,17 @@ def output_dir_lock(engine, directory: Path):
 
 
 def print_results(config: JobConfig, results: dict) -> None:
+    """The results table; a job of several stages shows each stage's model side by side (and the
+    untrained model of the first)."""
     recipe = get_recipe(config.recipe)(config, vocab=None)
     test = results["test"]
-    rows = {"chance": test["chance"]}
-    if "untrained" in results:
-        rows["untrained"] = recipe.headline(results["untrained"])
-    rows["trained"] = recipe.headline(test)
+    stages = results.get("stages", {"trained": results})
+    first = next(iter(stages.values()))
+    rows = {"untrained": first["untrained"]} if "untrained" in first else {}
+    rows.update({name: stage["test"] for name, stage in stages.items()})
     print(f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} images, "
           f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s")
-    print(retrieval_report(rows, test, config.eval.split))
+    print(recipe.report(rows, config.eval.split))
     out = config.output_dir
     print(f"checkpoint: {out / 'checkpoints' / 'best'}   metrics: {out / 'metrics.json'}")
 
@@ -176,12 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     code, message = 0, None
     try:
-        config = load_config(job, overrides)
-        if ray_launcher.wanted(config):
-            results = ray_launcher.launch(config)
-            config = ray_launcher.worker_config(config)  # where the results were written
-        else:
-            results = run(config)
+        config, results = run_stages(load_config(job, overrides))
     except REFUSED as err:
         code, message = 2, f"error: {err}"
     except (*FAILED, NonFiniteLossError) as err:
@@ -198,6 +196,42 @@ def main(argv: list[str] | None = None) -> int:
     if results is not None:  # rank 0
         print_results(config, results)
     return 0
+
+
+def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
+    """Every run of the job in order (Recipe.stages: most jobs are one run), each through Ray when
+    asked. With several stages, stage s writes to <output.dir>/<s> (under Ray: <run dir>/<s>), and
+    a stage other than the last that finished before (its metrics.json is there) is not run again.
+    Returns the last stage's config and, on rank 0, its results with `stages`: every stage's."""
+    use_ray = ray_launcher.wanted(config)
+    if use_ray:  # the stages' directories go under the Ray run directory
+        config = config.model_copy(update={"output": config.output.model_copy(
+            update={"dir": str(ray_launcher.run_dir(config))})})
+    stages = get_recipe(config.recipe).stages(config)
+    done: dict[str, dict] = {}
+    results = None
+    for index, (name, stage) in enumerate(stages):
+        if len(stages) > 1:
+            run_name = f"{config.ray.name.format(recipe=config.recipe)}/{name}"
+            stage = stage.model_copy(update={
+                "output": stage.output.model_copy(update={"dir": str(config.output_dir / name)}),
+                "ray": stage.ray.model_copy(update={"name": run_name}),
+            })
+            finished = stage.output_dir / "metrics.json"
+            if index < len(stages) - 1 and finished.is_file():
+                log.info("stage '%s' finished before: using %s", name, finished)
+                done[name] = json.loads(finished.read_text())
+                continue
+            log.info("stage %d/%d of %s: '%s' (recipe %s), output in %s", index + 1, len(stages), config.recipe,
+                     name, stage.recipe, stage.output_dir)
+        results = ray_launcher.launch(stage) if use_ray else run(stage)
+        if use_ray:
+            stage = ray_launcher.worker_config(stage)  # where the results were written
+        if results is not None:
+            done[name] = results
+    if results is not None and len(stages) > 1:
+        results = {**results, "stages": done}
+    return stage, results
 
 
 if __name__ == "__main__":

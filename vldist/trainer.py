@@ -2,7 +2,7 @@
 
 fit() builds the model, streams batches, takes optimizer steps, checkpoints (every N steps and at
 each epoch end, resumable to the exact batch), validates each epoch keeping the best snapshot by
-validation rsum (as VSRN does), and evaluates the best snapshot on the test split. On a stop
+the recipe's validation score (VSRN: rsum), and evaluates the best snapshot on the test split. On a stop
 request (preemption.py) every rank finishes the same step, checkpoints it and raises TrainingStopped.
 """
 
@@ -179,7 +179,8 @@ class Trainer:
             loader = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
             batches = eval_batches(loader, eval_batch_count(self.config, self.shards, split), split, True)
             where = f"the {split} split of {self.shards.directory}"
-            result = evaluate_split(self.recipe, model, batches, self.engine.device, where)
+            validation = split == self.config.data.val_split and split != self.config.eval.split
+            result = evaluate_split(self.recipe, model, batches, self.engine.device, where, validation)
         self.engine.barrier()
         return result
 
@@ -355,7 +356,8 @@ class Trainer:
         if every and ((finished and (epoch + 1) % every == 0) or self.state.step >= self.total_steps):
             val = self.evaluate(cfg.data.val_split)
             # Rank 0 measured; share its score so every rank agrees on the best epoch.
-            score = float(global_sum(torch.tensor(val["full"]["rsum"] if val else 0.0, dtype=torch.float64)))
+            score = float(global_sum(torch.tensor(self.recipe.selection_score(val) if val else 0.0,
+                                                  dtype=torch.float64)))
             if val:
                 entry["val"] = self.recipe.headline(val)
                 self.progress.write(f"epoch {epoch + 1} validation: {_short(entry['val'])}")

@@ -146,6 +146,26 @@ def test_vocab_is_rebuilt_from_train_captions_when_absent(planted_shards, tmp_pa
     assert vocab.decode(vocab.encode("red circle")) == "red circle"
 
 
+def test_a_minimum_count_turns_rare_train_words_into_unk(planted_shards, tmp_path):
+    import collections
+    import json
+    import tarfile
+
+    counts = collections.Counter()
+    for shard in sorted(planted_shards.glob("train-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                if member.name.endswith(".json"):
+                    for caption in json.loads(tar.extractfile(member).read())["captions"]:
+                        counts.update(caption.lower().replace(".", " ").split())
+    min_count = sorted(set(counts.values()))[1]  # keeps some words, drops the rarest
+    vocab = ShardSet.open(planted_shards).vocab(tmp_path / "cache", min_count=min_count)
+    assert set(vocab.itos[4:]) == {w for w, n in counts.items() if n >= min_count}
+    rare = next(w for w, n in counts.items() if n < min_count)
+    assert vocab.encode(rare)[1] == vocab.unk_id
+    assert (tmp_path / "cache" / f"vocab-min{min_count}.json").is_file()
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 def test_exact_epoch_sees_every_sample_once_across_two_ranks(planted_shards, workers):
     from vldist.data.pipeline import ExactEpochStream, exact_epoch_steps

@@ -47,8 +47,8 @@ def test_layout_and_manifest(tiny):
     out = root / "a"
     assert not (root / "a.partial").exists()
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["manifest.json", "test-000000.tar", "train-000000.tar", "train-000001.tar",
-                     "val-000000.tar", "vocab.json"]
+    assert names == ["feature_standardization.safetensors", "manifest.json", "test-000000.tar", "train-000000.tar",
+                     "train-000001.tar", "val-000000.tar", "vocab.json"]
     assert manifest["source"] == "synth" and manifest["version"] == 1
     assert {k: v["samples"] for k, v in manifest["splits"].items()} == {"train": 8, "val": 4, "test": 4}
     assert [s["samples"] for s in manifest["splits"]["train"]["shards"]] == [5, 3]

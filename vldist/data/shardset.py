@@ -88,17 +88,21 @@ class ShardSet:
                         return int(regions.shape[1]) if regions.ndim == 2 else None
         return None
 
-    def vocab(self, cache_dir: Path) -> Vocab:
-        """The set's vocab.json, else one built from the train captions and cached in `cache_dir`."""
-        for path in (self.directory / "vocab.json", cache_dir / "vocab.json"):
+    def vocab(self, cache_dir: Path, min_count: int = 1) -> Vocab:
+        """The set's vocab.json, else one built from the train captions and cached in `cache_dir`.
+        With `min_count` > 1 (words seen fewer times become <unk>, as captioning papers do) it is
+        always built from the train captions: vocab.json keeps no counts."""
+        own = [self.directory / "vocab.json"] if min_count == 1 else []
+        cached = cache_dir / ("vocab.json" if min_count == 1 else f"vocab-min{min_count}.json")
+        for path in (*own, cached):
             if path.is_file():
                 try:
                     return Vocab.load(path)
                 except ValueError as err:
                     raise ShardsUnfitError(str(err)) from None
-        vocab = Vocab.build(self._train_captions())
+        vocab = Vocab.build(self._train_captions(), min_count)
         cache_dir.mkdir(parents=True, exist_ok=True)
-        vocab.save(cache_dir / "vocab.json")
+        vocab.save(cached)
         return vocab
 
     def _train_captions(self):

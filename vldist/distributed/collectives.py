@@ -92,3 +92,33 @@ def gather_objects(obj) -> list:
     out = [None] * size
     dist.all_gather_object(out, obj)
     return out
+
+
+def all_gather_rows(x: Tensor) -> tuple[Tensor, int]:
+    """(every rank's x concatenated along dim 0 in rank order, where this rank's rows start), for
+    tensors of any dtype (token ids, image ids) and without gradient.
+
+    Ranks may hold different numbers of rows; every other dimension must agree across ranks.
+    """
+    if x.dim() == 0:
+        raise ValueError("all_gather_rows needs a tensor with at least one dimension (rows), got a scalar")
+    rank, size = world()
+    if size == 1:
+        return x, 0
+    device = x.device
+    if dist.get_backend() == "nccl" and device.type != "cuda":
+        x = x.cuda()  # NCCL gathers CUDA tensors only
+    with torch.no_grad():
+        shape = torch.tensor(x.shape, device=x.device)  # the same number of dims on every rank
+        shapes = [torch.zeros_like(shape) for _ in range(size)]
+        dist.all_gather(shapes, shape)
+        if any(not torch.equal(s[1:], shape[1:]) for s in shapes):
+            raise ValueError(f"all_gather_rows: every dimension but the first must agree across ranks; "
+                             f"got shapes {[tuple(s.tolist()) for s in shapes]}")
+        rows = [int(s[0]) for s in shapes]
+        padded = torch.zeros((max(rows), *x.shape[1:]), dtype=x.dtype, device=x.device)
+        padded[:x.shape[0]] = x
+        parts = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(parts, padded)
+        out = torch.cat([part[:n] for part, n in zip(parts, rows)], dim=0)
+    return out.to(device), sum(rows[:rank])

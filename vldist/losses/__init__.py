@@ -1,6 +1,8 @@
 """Training losses."""
 
+from vldist.losses.contrastive_captioning import contrastive_captioning_loss, cross_rank_contrastive_captioning_loss
 from vldist.losses.distributed import cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.losses.hinge import hardest_negative_hinge, vse_hinge_loss
 
-__all__ = ["vse_hinge_loss", "hardest_negative_hinge", "cross_rank_vse_hinge_loss", "cross_rank_token_nll"]
+__all__ = ["vse_hinge_loss", "hardest_negative_hinge", "cross_rank_vse_hinge_loss", "cross_rank_token_nll",
+           "contrastive_captioning_loss", "cross_rank_contrastive_captioning_loss"]

@@ -1,5 +1,8 @@
 """Evaluation metrics."""
 
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError, caption_scores
 from vldist.metrics.retrieval import retrieval_protocols, retrieval_recall
+from vldist.metrics.self_retrieval import self_retrieval_recall
 
-__all__ = ["retrieval_recall", "retrieval_protocols"]
+__all__ = ["retrieval_recall", "retrieval_protocols", "caption_scores", "CaptionMetricsError",
+           "JavaNotFoundError", "self_retrieval_recall"]

@@ -1,7 +1,8 @@
 """Attention GRU caption decoder over region features (VSRN's generation branch, Eq. 9).
 
 At each step the decoder attends over the (masked) regions with additive attention, feeds the
-context and the previous word to a GRU cell, and predicts the next word.
+context and the previous word to a GRU cell, and predicts the next word. It follows the step
+protocol of `vldist.models.generation` (init_state/step), which does the greedy and beam decoding.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from vldist.models import generation
 from vldist.models.common import masked_mean
+from vldist.models.generation import State
 
 
 class AttentionCaptionDecoder(nn.Module):
@@ -29,33 +32,29 @@ class AttentionCaptionDecoder(nn.Module):
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         return (scores.softmax(dim=-1).unsqueeze(-1) * features).sum(dim=1)
 
-    def _step(self, word: torch.Tensor, keys, features, mask, h) -> tuple[torch.Tensor, torch.Tensor]:
-        context = self._attend(keys, features, mask, h)
-        h = self.cell(torch.cat([self.embed(word), context], dim=-1), h)
-        return self.out(self.dropout(h)), h
+    def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State:
+        return {
+            "keys": self.att_features(features), "features": features, "mask": mask,
+            "h": torch.tanh(self.init_hidden(masked_mean(features, mask))),
+        }
+
+    def step(self, words: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        context = self._attend(state["keys"], state["features"], state["mask"], state["h"])
+        h = self.cell(torch.cat([self.embed(words), context], dim=-1), state["h"])
+        return self.out(self.dropout(h)), {**state, "h": h}
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits (B, T-1, V) predicting tokens[:, 1:] from tokens[:, :-1]."""
-        keys = self.att_features(features)
-        h = torch.tanh(self.init_hidden(masked_mean(features, mask)))
+        state = self.init_state(features, mask)
         logits = []
         for t in range(tokens.shape[1] - 1):
-            step_logits, h = self._step(tokens[:, t], keys, features, mask, h)
+            step_logits, state = self.step(tokens[:, t], state)
             logits.append(step_logits)
         return torch.stack(logits, dim=1)
 
-    @torch.no_grad()
-    def generate(self, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int, max_len: int = 20) -> torch.Tensor:
-        """Greedy decoding: (B, <= max_len) word ids, stopping once every caption has ended."""
-        keys = self.att_features(features)
-        h = torch.tanh(self.init_hidden(masked_mean(features, mask)))
-        word = torch.full((features.shape[0],), start_id, dtype=torch.long, device=features.device)
-        words, ended = [], torch.zeros_like(word, dtype=torch.bool)
-        for _ in range(max_len):
-            step_logits, h = self._step(word, keys, features, mask, h)
-            word = step_logits.argmax(dim=-1)
-            words.append(word)
-            ended |= word == end_id
-            if bool(ended.all()):
-                break
-        return torch.stack(words, dim=1)
+    def generate(self, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int, max_len: int = 20,
+                 beam_size: int = 1) -> torch.Tensor:
+        """(B, <= max_len) word ids after <start>, padded with 0 after <end>; greedy by default.
+
+        See `vldist.models.generation.generate`."""
+        return generation.generate(self, features, mask, start_id, end_id, max_len, beam_size)

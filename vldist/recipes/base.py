@@ -35,6 +35,13 @@ class Recipe(ABC):
         self.vocab = vocab
         self.feature_dim = feature_dim
 
+    @classmethod
+    def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:
+        """The runs one `python -m vldist.train` of this job makes, in order, as (name, config).
+        Most recipes train once; a method that starts from another's model (CL from an MLE
+        captioner) returns that run first. Each run has its own output dir and resumes alone."""
+        return [(config.recipe, config)]
+
     @abstractmethod
     def build_model(self) -> nn.Module: ...
 
@@ -83,9 +90,22 @@ class Recipe(ABC):
         parts for logging}."""
 
     @abstractmethod
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device) -> dict:
-        """Metrics over a whole eval split."""
+    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
+                 validation: bool = False) -> dict:
+        """Metrics over a whole eval split. `validation`: the per-epoch check that picks the best
+        checkpoint, where a recipe may leave out costly metrics that selection does not use."""
 
     def headline(self, metrics: dict) -> dict[str, float]:
         """The few numbers printed in the results table."""
         return metrics
+
+    @abstractmethod
+    def selection_score(self, metrics: dict) -> float:
+        """The validation number that picks the best checkpoint, higher is better (VSRN: rsum;
+        captioning: CIDEr-D)."""
+
+    @abstractmethod
+    def report(self, rows: dict[str, dict], split: str) -> str:
+        """The results table printed after training and by `vldist.evaluate`: `rows` maps a name
+        ('untrained', 'trained') to that model's whole metrics on `split`; the last is the one
+        that matters (it may add what the table leaves out: skipped samples, example outputs)."""

@@ -7,8 +7,6 @@ of an attention decoder over the reasoned regions V*). Paper: ../shared/papers/v
 
 from __future__ import annotations
 
-import io
-import json
 import random
 from collections.abc import Iterable
 from typing import Literal
@@ -20,10 +18,10 @@ from torch import nn
 
 from vldist.config import Section
 from vldist.data.collate import pad_regions, pad_tokens
-from vldist.data.shardset import ShardsUnfitError
+from vldist.data.samples import read_meta, read_regions, require_region_features
 from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.metrics import retrieval_protocols
-from vldist.report import chance_recall
+from vldist.report import chance_recall, retrieval_report
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.image_encoder import RegionReasoningEncoder
 from vldist.models.text_encoder import GRUTextEncoder
@@ -103,25 +101,14 @@ class VSRNRecipe(Recipe):
         self.hardest_negatives = self.cfg.max_violation and epoch >= self.cfg.max_violation_warmup_epochs
 
     def build_model(self) -> nn.Module:
-        if self.feature_dim is None:
-            raise ShardsUnfitError(
-                f"the shard set {self.config.data.shards} has no region features (no features.dim in its manifest, "
-                "no regions.npy in its samples), and VSRN reads them. Convert the images again with --features "
-                "(python -m vldist.shards convert FORMAT ... --features)."
-            )
-        return VSRNModel(self.cfg, self.feature_dim, len(self.vocab))
+        region_dim = require_region_features(self.feature_dim, self.config.data.shards, "VSRN")
+        return VSRNModel(self.cfg, region_dim, len(self.vocab))
 
     # ------------------------------------------------------------------ samples and batches
 
     def _regions(self, raw: dict, rng: random.Random) -> np.ndarray:
-        regions = np.load(io.BytesIO(raw["regions.npy"]), allow_pickle=False)
+        regions = read_regions(raw, self.feature_dim)
         meta = raw["meta"]
-        if regions.ndim != 2 or regions.shape[0] == 0:
-            raise ValueError(f"regions.npy of {raw['__key__']} has shape {regions.shape}, expected (R>0, F)")
-        if self.feature_dim is not None and regions.shape[1] != self.feature_dim:
-            raise ValueError(f"regions.npy of {raw['__key__']} has {regions.shape[1]} features, expected {self.feature_dim}")
-        if not np.isfinite(regions).all():
-            raise ValueError(f"regions.npy of {raw['__key__']} holds NaN or inf")
         order = self.cfg.region_order
         if order == "size":
             boxes = meta.get("region_boxes") or []
@@ -133,9 +120,7 @@ class VSRNRecipe(Recipe):
         return regions[: self.config.data.max_regions]
 
     def _decode(self, raw: dict) -> dict:
-        raw["meta"] = json.loads(raw["json"])
-        if not raw["meta"].get("captions"):
-            raise ValueError(f"sample {raw['__key__']} has no captions")
+        raw["meta"] = read_meta(raw)
         return raw
 
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
@@ -186,7 +171,8 @@ class VSRNRecipe(Recipe):
         return {"loss": total, **{k: v.detach() for k, v in parts.items()}}
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device) -> dict:
+    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
+                 validation: bool = False) -> dict:
         was_training = model.training
         model.eval()
         images, captions, counts = [], [], []
@@ -207,3 +193,11 @@ class VSRNRecipe(Recipe):
     def headline(self, metrics: dict) -> dict[str, float]:
         full = metrics["full"]
         return {k: full[k] for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")}
+
+    def selection_score(self, metrics: dict) -> float:
+        return metrics["full"]["rsum"]  # as VSRN's code: the best epoch by validation rsum
+
+    def report(self, rows: dict[str, dict], split: str) -> str:
+        last = list(rows.values())[-1]
+        table = {"chance": last["chance"], **{name: self.headline(m) for name, m in rows.items()}}
+        return retrieval_report(table, last, split)

@@ -6,6 +6,8 @@ that was interrupted never looks finished (and its leftovers are removed by the 
 Images and JSON depend only on the arguments. Features are float sums whose order depends on the
 CPU and the torch thread count, so shards are byte-identical for the same seed on the same kind of
 machine and thread count; elsewhere a few feature values may differ in their last float16 bit.
+The extractor's standardisation is stored beside the manifest (feature_standardization.safetensors),
+so features of new images can be computed like the set's (vldist/shards/extractor_setup.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..data.vocab import Vocab
 from .captions import make_captions
 from .features import RegionFeatureExtractor
 from .scenes import Scene, generate_scene
+from .standardization import STANDARDIZATION_NAME, save_standardization
 from .writer import MANIFEST_NAME, ShardSetWriter
 
 SPLITS = ("train", "val", "test")
@@ -32,7 +35,9 @@ CALIBRATION_SCENES = 256  # scenes whose region features set the per-dimension s
 EXTRACTOR_SEED = 0  # fixed, not the data seed: sets built with other seeds share one extractor
 VOCAB_NAME = "vocab.json"
 # What a shard-set directory may hold; --overwrite deletes nothing else.
-_SET_FILE = re.compile(r"^([A-Za-z0-9_]+-\d{6}\.tar|manifest\.json|vocab\.json)(\.tmp)?$")
+_SET_FILE = re.compile(
+    r"^([A-Za-z0-9_]+-\d{6}\.tar|manifest\.json|vocab\.json|" + re.escape(STANDARDIZATION_NAME) + r")(\.tmp)?$"
+)
 
 
 def split_rng(seed: int, split: str) -> random.Random:
@@ -105,6 +110,20 @@ def _install(partial: Path, out: Path) -> None:
         partial.rename(out)
 
 
+def calibrated_extractor(backbone: str = "resnet50", weights: str | None = None, feature_size: int = 96,
+                         layer: str = "layer2", grid: int = 2, image_size: int = 128,
+                         device: str = "cpu") -> RegionFeatureExtractor:
+    """The extractor of a synth set: seeded with EXTRACTOR_SEED and standardised on the regions of
+    CALIBRATION_SCENES scenes of their own fixed stream (the same for every data seed). A set built
+    before its statistics were stored gets them back from here (vldist/shards/extractor_setup.py)."""
+    extractor = RegionFeatureExtractor(backbone, weights=weights, input_size=feature_size, seed=EXTRACTOR_SEED,
+                                       layer=layer, grid=grid, device=device)
+    calibration_rng = split_rng(EXTRACTOR_SEED, "calibration")
+    calibration = [generate_scene(calibration_rng, image_size) for _ in range(CALIBRATION_SCENES)]
+    extractor.calibrate([s.image for s in calibration], [region_boxes(s) for s in calibration])
+    return extractor
+
+
 def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 1000, seed: int = 0,
                 shard_size: int = 1000, image_size: int = 128, feature_size: int = 96,
                 backbone: str = "resnet50", weights: str | None = None, progress: bool = True,
@@ -127,14 +146,11 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
     config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
               "image_size": image_size, "feature_size": feature_size, "backbone": backbone, "weights": weights,
               "layer": layer, "grid": grid}
-    extractor = RegionFeatureExtractor(backbone, weights=weights, input_size=feature_size, seed=EXTRACTOR_SEED,
-                                       layer=layer, grid=grid)
-    calibration_rng = split_rng(EXTRACTOR_SEED, "calibration")
-    calibration = [generate_scene(calibration_rng, image_size) for _ in range(CALIBRATION_SCENES)]
-    extractor.calibrate([s.image for s in calibration], [region_boxes(s) for s in calibration])
+    extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
     features = {"extractor": backbone, "layer": layer, "grid": grid, "dim": extractor.dim, "weights": weights,
                 "input_size": feature_size, "max_regions": MAX_REGIONS, "seed": EXTRACTOR_SEED,
-                "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})"}
+                "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
+                "standardization": STANDARDIZATION_NAME}
     train_captions: list[str] = []
     bar = tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress)
     try:
@@ -153,6 +169,7 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
                         bar.update(len(pending))
                         pending = []
             Vocab.build(train_captions).save(partial / VOCAB_NAME)
+            save_standardization(partial, *extractor.standardization())
             manifest = writer.close(extra={"features": features, "config": config})
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

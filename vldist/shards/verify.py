@@ -4,7 +4,9 @@ Checks, against `manifest.json` when there is one: every listed shard exists, ha
 its sample count; every sample's members decode (`json` with a non-empty `captions` list,
 `regions.npy` a finite 2-D array with the manifest's feature size, `jpg`/`png` a readable image;
 the same for the named images of pair samples, `img1.jpg`, `img1.regions.npy`);
-keys are unique across the set. Each problem names the shard and the key.
+keys are unique across the set; the feature standardisation the manifest names
+(`features.standardization`) reads, holds finite values and has the manifest's feature size.
+Each problem names the shard and the key (or the file).
 """
 
 from __future__ import annotations
@@ -84,6 +86,21 @@ def _read_shard(path: Path, split: str, feature_dim: int | None, keys: Counter, 
     return len(samples)
 
 
+def _check_standardization(directory: Path, features: dict, report: Report) -> None:
+    name = features.get("standardization")
+    if not name:
+        return
+    from .standardization import load_standardization
+
+    if not (directory / name).is_file():
+        report.problem(name, "named in manifest.json (features.standardization) but missing")
+        return
+    try:
+        load_standardization(directory / name, features.get("dim"))
+    except ValueError as err:
+        report.problem(name, str(err))
+
+
 def verify(directory: Path) -> Report:
     directory, report, keys = Path(directory), Report(), Counter()
     manifest_path = directory / "manifest.json"
@@ -93,6 +110,7 @@ def verify(directory: Path) -> Report:
     if manifest_path.is_file():
         manifest = json.loads(manifest_path.read_text())
         feature_dim = (manifest.get("features") or {}).get("dim")
+        _check_standardization(directory, manifest.get("features") or {}, report)
         for split, entry in manifest.get("splits", {}).items():
             for shard in entry.get("shards", []):
                 path = directory / shard["file"]

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from ...data.vocab import Vocab
 from ...files import sha256_file, write_json_atomic
+from ..standardization import STANDARDIZATION_NAME, save_standardization, standardization_in
 from ..writer import MANIFEST_NAME, ShardFile, build_manifest, check_split, sample_members
 from .base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
 
@@ -32,7 +33,8 @@ STATE_DIR = ".convert"
 SKIPPED_NAME = "skipped.jsonl"
 VOCAB_NAME = "vocab.json"
 ITEMS_PER_CALL = 32  # items handed to the sample maker at once (feature extraction batches them)
-_SET_FILES = ("manifest.json", "vocab.json", SKIPPED_NAME, "manifest.json.tmp")
+_SET_FILES = ("manifest.json", "vocab.json", SKIPPED_NAME, "manifest.json.tmp", STANDARDIZATION_NAME,
+              STANDARDIZATION_NAME + ".tmp")
 
 
 @dataclass
@@ -81,6 +83,9 @@ def convert(converter: type[Converter], args, out: str | Path, shard_size: int =
     try:
         if todo:
             setup = plan.prepare()
+            stats = standardization_in(setup)
+            if plan.features and stats is not None:  # written before any shard: a resumed run finds it
+                save_standardization(out, *stats)
             for record_name, record in _run(converter, setup, todo, out, on_error, workers, bar.update):
                 write_json_atomic(state / "done" / record_name, record)
                 done[record_name] = record
@@ -313,7 +318,9 @@ def _finish(out: Path, converter, options: dict, plan: Plan, tasks: list[ShardTa
         },
     }
     if plan.features:
-        extra["features"] = plan.features
+        # named here, not in plan.features: the plan's fingerprint stays what it was
+        stored = (out / STANDARDIZATION_NAME).is_file()
+        extra["features"] = {**plan.features, **({"standardization": STANDARDIZATION_NAME} if stored else {})}
     manifest = build_manifest(converter.name, shards, extra)
     write_json_atomic(out / MANIFEST_NAME, manifest)
     shutil.rmtree(out / STATE_DIR)

@@ -7,7 +7,8 @@ is found at conversion time and not mid-training.
 Region features (optional) come from vldist's RegionFeatureExtractor over a grid of boxes: without
 a detector, a G x G grid of cells is the usual stand-in for bottom-up regions (G=6 gives VSRN's
 36 regions). Every dimension is standardised with statistics of the first train images, as synth
-does; features are computed on one torch thread per worker so they do not depend on --workers.
+does (the engine stores them beside the manifest: feature_standardization.safetensors); features are
+computed on one torch thread per worker so they do not depend on --workers.
 """
 
 from __future__ import annotations

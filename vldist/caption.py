@@ -1,0 +1,129 @@
+"""Caption your own images: `python -m vldist.caption <checkpoint or run dir> IMAGE... [--shards DIR]`.
+
+Prints `path<TAB>caption`, one line per image, in the order given. The model reads region
+features, so each image's features are computed by the extractor its shard set was built with,
+standardised with the statistics stored beside the set's manifest (vldist/shards/extractor_setup.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from vldist import compat
+from vldist.checkpoint import CheckpointError
+from vldist.config import ConfigError
+from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
+from vldist.evaluate import load_checkpoint
+
+EPILOG = """\
+Region features: computed on the CPU by the feature extractor recorded in the shard set's
+manifest.json (backbone, stage, grid, input size, seed) and standardised with the statistics stored
+beside it (feature_standardization.safetensors; recomputed for a synth set built before they were
+stored). Region boxes: for a converted image set, the same G x G grid its converter used (the
+manifest's region_grid), so an image of the set gets its stored features (to float16 rounding); for a synth set,
+whose samples use the whole image plus up to 4 object boxes, a new image has no object boxes and
+gets the whole image plus a 2x2 grid (5 regions).
+
+Exit status: 0 when every image was captioned; 2 when an image cannot be read (each one is named on
+stderr and the others are still captioned) or when the checkpoint, its shard set or the feature
+extractor cannot be used (one line `error: ...`)."""
+
+
+class CaptionError(Exception):
+    """A problem this command reports as `error: ...` and exit status 2."""
+
+
+def read_image(path: str):
+    """The image at `path`, decoded in full and in RGB; CaptionError naming the file otherwise."""
+    from PIL import Image, UnidentifiedImageError
+
+    file = Path(path)
+    if not file.exists():
+        raise CaptionError(f"{path}: no such file")
+    if file.is_dir():
+        raise CaptionError(f"{path}: is a directory, not an image")
+    try:
+        with Image.open(file) as opened:
+            return opened.convert("RGB")  # forces a full decode: a truncated file fails here
+    except UnidentifiedImageError:
+        raise CaptionError(f"{path}: not an image file (PIL cannot identify its format)") from None
+    except Image.DecompressionBombError as err:
+        raise CaptionError(f"{path}: too large to decode ({err})") from None
+    except (OSError, ValueError, SyntaxError) as err:
+        detail = " ".join(str(err).split())
+        raise CaptionError(f"{path}: cannot be read or decoded ({type(err).__name__}: {detail})") from None
+
+
+def caption_images(checkpoint, images: list, shards: str | None = None, device: str = "auto",
+                   beam_size: int | None = None) -> list[str]:
+    """One caption per PIL image, from a checkpoint or run directory. Raises CaptionError (and the
+    checkpoint and shard-set errors of vldist.evaluate.load_checkpoint)."""
+    from vldist.shards.extractor_setup import extractor_for
+
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CaptionError("--device cuda but no CUDA device is visible; use --device auto or cpu")
+    config, recipe, model, shard_set = load_checkpoint(checkpoint, shards, device)
+    if not callable(getattr(recipe, "caption", None)):
+        raise CaptionError(f"recipe {config.recipe} does not generate captions; caption with a run of a "
+                           "captioning recipe (e.g. captioner)")
+    if beam_size is not None:
+        config.eval.beam_size = beam_size  # validated on assignment; recipe.config is this config
+    features = extractor_for(shard_set)
+    # one image at a time: an image's features (and caption) do not depend on the others given
+    regions = [features([image])[0] for image in images]
+    return recipe.caption(model, regions, next(model.parameters()).device)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, not {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vldist.caption", description=__doc__, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its best checkpoint)")
+    parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files to caption (JPEG, PNG, ...)")
+    parser.add_argument("--shards", help="shard directory whose feature extractor to use (default: the one the "
+                                         "checkpoint was trained on)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                        help="where the model generates (default auto); features are computed on the CPU")
+    parser.add_argument("--beam-size", type=_positive, default=None,
+                        help="beam width of generation, 1 for greedy (default: the run's eval.beam_size)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+
+    readable, images, failed = [], [], []
+    for path in args.images:
+        try:
+            images.append(read_image(path))
+            readable.append(path)
+        except CaptionError as err:
+            print(f"error: {err}", file=sys.stderr)
+            failed.append(path)
+    if not images:
+        return 2
+    try:
+        captions = caption_images(args.checkpoint, images, args.shards, args.device, args.beam_size)
+    except (CaptionError, CheckpointError, ConfigError, ShardsNotFoundError, ShardsUnfitError,
+            compat.IncompatibleCheckpoint) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path, caption in zip(readable, captions):
+        print(f"{path}\t{caption}")
+    return 2 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

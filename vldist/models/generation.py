@@ -1,0 +1,140 @@
+"""Caption decoding shared by every recipe with a decoder: greedy, beam search, sentence log-probs.
+
+A decoder that can generate follows the step protocol (`StepDecoder`):
+
+- ``init_state(features (B, R, F), mask (B, R) bool) -> dict[str, Tensor]``: the decoding state
+  before ``<start>`` is read. Every tensor in it is batch-first (dim 0 = B), so that a search can
+  repeat and reorder hypotheses with ``repeat_interleave``/``index_select`` along dim 0. It holds
+  whatever per-image context the step needs (e.g. the projected region keys and the mask).
+- ``step(words (B,) long, state) -> (logits (B, V), new_state)``: reads one word per row.
+- ``forward(features, mask, tokens (B, T)) -> logits (B, T-1, V)``: teacher forcing, predicting
+  ``tokens[:, 1:]`` from ``tokens[:, :-1]``; equal to running ``step`` over the tokens.
+
+Decoded captions are (B, L) word ids after ``<start>``: the end token included when produced, then
+the pad id 0 for captions that ended earlier; L <= max_len.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+PAD_ID = 0  # vldist.data.vocab.Vocab.pad_id
+
+State = dict[str, torch.Tensor]
+
+
+class StepDecoder(Protocol):
+    training: bool
+
+    def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State: ...
+
+    def step(self, words: torch.Tensor, state: State) -> tuple[torch.Tensor, State]: ...
+
+    def train(self, mode: bool = True): ...
+
+
+def _reorder(state: State, index: torch.Tensor) -> State:
+    return {name: value.index_select(0, index) for name, value in state.items()}
+
+
+def _words_only(scores: torch.Tensor, start_id: int) -> torch.Tensor:
+    """Scores with <pad> and <start> ruled out: training never targets them, so an untrained
+    model could otherwise emit them mid-caption."""
+    scores = scores.clone()
+    scores[:, [PAD_ID, start_id]] = float("-inf")
+    return scores
+
+
+def greedy_decode(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int,
+                  max_len: int) -> torch.Tensor:
+    """The most likely next word at each step; stops once every caption has ended."""
+    state = decoder.init_state(features, mask)
+    word = torch.full((features.shape[0],), start_id, dtype=torch.long, device=features.device)
+    ended = torch.zeros_like(word, dtype=torch.bool)
+    words = []
+    for _ in range(max_len):
+        logits, state = decoder.step(word, state)
+        word = _words_only(logits, start_id).argmax(dim=-1).masked_fill(ended, PAD_ID)
+        words.append(word)
+        ended |= word == end_id
+        if bool(ended.all()):
+            break
+    return torch.stack(words, dim=1) if words else word.new_zeros((word.shape[0], 0))
+
+
+def beam_search(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int,
+                max_len: int, beam_size: int = 3) -> torch.Tensor:
+    """The finished hypothesis with the highest total log-probability per image (no length norm).
+
+    All B * beam_size hypotheses step together. A finished hypothesis stays in the beam with its
+    score, extended only by padding at log-probability 0; one still open at max_len counts as
+    finished. Search stops early once no open hypothesis can overtake the best finished one.
+    """
+    batch, k, device = features.shape[0], beam_size, features.device
+    state = _reorder(decoder.init_state(features, mask), torch.arange(batch, device=device).repeat_interleave(k))
+    word = torch.full((batch * k,), start_id, dtype=torch.long, device=device)
+    # Only the first beam is live at the start, so the first step does not fill the beam with k
+    # copies of one hypothesis.
+    scores = torch.full((batch, k), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    # Per hypothesis (row b * k + j): its words, whether it has ended, its length up to the end.
+    tokens = word.new_zeros((batch * k, 0))
+    finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
+    first_row = torch.arange(batch, device=device)[:, None] * k
+    for _ in range(max_len):
+        logits, state = decoder.step(word, state)
+        logprobs = _words_only(logits.float().log_softmax(dim=-1), start_id)
+        vocab = logprobs.shape[-1]
+        # A finished hypothesis has one continuation, padding, that keeps its score.
+        pad_only = torch.full_like(logprobs[0], float("-inf"))
+        pad_only[PAD_ID] = 0.0
+        logprobs = torch.where(finished[:, None], pad_only, logprobs)
+        candidates = scores[..., None] + logprobs.view(batch, k, vocab)
+        scores, flat = candidates.view(batch, k * vocab).topk(k, dim=-1)
+        rows = (first_row + flat // vocab).view(-1)
+        word = (flat % vocab).view(-1)
+        state = _reorder(state, rows)
+        tokens = torch.cat([tokens[rows], word[:, None]], dim=1)
+        lengths = lengths[rows] + (~finished[rows]).long()
+        finished = finished[rows] | (word == end_id)
+        # Log-probs are <= 0, so an open hypothesis only loses score: once every image's best
+        # finished one scores at least its best open one, more steps cannot change the result.
+        done = finished.view(batch, k)
+        best_done = scores.masked_fill(~done, float("-inf")).amax(dim=-1)
+        best_open = scores.masked_fill(done, float("-inf")).amax(dim=-1)
+        if bool((best_done >= best_open).all()):
+            break
+    best = first_row.view(-1) + scores.argmax(dim=-1)
+    return tokens[best][:, : int(lengths[best].max()) if batch else 0]
+
+
+def generate(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int,
+             max_len: int, beam_size: int = 3) -> torch.Tensor:
+    """Greedy (beam_size 1) or beam search, without gradients and in eval mode (dropout off).
+
+    The decoder's train/eval mode is restored afterwards.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
+    was_training = decoder.training
+    decoder.train(False)
+    try:
+        with torch.no_grad():
+            if beam_size == 1:
+                return greedy_decode(decoder, features, mask, start_id, end_id, max_len)
+            return beam_search(decoder, features, mask, start_id, end_id, max_len, beam_size)
+    finally:
+        decoder.train(was_training)
+
+
+def sequence_logprob(logits: torch.Tensor, targets: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:
+    """ln p(c | I) per caption (B,): log-softmax at each non-pad target, summed (end token included).
+
+    Float32 even under bf16 autocast: sums over ~20 tokens lose too much in bf16.
+    """
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        logprobs = logits.float().log_softmax(dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return torch.where(targets != pad_id, logprobs, torch.zeros_like(logprobs)).sum(dim=-1)

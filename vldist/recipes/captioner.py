@@ -1,0 +1,189 @@
+"""Attention captioner: the base model of Contrastive Learning for captioning (Dai & Lin, NIPS 2017).
+
+An LSTM decoder over the shard's region features, trained by token NLL (the paper's Eq. 1, the MLE
+stage). Two decoders, the paper's two base models: AdaptiveAttention (Lu et al. 2017, attention with
+a visual sentinel) and Neuraltalk2 (Show and Tell, no attention). Evaluation generates one caption
+per image and reports BLEU-1..4, METEOR, ROUGE-L, CIDEr-D (pycocoevalcap) and self-retrieval
+(the paper's Table 1). Paper: ../shared/papers/cl-contrastive-captioning.txt.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from vldist.config import Section
+from vldist.data.collate import pad_regions, pad_tokens
+from vldist.data.samples import read_meta, read_regions, require_region_features
+from vldist.losses import cross_rank_token_nll
+from vldist.metrics import caption_scores, self_retrieval_recall
+from vldist.models.caption_scoring import caption_image_logprobs
+from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
+from vldist.models.generation import generate
+from vldist.recipes.base import Recipe
+from vldist.report import caption_report
+
+DECODERS = {"adaptive_attention": AdaptiveAttentionDecoder, "show_tell": ShowTellDecoder}
+SELF_RETRIEVAL_KS = (1, 5, 50, 500)
+
+
+class CaptionerConfig(Section):
+    decoder: Literal["adaptive_attention", "show_tell"] = Field(
+        "adaptive_attention", description="adaptive_attention: LSTM + visual sentinel (paper's AA); show_tell: Neuraltalk2"
+    )
+    hidden: int = Field(512, ge=1, description="LSTM size (paper: 512)")
+    embed: int = Field(512, ge=1, description="word and image encoding size (paper: 512)")
+    dropout: float = Field(0.5, ge=0, lt=1, description="dropout before the word classifier (paper: 0.5)")
+    captions_per_image: int = Field(
+        5, ge=1, description="captions of an image trained on per visit, each its own row (official code: 5)"
+    )
+
+
+class CaptionerModel(nn.Module):
+    def __init__(self, cfg: CaptionerConfig, region_dim: int, vocab_size: int):
+        super().__init__()
+        self.decoder = DECODERS[cfg.decoder](vocab_size, region_dim, hidden=cfg.hidden, embed=cfg.embed,
+                                             dropout=cfg.dropout)
+
+    def forward(self, regions, mask, tokens) -> torch.Tensor:
+        """Teacher-forced logits (B, T-1, V) predicting tokens[:, 1:]."""
+        return self.decoder(regions, mask, tokens)
+
+
+class CaptionerRecipe(Recipe):
+    name = "captioner"
+    description = "image captioning: attention LSTM (AdaptiveAttention or Neuraltalk2) by token NLL"
+    ModelConfig = CaptionerConfig
+    sample_keys = ("json", "regions.npy")
+
+    @property
+    def cfg(self) -> CaptionerConfig:
+        return self.config.model
+
+    @property
+    def max_generated_len(self) -> int:
+        return self.config.eval.max_generated_len or self.config.data.max_caption_len - 1
+
+    def build_model(self) -> nn.Module:
+        region_dim = require_region_features(self.feature_dim, self.config.data.shards, "the captioner")
+        return CaptionerModel(self.cfg, region_dim, len(self.vocab))
+
+    # ------------------------------------------------------------------ samples and batches
+
+    def _encode(self, caption: str) -> list[int]:
+        return self.vocab.encode(caption, self.config.data.max_caption_len)
+
+    def train_sample(self, raw: dict, rng: random.Random) -> dict:
+        captions = read_meta(raw)["captions"]
+        chosen = rng.sample(captions, min(self.cfg.captions_per_image, len(captions)))
+        regions = read_regions(raw, self.feature_dim)[: self.config.data.max_regions]
+        return {"regions": regions, "captions": [self._encode(c) for c in chosen]}
+
+    def eval_sample(self, raw: dict, rng: random.Random) -> dict:
+        meta = read_meta(raw)
+        return {"key": raw["__key__"], "regions": read_regions(raw, self.feature_dim)[: self.config.data.max_regions],
+                "references": meta["captions"][: self.config.eval.max_captions_per_image]}
+
+    def collate_train(self, samples: list[dict]) -> dict:
+        regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
+        length = self.config.data.max_caption_len if self.uniform_shapes else None
+        tokens, _ = pad_tokens([c for s in samples for c in s["captions"]], length=length)
+        # each caption is a row; caption_images maps it to its image's row of `regions`
+        counts = torch.tensor([len(s["captions"]) for s in samples])
+        return {"regions": regions, "mask": mask, "tokens": tokens,
+                "caption_images": torch.repeat_interleave(torch.arange(len(samples)), counts)}
+
+    def collate_eval(self, samples: list[dict]) -> dict:
+        regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
+        return {"keys": [s["key"] for s in samples], "regions": regions, "mask": mask,
+                "references": [s["references"] for s in samples]}
+
+    # ------------------------------------------------------------------ losses and evaluation
+
+    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+        rows = batch["caption_images"]
+        logits = model(batch["regions"][rows], batch["mask"][rows], batch["tokens"])
+        nll = cross_rank_token_nll(logits, batch["tokens"][:, 1:], self.vocab.pad_id)  # Eq. 1, per token
+        return {"loss": nll, "nll": nll.detach()}
+
+    @torch.no_grad()
+    def caption(self, model: nn.Module, regions: list, device: torch.device) -> list[str]:
+        """One generated caption per image, from each image's (R, F) region features (a user's
+        own images: `python -m vldist.caption`)."""
+        padded, mask = pad_regions(regions, self.config.data.max_regions)
+        ids = generate(_unwrap(model).decoder, padded.to(device), mask.to(device), self.vocab.start_id,
+                       self.vocab.end_id, self.max_generated_len, self.config.eval.beam_size)
+        return self.decode(ids)
+
+    def decode(self, ids: torch.Tensor) -> list[str]:
+        # "<unk>" would reach the PTB tokenizer as "< unk >"
+        return [self.vocab.decode(row).replace("<unk>", "unk") for row in ids.tolist()]
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
+                 validation: bool = False) -> dict:
+        """Generate one caption per image; score them against the references (pycocoevalcap), and
+        rank the first eval.self_retrieval_pool images by ln p(generated caption | image) (not in
+        validation: selection uses CIDEr-D only, and the pool costs pool^2 decoder passes)."""
+        decoder = _unwrap(model).decoder
+        was_training = model.training
+        model.eval()
+        references, generated = {}, {}
+        pool_regions, pool_masks, pool_captions = [], [], []
+        room = 0 if validation else self.config.eval.self_retrieval_pool
+        for batch in batches:
+            regions, mask = batch["regions"].to(device), batch["mask"].to(device)
+            ids = generate(decoder, regions, mask, self.vocab.start_id, self.vocab.end_id, self.max_generated_len,
+                           self.config.eval.beam_size)
+            for key, refs, caption in zip(batch["keys"], batch["references"], self.decode(ids)):
+                references[key], generated[key] = refs, caption
+            if room > 0:
+                pool_regions.append(batch["regions"][:room])
+                pool_masks.append(batch["mask"][:room])
+                pool_captions += [[self.vocab.start_id, *row] for row in _trim(ids[:room])]
+                room -= len(pool_masks[-1])
+        if not generated:
+            raise RuntimeError("the evaluation split yielded no samples")
+        result = {"captions": caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout)}
+        if pool_captions:
+            tokens, _ = pad_tokens(pool_captions, self.vocab.pad_id)
+            logp = caption_image_logprobs(decoder, torch.cat(pool_regions).to(device),
+                                          torch.cat(pool_masks).to(device), tokens.to(device), self.vocab.pad_id)
+            result["self_retrieval"] = self_retrieval_recall(logp, SELF_RETRIEVAL_KS)
+        model.train(was_training)
+        keys = list(generated)[: self.config.eval.examples]
+        return {
+            **result,
+            "n_images": len(generated), "n_captions": sum(len(r) for r in references.values()),
+            "examples": [{"key": k, "generated": generated[k], "references": references[k]} for k in keys],
+        }
+
+    def selection_score(self, metrics: dict) -> float:
+        return metrics["captions"]["cider_d"]  # the CL paper's headline metric
+
+    def headline(self, metrics: dict) -> dict[str, float]:
+        return {"cider_d": metrics["captions"]["cider_d"], "bleu4": metrics["captions"]["bleu4"],
+                "rouge_l": metrics["captions"]["rouge_l"]}
+
+    def report(self, rows: dict[str, dict], split: str) -> str:
+        return caption_report(rows, split)
+
+
+def _trim(ids: torch.Tensor) -> list[list[int]]:
+    """Generated rows without the padding after their end (generate pads with 0)."""
+    rows = []
+    for row in ids.tolist():
+        while row and row[-1] == 0:
+            row.pop()
+        rows.append(row)
+    return rows
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The model under DDP/DeepSpeed wrappers (generation calls the decoder's own methods)."""
+    return getattr(model, "module", model)
