@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
+
+from ablation_runs import mean_std, train_once
 
 # (key, label, overrides): in the paper's order, weakest first
 ROWS = [
@@ -39,28 +37,14 @@ COLUMNS = [("i2t_r1", "i2t R@1"), ("t2i_r1", "t2i R@1"), ("rsum", "rsum"),
            ("i2t_r5", "i2t R@5"), ("i2t_r10", "i2t R@10"), ("t2i_r5", "t2i R@5"), ("t2i_r10", "t2i R@10")]
 
 
-def train(run_dir: Path, overrides: list[str], seed: int, args: argparse.Namespace) -> float:
-    """Train one (row, seed) in a fresh process, its output in run_dir/train.log; seconds taken."""
-    argv = [*overrides, f"seed={seed}", "eval.baseline=false", "metrics.enabled=false", f"output.dir={run_dir}"]
+def run(run_dir: Path, overrides: list[str], seed: int, args: argparse.Namespace) -> tuple[dict, float | None]:
+    """Train one (row, seed) in a fresh process (kept if it finished before)."""
+    argv = [*overrides, f"seed={seed}", "eval.baseline=false", "metrics.enabled=false"]
     if args.steps is not None:
         argv.append(f"train.max_steps={args.steps}")
     if args.shards is not None:
         argv.append(f"data.shards={args.shards}")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as log:
-        done = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", *argv], stdout=log,
-                              stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        sys.exit(f"{run_dir}: training failed (exit {done.returncode}), see {run_dir / 'train.log'}")
-    return time.perf_counter() - start
-
-
-def mean_std(values: list[float]) -> str:
-    """'m ± s' with the sample std; just 'm' for one value."""
-    if len(values) < 2:
-        return f"{values[0]:.1f}"
-    return f"{statistics.mean(values):.1f} ± {statistics.stdev(values):.1f}"
+    return train_once("vsrn", run_dir, argv)
 
 
 def table(results: dict, seeds: list[int]) -> str:
@@ -89,11 +73,7 @@ def main() -> None:
             continue
         results[label], raw[key] = {}, {"label": label, "overrides": overrides, "seeds": {}}
         for seed in args.seeds:
-            run_dir = root / key / f"seed{seed}"
-            seconds = None  # not run now: metrics.json from an earlier invocation
-            if not (run_dir / "metrics.json").exists():
-                seconds = train(run_dir, overrides, seed, args)
-            metrics = json.loads((run_dir / "metrics.json").read_text())
+            metrics, seconds = run(root / key / f"seed{seed}", overrides, seed, args)
             results[label][seed] = {"test": metrics["test"]["full"]}
             raw[key]["seeds"][seed] = {"test": metrics["test"]["full"], "steps": metrics["steps"],
                                        "best_epoch": metrics["best_epoch"], "process_seconds": seconds,

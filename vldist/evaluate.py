@@ -14,6 +14,7 @@ from vldist.data.shardset import ShardSet, ShardsNotFoundError, ShardsUnfitError
 from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
 from vldist.eval_split import EmptySplitError, eval_loader, evaluate_split
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.recipes import get_recipe
 
 
@@ -42,6 +43,7 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
 
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
     config, recipe, model, shard_set = load_checkpoint(path, shards, device)
+    recipe.preflight()
     where = f"the {split} split of {shard_set.directory}"
     device = next(model.parameters()).device
     return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), device, where)
@@ -58,10 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         config, metrics = evaluate_checkpoint(args.checkpoint, args.split, args.shards, args.device)
-    except (CheckpointError, ConfigError, ShardsNotFoundError, ShardsUnfitError, compat.IncompatibleCheckpoint) as err:
+    except (CheckpointError, ConfigError, ShardsNotFoundError, ShardsUnfitError, compat.IncompatibleCheckpoint,
+            JavaNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except EmptySplitError as err:
+    except (EmptySplitError, CaptionMetricsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     recipe = get_recipe(config.recipe)(config, vocab=None)

@@ -5,9 +5,11 @@ JOB is a job file name under jobs/ (default: vsrn) or a path to a YAML job file.
 Exit codes (the whole catalogue of bad input: docs/bad-input.md):
   0   trained and evaluated
   1   the run failed: a non-finite loss, a checkpoint that cannot be written (a full disk), an
-      evaluation split with no readable sample, a Ray run that failed for good
+      evaluation split with no readable sample, a Ray run that failed for good, the caption
+      metrics' Java that died
   2   refused before training: a bad job config, missing shards, a checkpoint that cannot be
-      resumed (none usable, or another model), output.dir in use by another run
+      resumed (none usable, or another model), output.dir in use by another run, no Java for
+      the caption metrics
   75  stopped by a signal (train.stop_signals) after checkpointing the step it reached; the same
       command with train.resume=auto carries on (docs/preemption.md)
   130 interrupted by Ctrl-C: nothing after the last checkpoint was kept
@@ -22,7 +24,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from vldist.checkpoint import CheckpointError, CheckpointWriteError
+from vldist.checkpoint import CheckpointError, CheckpointWriteError, step_checkpoints
 from vldist.compat import IncompatibleCheckpoint
 from vldist.config import (
     ConfigError, DataConfig, JobConfig, deep_merge, describe_keys, find_job_file, job_config_class,
@@ -33,6 +35,7 @@ from vldist import ray_launcher
 from vldist.distributed.collectives import gather_objects
 from vldist.distributed.engine import make_engine
 from vldist.eval_split import EmptySplitError
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import EXIT_STOPPED, TrainingStopped, stop_requests
 from vldist.recipes import RECIPES, get_recipe
 from vldist.run_lock import OutputDirInUse, RunLock
@@ -43,8 +46,9 @@ DEFAULT_JOB = "vsrn"
 SYNTH_DIR = DataConfig.model_fields["shards"].default
 
 REFUSED = (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
-           OutputDirInUse)  # exit 2
-FAILED = (ray_launcher.RunFailed, CheckpointWriteError, EmptySplitError)  # exit 1, with NonFiniteLossError
+           OutputDirInUse, JavaNotFoundError)  # exit 2
+FAILED = (ray_launcher.RunFailed, CheckpointWriteError, EmptySplitError,
+          CaptionMetricsError)  # exit 1, with NonFiniteLossError
 
 
 def config_class(recipe: str) -> type[JobConfig]:
@@ -117,6 +121,7 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None) ->
                 recipe_cls = get_recipe(config.recipe)
                 recipe = recipe_cls(config, shards.vocab(config.output_dir, config.data.vocab_min_count),
                                     shards.feature_dim())
+                recipe.preflight()
                 log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
                          engine.world_size, config.output_dir)
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
@@ -160,7 +165,9 @@ def print_results(config: JobConfig, results: dict) -> None:
           f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s")
     print(recipe.report(rows, config.eval.split))
     out = config.output_dir
-    print(f"checkpoint: {out / 'checkpoints' / 'best'}   metrics: {out / 'metrics.json'}")
+    best = out / "checkpoints" / "best"  # none without validation: the last step's weights were tested
+    checkpoint = best if best.is_dir() else next(iter(reversed(step_checkpoints(out / "checkpoints"))), best)
+    print(f"checkpoint: {checkpoint}   metrics: {out / 'metrics.json'}")
 
 
 def _speaks() -> bool:

@@ -113,6 +113,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         model = recipe.build_model()
+        recipe.initialize(model)  # a resumed run's checkpoint then replaces these weights
         if config.engine.sync_batchnorm and engine.world_size > 1:
             convert_global_batchnorm(model)
         self.optimizers = build_optimizers(config, recipe.optimizer_groups(model))

@@ -45,3 +45,12 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     again = json.loads(out[out.index("{"):])
     assert again["captions"] == pytest.approx(trained["captions"])
     assert again["self_retrieval"] == pytest.approx(trained["self_retrieval"])
+
+
+def test_without_java_training_is_refused_before_it_starts(planted_shards, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no java on it
+    run = tmp_path / "run"
+    assert train_main(["captioner", f"data.shards={planted_shards}", f"output.dir={run}", *TINY]) == 2
+    err = capsys.readouterr().err
+    assert "pycocoevalcap needs Java" in err and "apt-get install -y default-jre-headless" in err, err
+    assert "Traceback" not in err and not (run / "checkpoints").exists()

@@ -94,7 +94,7 @@ def caption_scores(references: Mapping[Hashable, list[str]], candidates: Mapping
     if isinstance(meteor_timeout, bool) or not isinstance(meteor_timeout, (int, float)) \
             or not meteor_timeout > 0:
         raise ValueError(f"meteor_timeout must be a positive number of seconds, got {meteor_timeout!r}")
-    _require_java()
+    require_java()
     with _ONE_CALL_AT_A_TIME, _english_jvm_locale():
         # Started before tokenising: the METEOR JVM needs ~5 s to load, and this overlaps it.
         meteor = Meteor()
@@ -159,7 +159,8 @@ def _first(ids: list, shown: int = 3) -> str:
     return ", ".join(repr(i) for i in ids[:shown]) + (", ..." if len(ids) > shown else "")
 
 
-def _require_java() -> None:
+def require_java() -> None:
+    """Raise JavaNotFoundError, saying what to install, when no `java` is on PATH."""
     # Checked before any JVM starts: without it pycocoevalcap fails deep inside subprocess.
     if shutil.which("java") is None:
         raise JavaNotFoundError(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from vldist.recipes.base import Recipe
 from vldist.recipes.captioner import CaptionerRecipe
+from vldist.recipes.cl_caption import CLCaptionRecipe
 from vldist.recipes.vsrn import VSRNRecipe
 
-RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (VSRNRecipe, CaptionerRecipe)}
+RECIPES: dict[str, type[Recipe]] = {r.name: r for r in (VSRNRecipe, CaptionerRecipe, CLCaptionRecipe)}
 
 
 def get_recipe(name: str) -> type[Recipe]:

@@ -45,6 +45,15 @@ class Recipe(ABC):
     @abstractmethod
     def build_model(self) -> nn.Module: ...
 
+    def preflight(self) -> None:
+        """Checks before any training or evaluation starts, so that a missing tool fails at once
+        rather than after hours (captioning: Java for pycocoevalcap)."""
+
+    def initialize(self, model: nn.Module) -> None:
+        """Starting weights from elsewhere, for training only (never when a checkpoint is evaluated
+        or captioned, which brings its own): CL's target and reference start from a captioner.
+        Called by the trainer on the freshly built model, before the engine wraps it."""
+
     def start_epoch(self, epoch: int) -> None:
         """Called by the trainer before each epoch (0-based): for schedules and training phases."""
 

@@ -22,6 +22,7 @@ from vldist.data.collate import pad_regions, pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
 from vldist.losses import cross_rank_token_nll
 from vldist.metrics import caption_scores, self_retrieval_recall
+from vldist.metrics.captions import require_java
 from vldist.models.caption_scoring import caption_image_logprobs
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.generation import generate
@@ -68,6 +69,9 @@ class CaptionerRecipe(Recipe):
     @property
     def max_generated_len(self) -> int:
         return self.config.eval.max_generated_len or self.config.data.max_caption_len - 1
+
+    def preflight(self) -> None:
+        require_java()  # the metrics need it: fail before training, not after
 
     def build_model(self) -> nn.Module:
         region_dim = require_region_features(self.feature_dim, self.config.data.shards, "the captioner")

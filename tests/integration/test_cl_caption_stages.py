@@ -1,0 +1,51 @@
+"""`python -m vldist.train cl_caption`: the MLE captioner stage, then CL from its best checkpoint."""
+
+import json
+import logging
+import shutil
+
+import pytest
+import yaml
+from helpers import weights
+
+from vldist.train import main as train_main
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
+
+SIZES = {"hidden": 32, "embed": 16, "dropout": 0.1}
+DATA = {"batch_size": 20, "eval_batch_size": 30, "shuffle_buffer": 50, "max_regions": 3, "vocab_min_count": 1}
+
+
+def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards, tmp_path, capsys, caplog):
+    captioner_job = tmp_path / "tiny_captioner.yaml"
+    captioner_job.write_text(yaml.safe_dump({
+        "recipe": "captioner", "data": DATA, "model": SIZES,
+        "train": {"epochs": 2, "lr": 0.005, "validate_every": 1},
+        "eval": {"self_retrieval_pool": 30, "examples": 1},
+    }))
+    out = tmp_path / "cl"
+    argv = ["cl_caption", f"data.shards={planted_shards}", f"output.dir={out}", f"model.captioner_job={captioner_job}",
+            *(f"data.{k}={v}" for k, v in DATA.items()), *(f"model.{k}={v}" for k, v in SIZES.items()),
+            "train.max_steps=4", "train.lr=0.001", "eval.self_retrieval_pool=30", "eval.examples=1",
+            "metrics.enabled=false"]
+    assert train_main(argv) == 0
+    printed = capsys.readouterr().out
+    rows = [line.split()[0] for line in printed.splitlines() if line.split()[:1] in (["untrained"], ["mle"], ["cl"])]
+    assert rows == ["untrained", "mle", "cl"], printed
+
+    mle, cl = (json.loads((out / stage / "metrics.json").read_text()) for stage in ("mle", "cl"))
+    assert mle["recipe"] == "captioner" and mle["steps"] == 20 and cl["recipe"] == "cl_caption" and cl["steps"] == 4
+    # CL started from the MLE stage's best checkpoint, and its reference never moved from there
+    start = weights(out / "mle" / "checkpoints" / "best")
+    final = weights(out / "cl" / "checkpoints" / "best" if (out / "cl" / "checkpoints" / "best").is_dir()
+                    else sorted((out / "cl" / "checkpoints").glob("step-*"))[-1])
+    for name, value in start.items():
+        assert (final[f"reference.{name}"] == value).all(), name
+    assert any((final[f"target.{name}"] != value).any() for name, value in start.items())
+
+    # again: the finished MLE stage is reused, not trained again
+    mle_mtime = (out / "mle" / "metrics.json").stat().st_mtime
+    with caplog.at_level(logging.INFO, logger="vldist.train"):
+        assert train_main([*argv, "train.resume=auto"]) == 0
+    assert "stage 'mle' finished before" in caplog.text
+    assert (out / "mle" / "metrics.json").stat().st_mtime == mle_mtime
