@@ -102,10 +102,11 @@ def usage(job: str) -> str:
     return "\n".join(lines)
 
 
-def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None) -> dict | None:
+def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, last: bool = True) -> dict | None:
     """Train in this process, one rank of however many the launcher started; rank 0 returns the
     results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint.
-    A stop signal (or `stop_file` appearing) ends it with TrainingStopped after a checkpoint."""
+    A stop signal (or `stop_file` appearing) ends it with TrainingStopped after a checkpoint.
+    `last`: no other run follows in this process (else the process group is kept for it)."""
     from vldist.trainer import Trainer
 
     with stop_requests(config.train.stop_signals, stop_file) as stop:
@@ -130,7 +131,7 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None) ->
         finally:
             if metrics is not None:
                 metrics.close(config.metrics.linger_seconds)
-            engine.close()
+            engine.close(keep_process_group=not last)
 
 
 @contextmanager
@@ -231,7 +232,7 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
                 continue
             log.info("stage %d/%d of %s: '%s' (recipe %s), output in %s", index + 1, len(stages), config.recipe,
                      name, stage.recipe, stage.output_dir)
-        results = ray_launcher.launch(stage) if use_ray else run(stage)
+        results = ray_launcher.launch(stage) if use_ray else run(stage, last=index == len(stages) - 1)
         if use_ray:
             stage = ray_launcher.worker_config(stage)  # where the results were written
         if results is not None:

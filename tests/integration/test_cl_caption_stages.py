@@ -3,10 +3,11 @@
 import json
 import logging
 import shutil
+import subprocess
 
 import pytest
 import yaml
-from helpers import weights
+from helpers import TORCHRUN, weights
 
 from vldist.train import main as train_main
 
@@ -49,3 +50,20 @@ def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards
         assert train_main([*argv, "train.resume=auto"]) == 0
     assert "stage 'mle' finished before" in caplog.text
     assert (out / "mle" / "metrics.json").stat().st_mtime == mle_mtime
+
+
+def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path):
+    """The second stage's engine joins the process group the first one kept (a second rendezvous
+    of the same ranks hung)."""
+    captioner_job = tmp_path / "tiny_captioner.yaml"
+    captioner_job.write_text(yaml.safe_dump({"recipe": "captioner", "data": DATA, "model": SIZES,
+                                             "train": {"epochs": 1, "lr": 0.005}, "eval": {"self_retrieval_pool": 30}}))
+    out = tmp_path / "cl"
+    proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "cl_caption", f"data.shards={planted_shards}",
+                           f"output.dir={out}", f"model.captioner_job={captioner_job}",
+                           *(f"data.{k}={v}" for k, v in DATA.items()), *(f"model.{k}={v}" for k, v in SIZES.items()),
+                           "train.max_steps=2", "eval.self_retrieval_pool=30", "metrics.enabled=false"],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for stage in ("mle", "cl"):
+        assert json.loads((out / stage / "metrics.json").read_text())["world_size"] == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import torch
@@ -82,7 +83,17 @@ class AccelerateEngine(Engine):
     def barrier(self) -> None:
         self.accelerator.wait_for_everyone()
 
-    def close(self) -> None:
+    def close(self, keep_process_group: bool = False) -> None:
+        # DDP reducers must go before their process group: one freed after destroy_process_group
+        # (at interpreter exit, or a second model prepared by the same engine) can abort the
+        # process with "terminate called without an active exception".
+        self.model = None
+        self.accelerator.free_memory()
+        gc.collect()
+        if keep_process_group:  # end_training() would destroy it
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier()
+            return
         self.accelerator.end_training()
         if dist.is_available() and dist.is_initialized():
             dist.barrier()

@@ -165,9 +165,10 @@ class DeepSpeedEngine(Engine):
     def barrier(self) -> None:
         dist.barrier()
 
-    def close(self) -> None:
+    def close(self, keep_process_group: bool = False) -> None:
         if self.model is not None:
             self.model.destroy()
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
-            dist.destroy_process_group()
+            if not keep_process_group:
+                dist.destroy_process_group()

@@ -106,8 +106,10 @@ class Engine(ABC):
     def barrier(self) -> None: ...
 
     @abstractmethod
-    def close(self) -> None:
-        """Leave the process group in order, so that no rank aborts at interpreter exit."""
+    def close(self, keep_process_group: bool = False) -> None:
+        """Leave the process group in order, so that no rank aborts at interpreter exit.
+        `keep_process_group`: another engine of this process follows (the next stage of a job)
+        and joins the same group; a second rendezvous of the same ranks is not reliable."""
 
 
 def make_engine(config) -> Engine:
