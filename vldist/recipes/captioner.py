@@ -120,7 +120,7 @@ class CaptionerRecipe(Recipe):
         """One generated caption per image, from each image's (R, F) region features (a user's
         own images: `python -m vldist.caption`)."""
         padded, mask = pad_regions(regions, self.config.data.max_regions)
-        ids = generate(_unwrap(model).decoder, padded.to(device), mask.to(device), self.vocab.start_id,
+        ids = generate(unwrap(model).decoder, padded.to(device), mask.to(device), self.vocab.start_id,
                        self.vocab.end_id, self.max_generated_len, self.config.eval.beam_size)
         return self.decode(ids)
 
@@ -134,7 +134,7 @@ class CaptionerRecipe(Recipe):
         """Generate one caption per image; score them against the references (pycocoevalcap), and
         rank the first eval.self_retrieval_pool images by ln p(generated caption | image) (not in
         validation: selection uses CIDEr-D only, and the pool costs pool^2 decoder passes)."""
-        decoder = _unwrap(model).decoder
+        decoder = unwrap(model).decoder
         was_training = model.training
         model.eval()
         references, generated = {}, {}
@@ -188,6 +188,6 @@ def _trim(ids: torch.Tensor) -> list[list[int]]:
     return rows
 
 
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
     """The model under DDP/DeepSpeed wrappers (generation calls the decoder's own methods)."""
     return getattr(model, "module", model)

@@ -42,7 +42,7 @@ from vldist.distributed.collectives import all_gather_rows, global_sum
 from vldist.losses import cross_rank_contrastive_captioning_loss
 from vldist.losses.negatives import draw_negatives, gather_captions
 from vldist.models.generation import sequence_logprob
-from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe
+from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe, unwrap
 
 ARCHITECTURE_KEYS = ("decoder", "hidden", "embed")  # the captioner keys that shape the weights
 
@@ -237,7 +237,7 @@ class CLCaptionRecipe(CaptionerRecipe):
         cfg = self.cfg
         every = cfg.replace_reference_every
         if every and self._step > 0 and self._step % every == 0 and self._replaced_at != self._step:
-            getattr(model, "module", model).replace_reference()  # before the step's first forward
+            unwrap(model).replace_reference()  # before the step's first forward
             self._replaced_at = self._step
         negatives = self._draw_negatives(batch) if cfg.terms != "positive" else None
         out = model(batch["regions"], batch["mask"], batch["caption_images"], batch["tokens"], negatives)
