@@ -336,6 +336,10 @@ class Trainer:
         """Every rank, together: checkpoint the step reached (unless that is done) and stop."""
         reasons = [r for r in gather_objects(self.stop.reason) if r]
         reason = reasons[0] if reasons else "a stop request"
+        # A rank that learnt of the stop from the all-reduce records it too: its signals then stay
+        # ignored until it exits, so the launcher's SIGTERM after another rank left cannot kill it
+        # with -15 instead of EXIT_STOPPED (stop_requests).
+        self.stop.reason = self.stop.reason or reason
         if self._saved_step != self.state.step:
             self.save_step()
         checkpoint = self.ckpt_dir / step_name(self.state.step)
