@@ -52,9 +52,12 @@ def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards
     assert (out / "mle" / "metrics.json").stat().st_mtime == mle_mtime
 
 
-def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path):
+@pytest.mark.parametrize("engine", [[], ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero3.json"]],
+                         ids=["accelerate", "deepspeed-zero3"])
+def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path, engine):
     """The second stage's engine joins the process group the first one kept (a second rendezvous
-    of the same ranks hung)."""
+    of the same ranks hung). Under ZeRO-3 too, where the frozen reference is partitioned with the
+    target: it must still hold the MLE weights at the end."""
     captioner_job = tmp_path / "tiny_captioner.yaml"
     captioner_job.write_text(yaml.safe_dump({"recipe": "captioner", "data": DATA, "model": SIZES,
                                              "train": {"epochs": 1, "lr": 0.005}, "eval": {"self_retrieval_pool": 30}}))
@@ -62,8 +65,12 @@ def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path
     proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "cl_caption", f"data.shards={planted_shards}",
                            f"output.dir={out}", f"model.captioner_job={captioner_job}",
                            *(f"data.{k}={v}" for k, v in DATA.items()), *(f"model.{k}={v}" for k, v in SIZES.items()),
-                           "train.max_steps=2", "eval.self_retrieval_pool=30", "metrics.enabled=false"],
+                           "train.max_steps=2", "eval.self_retrieval_pool=30", "metrics.enabled=false", *engine],
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for stage in ("mle", "cl"):
         assert json.loads((out / stage / "metrics.json").read_text())["world_size"] == 2
+    start, final = weights(out / "mle" / "checkpoints" / "best"), weights(out / "cl" / "checkpoints" / "step-00000002")
+    for name, value in start.items():
+        assert (final[f"reference.{name}"] == value).all(), name
+    assert any((final[f"target.{name}"] != value).any() for name, value in start.items())

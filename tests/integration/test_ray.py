@@ -56,6 +56,7 @@ def ray_head(ray_token):
     address = f"http://127.0.0.1:{dashboard}"
     try:
         _wait_for_dashboard(address, head)
+        _wait_for_job_agent(address)
         yield address
     finally:
         _stop_head(head, temp)
@@ -73,6 +74,20 @@ def _wait_for_dashboard(address: str, head: subprocess.Popen) -> None:
             assert head.poll() is None, "the Ray head exited while starting"
             assert time.time() < deadline, "the Ray head did not come up in 120 s"
             time.sleep(0.5)
+
+
+def _wait_for_job_agent(address: str) -> None:
+    """The dashboard answers some seconds before the node's job agent does; until then a submit
+    fails with "No available agent to submit job, please try again later"."""
+    deadline = time.time() + 120
+    while True:
+        probe = subprocess.run([*RAY, "job", "submit", "--address", address, "--", sys.executable, "-c", "pass"],
+                               capture_output=True, text=True, timeout=120)
+        if probe.returncode == 0:
+            return
+        assert "No available agent" in probe.stderr + probe.stdout, (probe.stdout + probe.stderr)[-3000:]
+        assert time.time() < deadline, "the Ray head's job agent did not come up in 120 s"
+        time.sleep(1)
 
 
 def _stop_head(head: subprocess.Popen, temp: Path) -> None:
@@ -98,8 +113,8 @@ def _stop_head(head: subprocess.Popen, temp: Path) -> None:
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def _submit(address, *args, wait=True):
-    cmd = [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-m", "vldist.train", "vsrn", *args]
+def _submit(address, *args, wait=True, job="vsrn"):
+    cmd = [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-m", "vldist.train", job, *args]
     if wait:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -122,6 +137,30 @@ def test_submitted_job_trains_on_two_workers_and_writes_its_results(ray_head, pl
     targets = sorted(p.name for p in (run / "prometheus").glob("*.json"))  # for Prometheus file_sd
     assert targets == ["rank-0.json", "rank-1.json"]
     print(f"submit to end: {wall:.1f} s")
+
+
+def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray_head, planted_shards, tmp_path):
+    """cl_caption: the MLE captioner stage, then CL from its best checkpoint, both as Ray Train runs."""
+    pytest.importorskip("pycocoevalcap")
+    if shutil.which("java") is None:
+        pytest.skip("pycocoevalcap needs Java")
+    data = {"batch_size": 20, "eval_batch_size": 30, "shuffle_buffer": 50, "max_regions": 3, "vocab_min_count": 1}
+    sizes = {"hidden": 32, "embed": 16}
+    captioner_job = tmp_path / "tiny_captioner.yaml"
+    captioner_job.write_text(json.dumps({"recipe": "captioner", "data": data, "model": sizes,  # JSON is YAML
+                                         "train": {"epochs": 1, "lr": 0.005}, "eval": {"self_retrieval_pool": 30}}))
+    proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
+                   f"model.captioner_job={captioner_job}", *(f"data.{k}={v}" for k, v in data.items()),
+                   *(f"model.{k}={v}" for k, v in sizes.items()), "train.max_steps=2", "eval.self_retrieval_pool=30",
+                   "metrics.enabled=false", "data.workers=1", job="cl_caption")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
+    run = tmp_path / "cl_caption"
+    mle, cl = (json.loads((run / stage / "metrics.json").read_text()) for stage in ("mle", "cl"))
+    assert (mle["recipe"], mle["world_size"]) == ("captioner", 2) and (cl["recipe"], cl["world_size"]) == ("cl_caption", 2)
+    assert cl["steps"] == 2
+    rows = [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["untrained"], ["mle"], ["cl"])]
+    assert rows == ["untrained", "mle", "cl"], out[-4000:]
 
 
 def test_a_killed_worker_is_replaced_and_the_run_resumes_to_the_requested_steps(ray_head, planted_shards, tmp_path):
