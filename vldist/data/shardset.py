@@ -100,12 +100,13 @@ class ShardSet:
                     return Vocab.load(path)
                 except ValueError as err:
                     raise ShardsUnfitError(str(err)) from None
-        vocab = Vocab.build(self._train_captions(), min_count)
+        vocab = Vocab.build(self.train_captions(), min_count)
         cache_dir.mkdir(parents=True, exist_ok=True)
         vocab.save(cached)
         return vocab
 
-    def _train_captions(self):
+    def train_captions(self):
+        """Every caption of the train split, in shard order (read from the JSON members only)."""
         import webdataset as wds
 
         from vldist.data.skips import skipped

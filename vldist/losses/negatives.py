@@ -20,11 +20,19 @@ positions within a rank's slice.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from vldist.distributed.collectives import all_gather_rows, world
+
+
+def step_generator(seed: int, step: int, micro: int = 0) -> torch.Generator:
+    """A generator seeded from (job seed, optimizer step, micro-batch): every rank draws alike,
+    and every draw differs from the others of the run."""
+    state = np.random.SeedSequence([seed, step, micro]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
 
 
 def draw_negatives(caption_images: Tensor, k: int, generator: torch.Generator) -> Tensor:

@@ -258,8 +258,7 @@ class CLCaptionRecipe(CaptionerRecipe):
 
     def _generator(self) -> torch.Generator:
         """Seeded from (seed, step, micro-batch): every rank draws alike; each draw differs."""
-        seed = np.random.SeedSequence([self.config.seed, self._step, self._micro]).generate_state(1, np.uint64)[0]
-        return torch.Generator().manual_seed(int(seed))
+        return step_generator(self.config.seed, self._step, self._micro)
 
     def _draw_negatives(self, batch: dict) -> torch.Tensor:
         """(K, T_local, L) negative captions of this rank's positives, drawn from every rank's

@@ -1,0 +1,56 @@
+"""Both two-branch recipes on W = 2 gloo ranks (DDP) take the same steps as one process on the
+whole batch: the top-K violators, the neighbourhood pairs and the similarity network's negative
+sentences all come from the global batch."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import two_branch_step as worker  # noqa: E402
+from helpers import TORCHRUN  # noqa: E402
+
+from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("two_branch") / "two.pt"
+    proc = subprocess.run([*TORCHRUN, str(Path(worker.__file__)), str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def one_process() -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = AccelerateEngine("cpu")
+        return {job: worker.run(engine, job, "even") for job in worker.JOBS}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("split", list(worker.SPLITS))
+@pytest.mark.parametrize("job", list(worker.JOBS))
+def test_two_ranks_take_the_steps_of_one_process(two_ranks, one_process, job, split):
+    two, one = two_ranks[(job, split)], one_process[job]
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    losses = [s["losses"]["loss"] for s in one["steps"]]
+    assert losses[0] > 0.1 and len(set(losses)) == len(losses)  # active hinges, and the steps moved the model
+    for step, (got, expected) in enumerate(zip(two["steps"], one["steps"])):
+        assert got["losses"]["loss"] == pytest.approx(expected["losses"]["loss"], rel=1e-5), step
+        assert got["grads"].keys() == expected["grads"].keys()
+        # Float32 sums in another order differ by ~1e-6 of the step's largest gradient. That
+        # matters for the bias of the FC before each branch's batch norm: the norm subtracts it
+        # again, so its true gradient is 0 and both runs hold rounding noise of that size.
+        scale = max(float(g.abs().max()) for g in expected["grads"].values())
+        for name, grad in expected["grads"].items():
+            torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"{step} {name}")
+        for name, value in expected["state"].items():
+            torch.testing.assert_close(got["state"][name].float(), value.float(), rtol=1e-4,
+                                       atol=worker.LR * 1e-5 * scale * (step + 1) + 1e-5, msg=f"{step} {name}")
