@@ -68,7 +68,8 @@ def main() -> None:
                 continue
             steps = [f"train.max_steps={args.cl_steps}"] if args.cl_steps else []
             argv = [*overrides, f"seed={seed}", f"model.captioner_run={mle_dir}", "eval.baseline=false", *common, *steps]
-            metrics, seconds = train_once("cl_caption", root / key / f"seed{seed}", argv)
+            # with model.captioner_run, cl_caption is its CL stage alone, written to <output.dir>/cl
+            metrics, seconds = train_once("cl_caption", root / key / f"seed{seed}", argv, "cl/metrics.json")
             results.setdefault(label, []).append(metrics["test"])
             raw["runs"][f"{key}/seed{seed}"] = {"test": metrics["test"], "seconds": seconds, "overrides": overrides}
             print(f"{label}, seed {seed}: CIDEr-D {metrics['test']['captions']['cider_d']:.3f}", flush=True)

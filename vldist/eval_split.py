@@ -8,6 +8,7 @@ sample is an error that gives the first reasons.
 from __future__ import annotations
 
 import math
+from contextlib import closing
 
 from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
 
@@ -54,6 +55,9 @@ class SkipTally:
 def evaluate_split(recipe, model, loader, device, where: str, validation: bool = False) -> dict:
     """recipe.evaluate over the loader's batches, plus `skipped_samples` in the result."""
     tally = SkipTally(where)
-    result = recipe.evaluate(model, tally.batches(loader), device, validation=validation)
+    # closing: should evaluate raise, the loader's workers end now, not at interpreter exit (where
+    # multiprocessing's SIGTERM would not end them: they ignore the stop signals)
+    with closing(tally.batches(loader)) as batches:
+        result = recipe.evaluate(model, batches, device, validation=validation)
     result["skipped_samples"] = tally.count
     return result

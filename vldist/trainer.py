@@ -13,6 +13,7 @@ import logging
 import math
 import shutil
 import time
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -197,41 +198,43 @@ class Trainer:
         self.model.train()
         replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
         fetch_start, pending, skipped = time.perf_counter(), [], 0
-        for index, batch in enumerate(self._epoch_batches(epoch)):
-            if index < replay:
-                continue  # the stream is seeded per epoch, so skipping replays the exact position
-            skipped += batch.pop("skipped", 0)
-            batch.pop("skip_reasons", None)  # the warnings have shown them
-            pending.append(batch)
-            if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
-                continue
-            wait = time.perf_counter() - fetch_start  # blocked on the loader, not computing
-            step_start = time.perf_counter()
-            with self.flops.measure() as counter:  # the first step only, and on CUDA only
-                losses = self._step([_to_device(b, self.engine.device) for b in pending])
-            # the last exact-epoch batch can be ragged, so count rather than assume
-            local = sum(_batch_size(b) for b in pending)
-            self.flops.counted(counter, local)
-            # One all-reduce: the global sample count, and whether any rank was asked to stop (a
-            # signal may reach one rank only; all then stop after this same step).
-            n, stopping = (int(v) for v in global_sum(torch.tensor([local, int(self.stop.requested)])))
-            if self.engine.device.type == "cuda":
-                torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
-            self._observe_step(local, time.perf_counter() - step_start, wait, losses, skipped)
-            self.state.skipped_samples += skipped
-            pending, skipped = [], 0
-            self.state.step += 1
-            self.state.epoch_step += 1
-            self.state.epoch_loss_sum += float(losses["loss"])
-            self.state.samples_seen += n
-            self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr())
-            if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
-                self.save_step()
-            if stopping:
-                self._stop()
-            if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
-                break
-            fetch_start = time.perf_counter()
+        # closing: on an exception the loaders' workers end now, not at interpreter exit (eval_split.py)
+        with closing(self._epoch_batches(epoch)) as batches:
+            for index, batch in enumerate(batches):
+                if index < replay:
+                    continue  # the stream is seeded per epoch, so skipping replays the exact position
+                skipped += batch.pop("skipped", 0)
+                batch.pop("skip_reasons", None)  # the warnings have shown them
+                pending.append(batch)
+                if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
+                    continue
+                wait = time.perf_counter() - fetch_start  # blocked on the loader, not computing
+                step_start = time.perf_counter()
+                with self.flops.measure() as counter:  # the first step only, and on CUDA only
+                    losses = self._step([_to_device(b, self.engine.device) for b in pending])
+                # the last exact-epoch batch can be ragged, so count rather than assume
+                local = sum(_batch_size(b) for b in pending)
+                self.flops.counted(counter, local)
+                # One all-reduce: the global sample count, and whether any rank was asked to stop (a
+                # signal may reach one rank only; all then stop after this same step).
+                n, stopping = (int(v) for v in global_sum(torch.tensor([local, int(self.stop.requested)])))
+                if self.engine.device.type == "cuda":
+                    torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
+                self._observe_step(local, time.perf_counter() - step_start, wait, losses, skipped)
+                self.state.skipped_samples += skipped
+                pending, skipped = [], 0
+                self.state.step += 1
+                self.state.epoch_step += 1
+                self.state.epoch_loss_sum += float(losses["loss"])
+                self.state.samples_seen += n
+                self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr())
+                if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
+                    self.save_step()
+                if stopping:
+                    self._stop()
+                if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
+                    break
+                fetch_start = time.perf_counter()
         if self.state.epoch_step == 0:
             raise EmptySplitError(
                 f"epoch {epoch + 1} yielded no training batches: every sample of the {self.config.data.train_split} "

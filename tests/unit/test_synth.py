@@ -64,7 +64,7 @@ def test_samples_follow_the_schema(tiny):
         samples = _samples(root / "a", split)
         assert sorted(samples) == [f"{split}-{i:07d}" for i in range(len(samples))]
         for key, members in samples.items():
-            assert set(members) == {"jpg", "json", "regions.npy"}
+            assert set(members) == {"jpg", "json", "regions.npy", "proposals.npy"}
             meta = json.loads(members["json"])
             assert meta["id"] == key and meta["split"] == split
             w, h = meta["width"], meta["height"]
@@ -84,6 +84,28 @@ def test_samples_follow_the_schema(tiny):
             regions = np.load(io.BytesIO(members["regions.npy"]))
             assert regions.dtype == np.float16 and regions.shape == (len(boxes), 2048)
             assert np.isfinite(regions).all() and np.abs(regions).max() > 0
+            _check_proposals(meta, regions, np.load(io.BytesIO(members["proposals.npy"])))
+
+
+def _check_proposals(meta, regions, proposals):
+    """Proposal boxes: distinct, inside the image, PROPOSALS of them, rows aligned with features
+    extracted like the regions', and for each object at least one positive (IoU >= 0.7) and
+    negatives (IoU < 0.3 to every object) to train with."""
+    from vldist.data.phrases import overlaps
+    from vldist.shards.synth import PROPOSALS
+
+    boxes = meta["proposal_boxes"]
+    w, h = meta["width"], meta["height"]
+    assert len(boxes) == PROPOSALS == len({tuple(b) for b in boxes}) == proposals.shape[0]
+    assert all(0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h for x0, y0, x1, y1 in boxes)
+    assert proposals.dtype == np.float16 and proposals.shape[1] == regions.shape[1]
+    for obj in meta["objects"]:
+        assert meta["region_boxes"][obj["region"]] == obj["box"]  # "region" names the object's row
+        if obj["box"] in boxes:  # the same box: the same features, whichever member holds them
+            assert np.array_equal(proposals[boxes.index(obj["box"])], regions[obj["region"]])
+    iou = overlaps([o["box"] for o in meta["objects"]], np.array(boxes))
+    assert (iou.max(1) >= 0.7).all()
+    assert (iou.max(0) < 0.3).sum() >= 5
 
 
 def test_vocab_covers_train_captions(tiny):
@@ -107,6 +129,19 @@ def test_rebuild_is_byte_identical_and_splits_are_independent(tiny):
     assert fewer["splits"]["train"]["shards"][0]["sha256"] != manifest["splits"]["train"]["shards"][0]["sha256"]
     other_seed = build_synth(root / "d", **{**TINY, "seed": 1})
     assert other_seed["splits"]["val"] != manifest["splits"]["val"]
+
+
+def test_proposals_leave_images_captions_and_regions_as_they_were(tiny):
+    root, _ = tiny
+    without = build_synth(root / "no-proposals", **{**TINY, "proposals": 0})
+    assert not without["features"]["proposals"]
+    for key, members in _samples(root / "no-proposals", "val").items():
+        theirs = _samples(root / "a", "val")[key]
+        assert set(members) == {"jpg", "json", "regions.npy"}
+        assert members["jpg"] == theirs["jpg"] and members["regions.npy"] == theirs["regions.npy"]
+        meta = json.loads(theirs["json"])
+        del meta["proposal_boxes"]
+        assert json.loads(members["json"]) == meta
 
 
 def test_existing_set_is_not_overwritten_without_asking(tiny):

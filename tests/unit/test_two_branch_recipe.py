@@ -91,7 +91,7 @@ def test_the_similarity_loss_is_the_logistic_loss_of_each_positive_and_its_drawn
         for k in draw[:, j].tolist():
             assert batch["text_image"][k] != i  # a negative is never a sentence of the image itself
             expected += math.log1p(math.exp(float(model.fusion(image[i] * text[k]).detach())))
-    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(expected, rel=1e-5)
 
 
 def test_tfidf_is_fitted_on_the_train_captions_at_initialize(planted_shards):

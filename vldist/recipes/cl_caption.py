@@ -27,7 +27,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -40,7 +39,7 @@ from vldist.data.samples import require_region_features
 from vldist.data.vocab import Vocab
 from vldist.distributed.collectives import all_gather_rows, global_sum
 from vldist.losses import cross_rank_contrastive_captioning_loss
-from vldist.losses.negatives import draw_negatives, gather_captions
+from vldist.losses.negatives import draw_negatives, gather_captions, step_generator
 from vldist.models.generation import sequence_logprob
 from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe, unwrap
 

@@ -1,4 +1,5 @@
-"""Two-branch networks (Wang, Li & Lazebnik, TPAMI) for image-sentence retrieval.
+"""Two-branch networks (Wang, Li & Lazebnik, TPAMI) for image-sentence retrieval and phrase
+localisation.
 
 two_branch_embed  the embedding network: both branches into one space, the bi-directional top-K
                   ranking loss with the neighbourhood constraint (losses/two_branch.py)
@@ -11,6 +12,10 @@ HGLMM Fisher vectors need downloads) or a learned mean of word vectors. Neighbou
 is `model.sentences_per_image` >= 2: each image of a batch brings that many of its captions, so
 every batch holds at least two sentences of each of its images, on any number of ranks and
 loader workers, streamed, with the equal steps the pipeline already gives every rank.
+
+`model.tasks` picks the tasks: `retrieval` (images and their captions), `phrases` (object
+phrases and proposal regions, data/phrases.py), or both: then the two take turns, an optimizer
+step each, through shared branches, and evaluation reports both.
 Paper: ../shared/papers/two-branch-networks.txt; notes: ../shared/papers/notes-two-branch.md.
 """
 
@@ -28,13 +33,14 @@ from pydantic import Field
 from torch import nn
 
 from vldist.config import Section
+from vldist.data import phrases as phrase_data
 from vldist.data.collate import pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
-from vldist.data.shardset import ShardSet
+from vldist.data.shardset import ShardSet, ShardsUnfitError
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad
 from vldist.losses.negatives import draw_negatives, step_generator
 from vldist.losses.two_branch import cross_rank_two_branch_ranking_loss
-from vldist.metrics import retrieval_protocols, sentence_to_sentence_recall
+from vldist.metrics import phrase_localization_recall, retrieval_protocols, sentence_to_sentence_recall
 from vldist.models.two_branch import TwoBranchModel
 from vldist.recipes.base import Recipe
 from vldist.recipes.captioner import unwrap
@@ -57,6 +63,12 @@ class TwoBranchConfig(Section):
         "last", description="batch norm after the last FC (paper) or after the first, before the ReLU (official code)")
     sentences_per_image: int = Field(
         2, ge=1, description="captions each image brings to a batch: >= 2 is neighbourhood sampling, 1 turns it off")
+    tasks: list[Literal["retrieval", "phrases"]] = Field(
+        ["retrieval"], min_length=1, description="retrieval, phrases (phrase localisation) or both, taking turns")
+    augmented_positives: bool = Field(
+        True, description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region")
+    phrase_negatives: int = Field(
+        1, ge=0, description="phrases: regions of IoU < 0.3 from the same image per phrase, as negatives")
 
 
 class TwoBranchEmbedConfig(TwoBranchConfig):
@@ -66,6 +78,9 @@ class TwoBranchEmbedConfig(TwoBranchConfig):
     lambda_text: float = Field(2.0, ge=0, description="sentence-anchor term (paper: 2)")
     lambda_text_neighbors: float = Field(0.0, ge=0, description="neighbourhood constraint on sentences (paper: 0.2)")
     gather_negatives: bool = Field(True, description="violators from the global batch (all ranks); False: each rank's slice")
+    phrase_top_k: int = Field(30, ge=1, description="phrases: violators per pair (paper: 30)")
+    phrase_lambda_image: float = Field(1.0, ge=0, description="phrases: region-anchor term (paper: 1)")
+    phrase_lambda_text: float = Field(4.0, ge=0, description="phrases: phrase-anchor term (paper: 4)")
 
 
 class TwoBranchSimConfig(TwoBranchConfig):
@@ -77,12 +92,15 @@ class TwoBranchSimConfig(TwoBranchConfig):
 class TwoBranchRecipe(Recipe):
     """What both networks share: samples, batches, the model, evaluation and the report."""
 
-    sample_keys = ("json", "regions.npy")
     network: str
 
     @property
     def cfg(self) -> TwoBranchConfig:
         return self.config.model
+
+    @property
+    def sample_keys(self) -> tuple[str, ...]:
+        return ("json", "regions.npy", *(("proposals.npy",) if "phrases" in self.cfg.tasks else ()))
 
     def build_model(self) -> nn.Module:
         image_dim = require_region_features(self.feature_dim, self.config.data.shards, self.name)
@@ -91,9 +109,29 @@ class TwoBranchRecipe(Recipe):
         return TwoBranchModel(image_dim, len(self.vocab), cfg.text_features, cfg.word_dim, cfg.hidden, cfg.embed,
                               cfg.nonlinear, cfg.dropout, cfg.batchnorm, fusion)
 
+    def preflight(self) -> None:
+        if "phrases" not in self.cfg.tasks:
+            return
+        shards = ShardSet.open(self.config.data.shards)
+        if not shards.manifest.get("features", {}).get("proposals"):
+            raise ShardsUnfitError(
+                f"the shard set {shards.directory} has no proposals, and model.tasks includes phrases (phrase "
+                "localisation ranks proposal boxes by their features). Build the set again with them "
+                f"(python -m vldist.shards synth --out {shards.directory} --overwrite; converters: --proposals), "
+                "or set model.tasks=[retrieval]"
+            )
+
     def initialize(self, model: nn.Module) -> None:
         if self.cfg.text_features == "tfidf":  # saved in the checkpoint as the `idf` buffer
             model.text_features.fit(self.vocab, ShardSet.open(self.config.data.shards).train_captions())
+
+    def train_streams(self) -> dict[str, str]:
+        return {task: self.config.data.train_split for task in self.cfg.tasks}
+
+    def stream_functions(self, stream: str):
+        if stream == "phrases":
+            return self.phrase_sample, self.collate_phrases
+        return self.train_sample, self.collate_train
 
     # ------------------------------------------------------------------ samples and batches
 
@@ -109,28 +147,69 @@ class TwoBranchRecipe(Recipe):
         chosen = rng.sample(captions, min(self.cfg.sentences_per_image, len(captions)))
         return {"image": self._image(raw), "captions": [self._tokens(c) for c in chosen]}
 
+    def phrase_sample(self, raw: dict, rng: random.Random) -> dict:
+        meta = read_meta(raw)
+        proposals, boxes = phrase_data.read_proposals(raw, meta, self.feature_dim)
+        pairs = phrase_data.training_pairs(meta, read_regions(raw, self.feature_dim), proposals, boxes, rng,
+                                           self.cfg.augmented_positives, self.cfg.phrase_negatives)
+        return {"pairs": [{**pair, "phrase": self._tokens(pair["phrase"])} for pair in pairs]}
+
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
-        captions = read_meta(raw)["captions"][: self.config.eval.max_captions_per_image]
-        return {"key": raw["__key__"], "image": self._image(raw), "captions": [self._tokens(c) for c in captions]}
+        meta = read_meta(raw)
+        captions = meta["captions"][: self.config.eval.max_captions_per_image]
+        sample = {"key": raw["__key__"], "image": self._image(raw), "captions": [self._tokens(c) for c in captions]}
+        if "phrases" in self.cfg.tasks:
+            proposals, boxes = phrase_data.read_proposals(raw, meta, self.feature_dim)
+            objects = phrase_data.phrase_objects(meta)
+            sample.update(proposals=proposals, proposal_boxes=boxes, gt_boxes=[o["box"] for o in objects],
+                          phrases=[self._tokens(o["phrase"]) for o in objects])
+        return sample
 
     def _collate(self, samples: list[dict]) -> dict:
         images = torch.from_numpy(np.stack([s["image"] for s in samples]).astype(np.float32))
-        length = self.config.data.max_caption_len if self.uniform_shapes else None
-        tokens, _ = pad_tokens([c for s in samples for c in s["captions"]], length=length)
+        tokens, _ = pad_tokens([c for s in samples for c in s["captions"]], length=self._length())
         counts = [len(s["captions"]) for s in samples]
         return {"images": images, "tokens": tokens, "caption_counts": counts,
                 "text_image": torch.repeat_interleave(torch.arange(len(samples)), torch.tensor(counts))}
 
+    def _length(self) -> int | None:
+        return self.config.data.max_caption_len if self.uniform_shapes else None
+
     def collate_train(self, samples: list[dict]) -> dict:
         return self._collate(samples)
 
+    def collate_phrases(self, samples: list[dict]) -> dict:
+        """images: the positives' rows, then the negatives' rows; text_image: each phrase's positive."""
+        pairs = [pair for s in samples for pair in s["pairs"]]
+        if not pairs:
+            raise ValueError("a phrase batch without phrases: its images have no objects with a phrase and a box")
+        negatives = [(i, row) for i, pair in enumerate(pairs) for row in pair["negatives"]]
+        rows = [pair["positive"] for pair in pairs] + [row for _, row in negatives]
+        tokens, _ = pad_tokens([pair["phrase"] for pair in pairs], length=self._length())
+        return {"images": torch.from_numpy(np.stack(rows).astype(np.float32)), "tokens": tokens,
+                "text_image": torch.arange(len(pairs)),
+                "negative_rows": torch.arange(len(pairs), len(rows)),
+                "negative_phrase": torch.tensor([i for i, _ in negatives], dtype=torch.long)}
+
     def collate_eval(self, samples: list[dict]) -> dict:
-        return {**self._collate(samples), "keys": [s["key"] for s in samples]}
+        batch = {**self._collate(samples), "keys": [s["key"] for s in samples]}
+        if "phrases" in self.cfg.tasks:
+            for name in ("proposals", "proposal_boxes", "gt_boxes", "phrases"):
+                batch[name] = [s[name] for s in samples]
+        return batch
+
+    # ------------------------------------------------------------------ losses
+
+    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+        out = model(batch["images"], batch["tokens"])
+        if batch.get("stream", "retrieval") == "phrases":
+            return {"loss": self.phrase_loss(model, out, batch)}
+        return self.retrieval_loss(model, out, batch)
 
     # ------------------------------------------------------------------ evaluation
 
     def scores(self, model: nn.Module, images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
-        """(n_images x n_sentences) retrieval scores from the branches' outputs."""
+        """(n_images x n_sentences) scores from the branches' outputs, higher is better."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -139,45 +218,85 @@ class TwoBranchRecipe(Recipe):
         was_training = model.training
         model.eval()
         net = unwrap(model)
-        images, texts, counts = [], [], []
+        images, texts, counts, phrases = [], [], [], {"scores": [], "boxes": [], "gt": [], "iou": []}
         for batch in batches:
             images.append(net.embed_images(batch["images"].to(device)))
             texts.append(net.embed_captions(batch["tokens"].to(device)))
             counts.extend(batch["caption_counts"])
-        if not images:
-            model.train(was_training)
-            raise RuntimeError("the evaluation split yielded no samples (all missing or corrupt?)")
-        image, text = torch.cat(images), torch.cat(texts)
-        sims = self.scores(net, image, text).float().cpu()
+            if "phrases" in self.cfg.tasks:
+                self._score_phrases(net, batch, device, phrases)
         model.train(was_training)
+        if not images:
+            raise RuntimeError("the evaluation split yielded no samples (all missing or corrupt?)")
+        result: dict = {"n_images": len(counts), "n_captions": int(sum(counts))}
+        if "retrieval" in self.cfg.tasks:
+            result.update(self._retrieval_metrics(net, torch.cat(images), torch.cat(texts), counts))
+        if "phrases" in self.cfg.tasks:
+            recall = phrase_localization_recall(phrases["scores"], phrases["boxes"], phrases["gt"])
+            recall["chance"] = {f"r{k}": phrase_data.random_ranking_recall(phrases["iou"], k) for k in (1, 5, 10)}
+            result["phrases"] = recall
+        return result
+
+    def _retrieval_metrics(self, net: nn.Module, image: torch.Tensor, text: torch.Tensor, counts: list[int]) -> dict:
+        sims = self.scores(net, image, text).float().cpu()
         caption_images = np.repeat(np.arange(len(counts)), counts)  # captions come image by image
         result = retrieval_protocols(sims, fold_size=self.config.eval.fold_size, caption_images=caption_images)
-        result.update(n_images=len(counts), n_captions=int(sum(counts)),
-                      chance=chance_recall(len(counts), caption_counts=counts))
+        result["chance"] = chance_recall(len(counts), caption_counts=counts)
         if self.network == "embedding":  # sentences embedded in one space can query each other
             text = text.float().cpu()
             result["sentence_to_sentence"] = sentence_to_sentence_recall(text @ text.T, caption_images)
             result["chance"]["s2s_r1"] = sentence_chance(counts, 1)
         return result
 
+    def _score_phrases(self, net: nn.Module, batch: dict, device: torch.device, into: dict) -> None:
+        """Each phrase against every proposal of its own image."""
+        for proposals, boxes, gt, tokens in zip(batch["proposals"], batch["proposal_boxes"], batch["gt_boxes"],
+                                                batch["phrases"]):
+            if not tokens:
+                continue
+            regions = net.embed_images(torch.as_tensor(proposals).float().to(device))  # the loader made it a tensor
+            queries = net.embed_captions(pad_tokens(tokens)[0].to(device))
+            scores = self.scores(net, queries, regions).float().cpu()  # (phrases, proposals)
+            into["scores"] += list(scores)
+            into["boxes"] += [boxes] * len(tokens)
+            into["gt"] += gt
+            into["iou"] += list(phrase_data.overlaps(gt, boxes))
+
     def headline(self, metrics: dict) -> dict[str, float]:
-        full = metrics["full"]
-        out = {k: full[k] for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")}
+        out = {}
+        if "full" in metrics:
+            full = metrics["full"]
+            out = {k: full[k] for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")}
         if "sentence_to_sentence" in metrics:
             out["s2s_r1"] = metrics["sentence_to_sentence"]["r1"]
+        if "phrases" in metrics:
+            out.update({f"phrase_r{k}": metrics["phrases"][f"r{k}"] for k in (1, 5, 10)})
         return out
 
     def selection_score(self, metrics: dict) -> float:
-        return metrics["full"]["rsum"]
+        """rsum, plus phrase R@1 + R@5 + R@10 when phrases are a task."""
+        score = metrics["full"]["rsum"] if "full" in metrics else 0.0
+        if "phrases" in metrics:
+            score += sum(metrics["phrases"][f"r{k}"] for k in (1, 5, 10))
+        return score
 
     def report(self, rows: dict[str, dict], split: str) -> str:
         last = list(rows.values())[-1]
-        table = {"chance": last["chance"], **{name: self.headline(m) for name, m in rows.items()}}
-        text = retrieval_report(table, last, split)
-        if "sentence_to_sentence" in last:
-            text += "\nsentence-to-sentence R@1 (a sentence finds another of its image, itself excluded): " + ", ".join(
-                f"{name} {m['s2s_r1']:.1f}" for name, m in table.items())
-        return text
+        lines = []
+        if "full" in last:
+            table = {"chance": last["chance"], **{name: self.headline(m) for name, m in rows.items()}}
+            lines.append(retrieval_report(table, last, split))
+            if "sentence_to_sentence" in last:
+                lines.append("sentence-to-sentence R@1 (a sentence finds another of its image, itself excluded): "
+                             + ", ".join(f"{name} {m['s2s_r1']:.1f}" for name, m in table.items()))
+        if "phrases" in last:
+            phrases = last["phrases"]
+            lines.append(f"phrase localisation: {phrases['n_phrases']} phrases, each ranking its image's proposals "
+                         f"(IoU >= 0.5 is a hit; {phrases['upper_bound']:.1f}% of the phrases have one)")
+            lines.append(f"{'':<12}{'R@1':>8}{'R@5':>8}{'R@10':>8}")
+            table = {"chance": phrases["chance"], **{name: m["phrases"] for name, m in rows.items()}}
+            lines += [f"{name:<12}" + "".join(f"{m[f'r{k}']:>8.1f}" for k in (1, 5, 10)) for name, m in table.items()]
+        return "\n".join(lines)
 
 
 def sentence_chance(counts: list[int], k: int) -> float:
@@ -195,13 +314,20 @@ class TwoBranchEmbedRecipe(TwoBranchRecipe):
     ModelConfig = TwoBranchEmbedConfig
     network = "embedding"
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+    def retrieval_loss(self, model, out, batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
-        out = model(batch["images"], batch["tokens"])
         loss = cross_rank_two_branch_ranking_loss(
             out["image"], out["text"], batch["text_image"], cfg.margin, cfg.top_k, cfg.lambda_image,
             cfg.lambda_text, cfg.lambda_text_neighbors, cfg.gather_negatives)
         return {"loss": loss}
+
+    def phrase_loss(self, model, out, batch) -> torch.Tensor:
+        """Regions and phrases ranked as images and sentences are (no neighbourhood term); the
+        image rows include each phrase's same-image negatives, which rank against every phrase."""
+        cfg = self.cfg
+        return cross_rank_two_branch_ranking_loss(
+            out["image"], out["text"], batch["text_image"], cfg.margin, cfg.phrase_top_k, cfg.phrase_lambda_image,
+            cfg.phrase_lambda_text, 0.0, cfg.gather_negatives)
 
     def scores(self, model, images, texts):
         # On normalised embeddings, -|x - y| ranks as x.y does (|x - y|^2 = 2 - 2 x.y).
@@ -222,12 +348,11 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         self._step, self._micro = step, 0
         return ("main",)
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+    def retrieval_loss(self, model, out, batch) -> dict[str, torch.Tensor]:
         """Eq. 7, sum of log(1 + exp(-z p)): each sentence with its image (z = +1) and with
         `negatives_per_positive` sentences of other images drawn from the global batch (z = -1).
         This rank's share: its own pairs; the draw is the same on every rank (same seed, same
         global ids), so W ranks sum to one process on the whole batch."""
-        out = model(batch["images"], batch["tokens"])
         image, text, rows = out["image"], out["text"], batch["text_image"].to(out["image"].device)
         all_text, offset = all_gather_with_grad(text)
         counts, first = all_gather_rows(torch.tensor([image.shape[0]], device=image.device))
@@ -235,11 +360,21 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         generator = step_generator(self.config.seed, self._step, self._micro)
         self._micro += 1
         draw = draw_negatives(all_ids, self.cfg.negatives_per_positive, generator)[:, offset:offset + len(rows)]
-        net = unwrap(model)
-        pairs = net.pair_scores(image[rows].repeat(draw.shape[0] + 1, 1), torch.cat([text, all_text[draw.flatten()]]))
+        pairs = unwrap(model).pair_scores(image[rows].repeat(draw.shape[0] + 1, 1),
+                                          torch.cat([text, all_text[draw.flatten()]]))
         positive, negative = pairs[:len(rows)], pairs[len(rows):]
         loss = F.softplus(-positive.float()).sum() + F.softplus(negative.float()).sum()
         return {"loss": loss, "positive_logit": positive.detach().mean(), "negative_logit": negative.detach().mean()}
+
+    def phrase_loss(self, model, out, batch) -> torch.Tensor:
+        """Eq. 7 on each phrase with its positive region and with its same-image negatives."""
+        image, text = out["image"], out["text"]
+        rows = torch.cat([batch["text_image"], batch["negative_rows"]]).to(image.device)
+        phrases = torch.cat([torch.arange(text.shape[0]), batch["negative_phrase"]]).to(image.device)
+        logits = unwrap(model).pair_scores(image[rows], text[phrases]).float()
+        labels = torch.ones_like(logits)
+        labels[text.shape[0]:] = -1
+        return F.softplus(-labels * logits).sum()
 
     def scores(self, model, images, texts):
         return model.all_pair_scores(images, texts)

@@ -27,6 +27,8 @@ def _add_synth(sub) -> None:
     p.add_argument("--shard-size", type=int, default=1000, help="samples per tar shard (default 1000)")
     p.add_argument("--image-size", type=int, default=128, help="image side in pixels (default 128)")
     add_extractor_arguments(p, input_size=96)
+    p.add_argument("--proposals", type=int, default=32,
+                   help="candidate boxes per image for phrase localisation, with features (default 32; 0: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -39,7 +41,7 @@ def _run_synth(args) -> int:
         args.out, n_train=args.train, n_val=args.val, n_test=args.test, seed=args.seed,
         shard_size=args.shard_size, image_size=args.image_size, feature_size=args.feature_size,
         backbone=args.backbone, weights=args.weights, progress=not args.quiet, overwrite=args.overwrite,
-        layer=args.layer, grid=args.grid,
+        layer=args.layer, grid=args.grid, proposals=args.proposals,
     )
     seconds = time.perf_counter() - start
     size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())

@@ -23,12 +23,14 @@ from tqdm import tqdm
 from ..data.vocab import Vocab
 from .captions import make_captions
 from .features import RegionFeatureExtractor
+from .proposals import make_proposals
 from .scenes import Scene, generate_scene
 from .standardization import STANDARDIZATION_NAME, save_standardization
 from .writer import MANIFEST_NAME, ShardSetWriter
 
 SPLITS = ("train", "val", "test")
 MAX_REGIONS = 5  # the whole image plus at most 4 objects
+PROPOSALS = 32  # candidate boxes per image for phrase localisation (proposals.py)
 JPEG_QUALITY = 90
 FEATURE_BATCH = 64
 CALIBRATION_SCENES = 256  # scenes whose region features set the per-dimension standardisation
@@ -57,23 +59,37 @@ def jpeg_bytes(scene: Scene) -> bytes:
 
 def region_boxes(scene: Scene) -> list[list[int]]:
     """The stored "detector order": the whole image, then objects by area, largest first."""
-    objects = sorted(scene.objects, key=lambda o: -o.area)  # stable: ties keep scene order
-    return [[0, 0, scene.width, scene.height]] + [list(o.box) for o in objects]
+    return [[0, 0, scene.width, scene.height]] + [list(o.box) for o in _by_area(scene)]
 
 
-def sample_metadata(key: str, split: str, scene: Scene, captions: list[str]) -> dict:
-    return {
+def _by_area(scene: Scene) -> list:
+    return sorted(scene.objects, key=lambda o: -o.area)  # stable: ties keep scene order
+
+
+def sample_metadata(key: str, split: str, scene: Scene, captions: list[str], seed: int = 0,
+                    proposals: int = PROPOSALS) -> dict:
+    """The sample's JSON. Each object names its row in region_boxes ("region"); with `proposals`,
+    `proposal_boxes` are drawn from a stream of their own per sample, so that adding them left
+    every image and caption of the set as it was."""
+    rows = {id(o): 1 + i for i, o in enumerate(_by_area(scene))}
+    meta = {
         "id": key,
         "split": split,
         "width": scene.width,
         "height": scene.height,
         "captions": captions,
         "objects": [
-            {"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size}
+            {"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size,
+             "region": rows[id(o)]}
             for o in scene.objects
         ],
         "region_boxes": region_boxes(scene),
     }
+    if proposals:
+        rng = random.Random(f"vldist-synth-proposals:{seed}:{key}")
+        meta["proposal_boxes"] = make_proposals(scene.width, scene.height, [list(o.box) for o in scene.objects],
+                                                proposals, rng)
+    return meta
 
 
 def check_target(out: Path, overwrite: bool) -> None:
@@ -127,11 +143,12 @@ def calibrated_extractor(backbone: str = "resnet50", weights: str | None = None,
 def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 1000, seed: int = 0,
                 shard_size: int = 1000, image_size: int = 128, feature_size: int = 96,
                 backbone: str = "resnet50", weights: str | None = None, progress: bool = True,
-                overwrite: bool = False, layer: str = "layer2", grid: int = 2) -> dict:
+                overwrite: bool = False, layer: str = "layer2", grid: int = 2, proposals: int = PROPOSALS) -> dict:
     """Render, caption and featurise the synthetic splits into a shard set at `out_dir`.
 
     feature_size is the side the extractor resizes images to; layer and grid pick the ResNet stage
     and the roi_align grid (see features.py for why layer2 with a 2x2 grid is the default).
+    `proposals`: candidate boxes per image for phrase localisation, with their features (0: none).
     Returns the manifest.
     """
     counts = {"train": n_train, "val": n_val, "test": n_test}
@@ -145,12 +162,12 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
 
     config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
               "image_size": image_size, "feature_size": feature_size, "backbone": backbone, "weights": weights,
-              "layer": layer, "grid": grid}
+              "layer": layer, "grid": grid, "proposals": proposals}
     extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
     features = {"extractor": backbone, "layer": layer, "grid": grid, "dim": extractor.dim, "weights": weights,
                 "input_size": feature_size, "max_regions": MAX_REGIONS, "seed": EXTRACTOR_SEED,
                 "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
-                "standardization": STANDARDIZATION_NAME}
+                "standardization": STANDARDIZATION_NAME, "proposals": proposals}
     train_captions: list[str] = []
     bar = tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress)
     try:
@@ -163,7 +180,8 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
                     captions = make_captions(scene, rng)
                     if split == "train":
                         train_captions.extend(captions)
-                    pending.append((scene, sample_metadata(sample_key(split, index), split, scene, captions)))
+                    meta = sample_metadata(sample_key(split, index), split, scene, captions, seed, proposals)
+                    pending.append((scene, meta))
                     if len(pending) == FEATURE_BATCH or index == counts[split] - 1:
                         _write_batch(writer, split, pending, extractor)
                         bar.update(len(pending))
@@ -183,6 +201,12 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
 def _write_batch(writer: ShardSetWriter, split: str, pending: list[tuple[Scene, dict]],
                  extractor: RegionFeatureExtractor) -> None:
     scenes = [scene for scene, _ in pending]
-    regions = extractor.extract([s.image for s in scenes], [meta["region_boxes"] for _, meta in pending])
-    for (scene, meta), feats in zip(pending, regions):
-        writer.write(split, {"__key__": meta["id"], "jpg": jpeg_bytes(scene), "json": meta, "regions.npy": feats})
+    # one pass of the backbone for both: region rows first, then proposal rows
+    boxes = [meta["region_boxes"] + meta.get("proposal_boxes", []) for _, meta in pending]
+    rows = extractor.extract([s.image for s in scenes], boxes)
+    for (scene, meta), feats in zip(pending, rows):
+        n = len(meta["region_boxes"])
+        sample = {"__key__": meta["id"], "jpg": jpeg_bytes(scene), "json": meta, "regions.npy": feats[:n]}
+        if "proposal_boxes" in meta:
+            sample["proposals.npy"] = feats[n:]
+        writer.write(split, sample)
