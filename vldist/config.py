@@ -222,6 +222,12 @@ def deep_merge(base: dict, update: dict) -> dict:
     return merged
 
 
+def updated(config: "JobConfig", update: dict) -> "JobConfig":
+    """`config` with `update` (nested sections) merged in, validated again (a plain model_copy
+    would skip validation): how a recipe derives the configs of its stages."""
+    return type(config).model_validate(deep_merge(config.model_dump(), update))
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}

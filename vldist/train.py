@@ -159,8 +159,10 @@ def print_results(config: JobConfig, results: dict) -> None:
     recipe = get_recipe(config.recipe)(config, vocab=None)
     test = results["test"]
     stages = results.get("stages", {"trained": results})
-    first = next(iter(stages.values()))
-    rows = {"untrained": first["untrained"]} if "untrained" in first else {}
+    untrained = {}  # every stage's untrained model (CL: the MLE stage's; two-branch: one per task)
+    for stage in stages.values():
+        untrained.update(stage.get("untrained") or {})
+    rows = {"untrained": untrained} if untrained else {}
     rows.update({name: stage["test"] for name, stage in stages.items()})
     print(f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} images, "
           f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s")

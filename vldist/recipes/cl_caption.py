@@ -34,7 +34,7 @@ from torch import nn
 
 from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, read_config
 from vldist.compat import IncompatibleCheckpoint
-from vldist.config import ConfigError, JobConfig, deep_merge
+from vldist.config import ConfigError, JobConfig, updated
 from vldist.data.samples import require_region_features
 from vldist.data.vocab import Vocab
 from vldist.distributed.collectives import all_gather_rows, global_sum
@@ -155,20 +155,20 @@ class CLCaptionRecipe(CaptionerRecipe):
         if config.model.captioner_run:
             checkpoint = find_checkpoint(Path(config.model.captioner_run))
             cl_update["model"] = {"init_from": str(checkpoint)}
-            return [("cl", _updated(config, cl_update))]
+            return [("cl", updated(config, cl_update))]
 
         from vldist.train import load_config  # vldist.train imports the recipes
 
         captioner = load_config(config.model.captioner_job, [])
         _check_same_captioner(config, captioner)
-        mle = _updated(captioner, {
+        mle = updated(captioner, {
             "seed": config.seed, "launcher": config.launcher, "data": {"shards": config.data.shards},
             "engine": config.engine.model_dump(), "metrics": config.metrics.model_dump(),
             "ray": config.ray.model_dump(), "output": {"dir": str(out / "mle")},
         })
         cl_update["model"] = {"init_from": str(out / "mle" / "checkpoints" / "best")}
         cl_update["eval"] = {"baseline": False}  # the MLE stage's test result is CL's baseline
-        return [("mle", mle), ("cl", _updated(config, cl_update))]
+        return [("mle", mle), ("cl", updated(config, cl_update))]
 
     # ------------------------------------------------------------------ model
 
@@ -275,11 +275,6 @@ class CLCaptionRecipe(CaptionerRecipe):
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _updated(config: JobConfig, update: dict) -> JobConfig:
-    """`config` with `update` merged in, validated again (a plain model_copy would skip validation)."""
-    return type(config).model_validate(deep_merge(config.model_dump(), update))
 
 
 def _check_same_captioner(config: JobConfig, captioner: JobConfig) -> None:

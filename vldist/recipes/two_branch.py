@@ -14,8 +14,8 @@ every batch holds at least two sentences of each of its images, on any number of
 loader workers, streamed, with the equal steps the pipeline already gives every rank.
 
 `model.tasks` picks the tasks: `retrieval` (images and their captions), `phrases` (object
-phrases and proposal regions, data/phrases.py), or both: then the two take turns, an optimizer
-step each, through shared branches, and evaluation reports both.
+phrases and proposal regions, data/phrases.py), or both: then one job trains a model for each
+(stages: <output.dir>/retrieval, <output.dir>/phrases) and prints both.
 Paper: ../shared/papers/two-branch-networks.txt; notes: ../shared/papers/notes-two-branch.md.
 """
 
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from vldist.config import Section
+from vldist.config import JobConfig, Section, updated
 from vldist.data import phrases as phrase_data
 from vldist.data.collate import pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
@@ -64,7 +64,7 @@ class TwoBranchConfig(Section):
     sentences_per_image: int = Field(
         2, ge=1, description="captions each image brings to a batch: >= 2 is neighbourhood sampling, 1 turns it off")
     tasks: list[Literal["retrieval", "phrases"]] = Field(
-        ["retrieval"], min_length=1, description="retrieval, phrases (phrase localisation) or both, taking turns")
+        ["retrieval"], min_length=1, description="retrieval, phrases (phrase localisation) or both: a model each")
     augmented_positives: bool = Field(
         True, description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region")
     phrase_negatives: int = Field(
@@ -101,6 +101,13 @@ class TwoBranchRecipe(Recipe):
     @property
     def sample_keys(self) -> tuple[str, ...]:
         return ("json", "regions.npy", *(("proposals.npy",) if "phrases" in self.cfg.tasks else ()))
+
+    @classmethod
+    def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:
+        """One run per task, as the paper trains one model per task (shared branches trained on
+        both at once did worse at retrieval: whole images and proposal regions are different
+        inputs to one image branch and its batch norm)."""
+        return [(task, updated(config, {"model": {"tasks": [task]}})) for task in config.model.tasks]
 
     def build_model(self) -> nn.Module:
         image_dim = require_region_features(self.feature_dim, self.config.data.shards, self.name)
@@ -281,21 +288,25 @@ class TwoBranchRecipe(Recipe):
         return score
 
     def report(self, rows: dict[str, dict], split: str) -> str:
-        last = list(rows.values())[-1]
+        """A retrieval table and a phrase table, each over the rows that have its task (a job of
+        both tasks has one stage each: untrained, retrieval, phrases)."""
         lines = []
-        if "full" in last:
-            table = {"chance": last["chance"], **{name: self.headline(m) for name, m in rows.items()}}
+        retrieval = {name: m for name, m in rows.items() if "full" in m}
+        if retrieval:
+            last = list(retrieval.values())[-1]
+            table = {"chance": last["chance"], **{name: self.headline(m) for name, m in retrieval.items()}}
             lines.append(retrieval_report(table, last, split))
             if "sentence_to_sentence" in last:
                 lines.append("sentence-to-sentence R@1 (a sentence finds another of its image, itself excluded): "
                              + ", ".join(f"{name} {m['s2s_r1']:.1f}" for name, m in table.items()))
-        if "phrases" in last:
-            phrases = last["phrases"]
-            lines.append(f"phrase localisation: {phrases['n_phrases']} phrases, each ranking its image's proposals "
-                         f"(IoU >= 0.5 is a hit; {phrases['upper_bound']:.1f}% of the phrases have one)")
+        phrases = {name: m["phrases"] for name, m in rows.items() if "phrases" in m}
+        if phrases:
+            last = list(phrases.values())[-1]
+            lines.append(f"phrase localisation: {last['n_phrases']} phrases, each ranking its image's proposals "
+                         f"(IoU >= 0.5 is a hit; {last['upper_bound']:.1f}% of the phrases have one)")
             lines.append(f"{'':<12}{'R@1':>8}{'R@5':>8}{'R@10':>8}")
-            table = {"chance": phrases["chance"], **{name: m["phrases"] for name, m in rows.items()}}
-            lines += [f"{name:<12}" + "".join(f"{m[f'r{k}']:>8.1f}" for k in (1, 5, 10)) for name, m in table.items()]
+            lines += [f"{name:<12}" + "".join(f"{m[f'r{k}']:>8.1f}" for k in (1, 5, 10))
+                      for name, m in {"chance": last["chance"], **phrases}.items()]
         return "\n".join(lines)
 
 

@@ -90,14 +90,16 @@ def feature_options(args: argparse.Namespace) -> dict | None:
             "input_size": args.feature_size, "region_grid": args.region_grid}
 
 
-def manifest_features(options: dict | None, dim: int | None) -> dict | None:
+def manifest_features(options: dict | None, dim: int | None, extra: dict | None = None) -> dict | None:
+    """manifest["features"]; `extra` adds or overrides entries (a converter whose items carry
+    extra_boxes or proposal_boxes says so here: "regions", "max_regions", "proposals")."""
     if options is None:
         return None
     return {"extractor": options["backbone"], "weights": options["weights"], "layer": options["layer"],
             "grid": options["grid"], "input_size": options["input_size"], "dim": dim,
             "regions": "grid", "region_grid": options["region_grid"],
             "max_regions": options["region_grid"] ** 2,
-            "standardized_on": f"the first {CALIBRATION_IMAGES} readable train images"}
+            "standardized_on": f"the first {CALIBRATION_IMAGES} readable train images", **(extra or {})}
 
 
 @contextmanager
@@ -166,15 +168,37 @@ class RegionFeatures:
     def boxes(self, image: LoadedImage) -> list[list[int]]:
         return grid_boxes(image.width, image.height, self.cells)
 
-    def __call__(self, images: list[LoadedImage]) -> list:
+    def __call__(self, images: list[LoadedImage], extra: list[list] | None = None) -> list:
+        """Rows of each image's grid boxes, then of its `extra` boxes: one backbone pass for all."""
+        extra = extra or [[] for _ in images]
         with one_thread():
-            return self.extractor.extract([im.image for im in images], [self.boxes(im) for im in images])
+            return self.extractor.extract([im.image for im in images],
+                                          [self.boxes(im) + more for im, more in zip(images, extra)])
+
+
+@dataclass
+class _Featurised:
+    """One image of a sample, waiting for its feature rows."""
+
+    sample: dict
+    prefix: str  # member prefix: "" or "img1."
+    about: dict  # the JSON object describing the image
+    image: LoadedImage
+    extra: list  # boxes appended to the grid as region rows
+    proposals: list  # boxes whose rows become proposals.npy
 
 
 class ImageSamples:
     """The sample maker of the image formats. An item's data holds `images` (member name ->
     path; "" is the sample's one image, stored as `jpg`/`png`; a name such as "img1" gives
-    `img1.jpg` and `img1.regions.npy`) and `meta`, merged into the sample's JSON."""
+    `img1.jpg` and `img1.regions.npy`) and `meta`, merged into the sample's JSON.
+
+    Optional, each keyed by image name like `images` (plain JSON, as items are fingerprinted):
+    `sizes` ([width, height] the annotation was made on: an image of another size is bad input,
+    since its boxes would be misplaced), `extra_boxes` (pixel boxes appended after the grid
+    boxes as region rows, so an annotated object has its own row) and `proposal_boxes` (written
+    to the JSON and, with features, as `proposals.npy`, rows aligned). Region and proposal rows
+    of an image come from one backbone pass."""
 
     def __init__(self, setup: dict | None):
         self.features = RegionFeatures(setup) if setup else None
@@ -184,6 +208,7 @@ class ImageSamples:
         for item in items:
             try:
                 images = {name: load_image(path, item.where) for name, path in item.data["images"].items()}
+                _check_sizes(item, images)
             except BadInput as bad:
                 results.append(bad)
                 continue
@@ -195,20 +220,38 @@ class ImageSamples:
                 sample[prefix + image.ext] = image.data
                 about = meta.setdefault(name, {}) if name else meta
                 about.update(width=image.width, height=image.height)
-                loaded.append((sample, prefix, about, image))
+                proposals = item.data.get("proposal_boxes", {}).get(name, [])
+                if proposals:
+                    about["proposal_boxes"] = proposals
+                loaded.append(_Featurised(sample, prefix, about, image, item.data.get("extra_boxes", {}).get(name, []),
+                                          proposals))
             results.append(sample)
         if self.features and loaded:
-            for (sample, prefix, about, image), rows in zip(loaded, self.features([x[3] for x in loaded])):
-                about["region_boxes"] = self.features.boxes(image)
-                sample[prefix + "regions.npy"] = rows
+            rows = self.features([x.image for x in loaded], [x.extra + x.proposals for x in loaded])
+            for entry, feats in zip(loaded, rows):
+                regions = self.features.boxes(entry.image) + entry.extra
+                entry.about["region_boxes"] = regions
+                entry.sample[entry.prefix + "regions.npy"] = feats[:len(regions)]
+                if entry.proposals:
+                    entry.sample[entry.prefix + "proposals.npy"] = feats[len(regions):]
         return results
 
 
-def image_plan(splits: dict[str, list[Item]], inputs: dict, args: argparse.Namespace, skipped: list[dict]) -> Plan:
+def _check_sizes(item: Item, images: dict[str, LoadedImage]) -> None:
+    for name, (width, height) in item.data.get("sizes", {}).items():
+        image = images[name]
+        if (image.width, image.height) != (width, height):
+            raise BadInput(item.where, f"image {item.data['images'][name]} is {image.width} x {image.height} pixels "
+                                       f"but its annotation was made on {width} x {height}; is --images the "
+                                       "dataset's own image folder (not resized copies)?")
+
+
+def image_plan(splits: dict[str, list[Item]], inputs: dict, args: argparse.Namespace, skipped: list[dict],
+               features_extra: dict | None = None) -> Plan:
     """The Plan of an image format: features (if asked for) are calibrated on the first train
-    images, and only when some shard is still to be written."""
+    images, and only when some shard is still to be written. `features_extra`: manifest_features."""
     options = feature_options(args)
     first = splits.get("train") or [item for items in splits.values() for item in items]
     train_paths = [Path(p) for item in first[: 2 * CALIBRATION_IMAGES] for p in item.data["images"].values()]
-    return Plan(splits, inputs, features=manifest_features(options, feature_dim(options)),
+    return Plan(splits, inputs, features=manifest_features(options, feature_dim(options), features_extra),
                 prepare=lambda: calibrated_setup(options, args.device, train_paths), skipped=skipped)
