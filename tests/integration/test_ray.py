@@ -163,6 +163,23 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
     assert rows == ["untrained", "mle", "cl"], out[-4000:]
 
 
+def test_a_two_branch_job_trains_a_model_per_task_on_the_workers(ray_head, tmp_path):
+    from vldist.shards.synth import build_synth
+
+    shards = build_synth(tmp_path / "synth", n_train=80, n_val=16, n_test=24, feature_size=32, progress=False)
+    assert shards["features"]["proposals"]
+    proc = _submit(ray_head, f"data.shards={tmp_path / 'synth'}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
+                   "model.hidden=32", "model.embed=16", "data.batch_size=20", "data.eval_batch_size=24",
+                   "data.shuffle_buffer=50", "train.epochs=1", "metrics.enabled=false", "data.workers=1",
+                   "engine.sync_batchnorm=true", job="two_branch_embed")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
+    for task in ("retrieval", "phrases"):
+        metrics = json.loads((tmp_path / "two_branch_embed" / task / "metrics.json").read_text())
+        assert metrics["world_size"] == 2 and metrics["config"]["model"]["tasks"] == [task]
+    assert "i2t R@1" in out and "phrase localisation:" in out
+
+
 def test_a_killed_worker_is_replaced_and_the_run_resumes_to_the_requested_steps(ray_head, planted_shards, tmp_path):
     job = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=4",
                   "train.save_every_steps=4", *JOB, wait=False)
