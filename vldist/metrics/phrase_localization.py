@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
+from vldist.metrics.ks import check_ks
+
 PHRASE_LOCALIZATION_KS = (1, 5, 10)
 
 
@@ -59,14 +61,6 @@ def _check_boxes(boxes: np.ndarray, what: str, expected: str) -> np.ndarray:
         raise ValueError(f"{what}[{bad[0]}] = {boxes[bad[0]].tolist()} has x1 < x0 or y1 < y0: boxes "
                          f"are [x0, y0, x1, y1] with x1 >= x0 and y1 >= y0 ({bad.size} bad box(es))")
     return boxes
-
-
-def _check_ks(ks) -> tuple:
-    ks = tuple(ks)
-    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1]
-    if not ks or bad:
-        raise ValueError(f"ks must be a non-empty sequence of positive ints, got {ks!r}")
-    return ks
 
 
 def _check_iou(iou) -> float:
@@ -165,7 +159,7 @@ def phrase_localization_recall(scores, proposal_boxes, gt_boxes, ks=(1, 5, 10), 
     Boxes are [x0, y0, x1, y1] pixels. Tensors may be of any float dtype (bf16 included).
     A proposal covers a phrase when its IoU with the ground truth is >= iou, iou in (0, 1].
     """
-    ks = _check_ks(ks)
+    ks = check_ks(ks)
     ranks = phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou)
     out: dict = {f"r{k}": float(100.0 * np.mean(ranks <= k)) for k in ks}
     out["upper_bound"] = float(100.0 * np.mean(np.isfinite(ranks)))

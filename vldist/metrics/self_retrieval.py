@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vldist.metrics.ks import check_ks
+
 SELF_RETRIEVAL_KS = (1, 5, 50, 500)
 # Caption rows scored at a time: 256 x 5000 float64 is ~10 MB per chunk.
 _CHUNK = 256
@@ -50,10 +52,7 @@ def self_retrieval_recall(logp, ks=SELF_RETRIEVAL_KS) -> dict:
     logp: (N x N) tensor or array, logp[i, j] = ln p(c_i | I_j) (any score, higher is better; -inf
     allowed). k larger than N is capped at N, where every caption counts (r_k = 100).
     """
-    ks = tuple(ks)
-    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1]
-    if not ks or bad:
-        raise ValueError(f"ks must be positive ints, got {ks!r}")
+    ks = check_ks(ks)
     ranks = self_retrieval_ranks(logp)
     n = ranks.shape[0]
     out: dict = {f"r{k}": float(100.0 * np.mean(ranks <= min(k, n))) for k in ks}

@@ -23,18 +23,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vldist.metrics.ks import check_ks
+
 SENTENCE_RETRIEVAL_KS = (1, 5, 10)
 # Query rows scored at a time: 256 x 25000 float64 is ~50 MB per chunk, so a 25k-sentence matrix is
 # never copied whole (a float32 or torch input stays in its own dtype; only a chunk is float64).
 _CHUNK = 256
-
-
-def _check_ks(ks) -> tuple:
-    ks = tuple(ks)
-    bad = [k for k in ks if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1]
-    if not ks or bad:
-        raise ValueError(f"ks must be a non-empty sequence of positive ints, got {ks!r}")
-    return ks
 
 
 def _check_sims(sims):
@@ -110,7 +104,7 @@ def sentence_to_sentence_recall(sims, sentence_images, ks=(1, 5, 10)) -> dict:
     is the number of queries that count, "n_without_neighbour" the number left out. median_rank
     is the floored median of the 1-based ranks (the VSE++ convention of `retrieval_recall`).
     """
-    ks = _check_ks(ks)
+    ks = check_ks(ks)
     ranks = sentence_to_sentence_ranks(sims, sentence_images)
     counted = ranks[ranks > 0]
     if counted.size == 0:

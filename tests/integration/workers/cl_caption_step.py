@@ -18,11 +18,12 @@ from vldist.checkpoint import save_checkpoint
 from vldist.config import to_yaml
 from vldist.data.vocab import Vocab
 from vldist.distributed.accelerate_engine import AccelerateEngine
-from vldist.distributed.collectives import global_sum
 from vldist.distributed.engine import Engine
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionRecipe
 from vldist.train import load_config
+
+from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small", "left", "of"])
 DIM, IMAGES, STEPS, LR = 6, 6, 3, 0.5
@@ -54,33 +55,14 @@ def global_images() -> list[dict]:
             for i in range(IMAGES)]
 
 
-def my_images(engine: Engine, split: str) -> list[dict]:
-    images = global_images()
-    if engine.world_size == 1:
-        return images
-    cut = SPLITS[split]
-    return images[:cut] if engine.rank == 0 else images[cut:]
-
-
 def run(engine: Engine, recipe: CLCaptionRecipe, split: str) -> dict:
     """STEPS optimizer steps (SGD, whose update shows any error in the gradient's scale; Adam's
     first step is about lr * sign(gradient)) on the same batch; rank 0 gets the outcome."""
     torch.manual_seed(0)
     module = recipe.build_model()
     recipe.initialize(module)
-    model = engine.setup(module, {"main": torch.optim.SGD(recipe.optimizer_groups(module)["main"], lr=LR)})
-    model.train()
-    batch = recipe.collate_train(my_images(engine, split))
-    steps = []
-    for step in range(STEPS):
-        recipe.updates(step)
-        losses = recipe.losses(model, batch)
-        engine.backward(losses["loss"])
-        grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
-        engine.step("main", None)
-        state = engine.model_state_dict()
-        steps.append({"losses": {k: float(global_sum(v)) for k, v in losses.items()}, "grads": grads,
-                      "state": state})
+    batch = recipe.collate_train(my_slice(global_images(), engine, SPLITS[split]))
+    steps = sgd_steps(engine, recipe, module, batch, STEPS, LR)
     return {"steps": steps, "world_size": engine.world_size}
 
 

@@ -15,11 +15,12 @@ import torch
 
 from vldist.data.vocab import Vocab
 from vldist.distributed.accelerate_engine import AccelerateEngine
-from vldist.distributed.collectives import global_sum
 from vldist.distributed.engine import Engine
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes import get_recipe
 from vldist.train import load_config
+
+from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small", "left", "of"])
 DIM, IMAGES, STEPS, LR = 6, 8, 3, 0.5
@@ -47,33 +48,15 @@ def global_images() -> list[dict]:
             for i in range(IMAGES)]
 
 
-def my_images(engine: Engine, split: str) -> list[dict]:
-    images = global_images()
-    if engine.world_size == 1:
-        return images
-    cut = SPLITS[split]
-    return images[:cut] if engine.rank == 0 else images[cut:]
-
-
 def run(engine: Engine, job: str, split: str) -> dict:
-    """STEPS SGD steps (whose update shows any error in the gradient's scale) on the same batch."""
+    """STEPS SGD steps on this rank's slice of the batch."""
     recipe = make_recipe(job)
     torch.manual_seed(0)
     module = convert_global_batchnorm(recipe.build_model())
     captions = [VOCAB.decode(c) for image in global_images() for c in image["captions"]]
     module.text_features.fit(VOCAB, captions)
-    model = engine.setup(module, {"main": torch.optim.SGD(recipe.optimizer_groups(module)["main"], lr=LR)})
-    model.train()
-    batch = recipe.collate_train(my_images(engine, split))
-    steps = []
-    for step in range(STEPS):
-        recipe.updates(step)
-        losses = recipe.losses(model, batch)
-        engine.backward(losses["loss"])
-        grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
-        engine.step("main", None)
-        steps.append({"losses": {k: float(global_sum(v)) for k, v in losses.items() if k == "loss"},
-                      "grads": grads, "state": engine.model_state_dict()})
+    batch = recipe.collate_train(my_slice(global_images(), engine, SPLITS[split]))
+    steps = sgd_steps(engine, recipe, module, batch, STEPS, LR)
     return {"steps": steps, "world_size": engine.world_size}
 
 
