@@ -227,13 +227,14 @@ class TwoBranchRecipe(Recipe):
         net = unwrap(model)
         images, texts, counts, phrases = [], [], [], {"scores": [], "boxes": [], "gt": [], "iou": []}
         for batch in batches:
-            images.append(net.embed_images(batch["images"].to(device)))
-            texts.append(net.embed_captions(batch["tokens"].to(device)))
             counts.extend(batch["caption_counts"])
+            if "retrieval" in self.cfg.tasks:
+                images.append(net.embed_images(batch["images"].to(device)))
+                texts.append(net.embed_captions(batch["tokens"].to(device)))
             if "phrases" in self.cfg.tasks:
                 self._score_phrases(net, batch, device, phrases)
         model.train(was_training)
-        if not images:
+        if not counts:
             raise RuntimeError("the evaluation split yielded no samples (all missing or corrupt?)")
         result: dict = {"n_images": len(counts), "n_captions": int(sum(counts))}
         if "retrieval" in self.cfg.tasks:

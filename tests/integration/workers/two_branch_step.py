@@ -24,7 +24,7 @@ from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on s
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small", "left", "of"])
 DIM, IMAGES, STEPS, LR = 6, 8, 3, 0.5
-TINY = ["model.hidden=12", "model.embed=8", "model.dropout=0", "train.grad_clip=null"]
+TINY = ["model.hidden=12", "model.embed=8", "model.dropout=0", "train.grad_clip=null", "model.tasks=[retrieval]"]
 # top_k 3: fewer than the negatives, so which violators are the K largest matters
 JOBS = {
     "two_branch_embed": ["model.top_k=3", "model.margin=0.5", "model.lambda_text_neighbors=0.5"],
