@@ -257,16 +257,20 @@ class TwoBranchRecipe(Recipe):
         return result
 
     def _score_phrases(self, net: nn.Module, batch: dict, device: torch.device, into: dict) -> None:
-        """Each phrase against every proposal of its own image."""
-        for proposals, boxes, gt, tokens in zip(batch["proposals"], batch["proposal_boxes"], batch["gt_boxes"],
-                                                batch["phrases"]):
-            if not tokens:
+        """Each phrase against every proposal of its own image. Each branch runs once per batch
+        (all its images' proposals, all its phrases); only the scoring goes image by image."""
+        proposals = [torch.as_tensor(p).float() for p in batch["proposals"]]  # the loader made them tensors
+        phrases = [t for tokens in batch["phrases"] for t in tokens]
+        if not phrases:
+            return
+        regions = net.embed_images(torch.cat(proposals).to(device)).split([len(p) for p in proposals])
+        queries = net.embed_captions(pad_tokens(phrases)[0].to(device)).split([len(t) for t in batch["phrases"]])
+        for image_regions, image_queries, boxes, gt in zip(regions, queries, batch["proposal_boxes"], batch["gt_boxes"]):
+            if not len(image_queries):
                 continue
-            regions = net.embed_images(torch.as_tensor(proposals).float().to(device))  # the loader made it a tensor
-            queries = net.embed_captions(pad_tokens(tokens)[0].to(device))
-            scores = self.scores(net, queries, regions).float().cpu()  # (phrases, proposals)
+            scores = self.scores(net, image_queries, image_regions).float().cpu()  # (phrases, proposals)
             into["scores"] += list(scores)
-            into["boxes"] += [boxes] * len(tokens)
+            into["boxes"] += [boxes] * len(image_queries)
             into["gt"] += gt
             into["iou"] += list(phrase_data.overlaps(gt, boxes))
 
