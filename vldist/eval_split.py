@@ -37,13 +37,15 @@ class SkipTally:
         self.where, self.count, self.reasons, self.batches_seen = where, 0, [], 0
 
     def batches(self, loader):
-        for batch in loader:
-            self.count += batch.pop("skipped", 0)
-            self.reasons += batch.pop("skip_reasons", [])[: max(0, 3 - len(self.reasons))]
-            if batch.pop("only_skips", False):
-                continue
-            self.batches_seen += 1
-            yield batch
+        # closing: the loader's workers end here, not in a finalizer, where a Ctrl-C is lost
+        with closing(iter(loader)) as loaded:
+            for batch in loaded:
+                self.count += batch.pop("skipped", 0)
+                self.reasons += batch.pop("skip_reasons", [])[: max(0, 3 - len(self.reasons))]
+                if batch.pop("only_skips", False):
+                    continue
+                self.batches_seen += 1
+                yield batch
         if not self.batches_seen:
             first = "\n  ".join(self.reasons) or "(no sample was read: are the shards empty?)"
             raise EmptySplitError(

@@ -103,6 +103,40 @@ def stop_requests(signal_names=(), watch_file: Path | None = None):
             signal.signal(sig, signal.SIG_IGN if stop.reason else handler)
 
 
+@contextmanager
+def interrupts_deferred():
+    """Ctrl-C inside the block takes effect as a KeyboardInterrupt when the block ends. For data-loader
+    calls, which are not safe to interrupt: a KeyboardInterrupt inside an iterator's __del__ (its
+    workers shutting down) is printed as 'Exception ignored' and lost, so training went on; one in
+    the middle of receiving a batch's shared memory left the sending worker to print a traceback.
+    Does nothing where SIGINT is not Python's default (a stop signal, or a thread other than main)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    global _interrupted
+    caught = []
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if caught:
+        _interrupted = True  # should this raise land in a finalizer, the next check raises it again
+        raise KeyboardInterrupt
+
+
+_interrupted = False
+
+
+def raise_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C that interrupts_deferred took, in case it was raised
+    where Python drops exceptions (a generator closed by the garbage collector): the trainer calls
+    this between steps and after evaluation, so Ctrl-C always ends the run."""
+    if _interrupted:
+        raise KeyboardInterrupt
+
+
 def ignore_in_worker(signals, worker_id: int | None = None) -> None:
     """worker_init_fn of data loaders: a stop signal sent to the whole process group (torchrun,
     Slurm) must not kill the loader workers mid-epoch; the trainer stops them when it is done."""

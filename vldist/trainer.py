@@ -31,7 +31,7 @@ from vldist.data.shardset import ShardSet
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
-from vldist.preemption import StopRequest, TrainingStopped
+from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
 from vldist.recipes.base import Recipe
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
@@ -160,15 +160,19 @@ class Trainer:
             stream.epoch = epoch
         workers, shielded = self.config.data.workers, self.stop.signals
         loaders = {name: iter(make_loader(s, workers, shielded)) for name, s in self.train_streams.items()}
-        while loaders:
-            for name in list(loaders):
-                for _ in range(self.accumulation):
-                    batch = next(loaders[name], None)
-                    if batch is None:
-                        del loaders[name]
-                        break
-                    batch["stream"] = name
-                    yield batch
+        try:
+            while loaders:
+                for name in list(loaders):
+                    for _ in range(self.accumulation):
+                        batch = next(loaders[name], None)
+                        if batch is None:
+                            del loaders[name]
+                            break
+                        batch["stream"] = name
+                        yield batch
+        finally:
+            for batches in loaders.values():
+                batches.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost
 
     # ------------------------------------------------------------------ evaluation
 
@@ -183,6 +187,7 @@ class Trainer:
             where = f"the {split} split of {self.shards.directory}"
             validation = split == self.config.data.val_split and split != self.config.eval.split
             result = evaluate_split(self.recipe, model, batches, self.engine.device, where, validation)
+            raise_if_interrupted()
         self.engine.barrier()
         return result
 
@@ -232,6 +237,7 @@ class Trainer:
                     self.save_step()
                 if stopping:
                     self._stop()
+                raise_if_interrupted()
                 if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
                     break
                 fetch_start = time.perf_counter()

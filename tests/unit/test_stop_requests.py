@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from vldist import preemption
 from vldist.preemption import (
-    StopRequest, read_stop_file, signal_numbers, stop_requests, write_stop_file,
+    StopRequest, interrupts_deferred, raise_if_interrupted, read_stop_file, signal_numbers, stop_requests,
+    write_stop_file,
 )
 from vldist.run_lock import OutputDirInUse, RunLock, check_free
 
@@ -19,6 +21,35 @@ def test_signal_names_with_or_without_sig_and_unknown_ones_refused():
     assert signal_numbers(["SIGTERM", "usr1", "SIGUSR2"]) == [signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2]
     with pytest.raises(ValueError, match="'SIGFOO' is not a signal name"):
         signal_numbers(["SIGFOO"])
+
+
+def test_ctrl_c_inside_a_deferred_block_raises_when_the_block_ends_and_is_not_lost(monkeypatch):
+    monkeypatch.setattr(preemption, "_interrupted", False)
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            signal.raise_signal(signal.SIGINT)  # Python runs the handler at the next bytecode
+            finished.append("the rest of the block ran")
+    assert finished == ["the rest of the block ran"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # had that KeyboardInterrupt been dropped (raised in a finalizer), the next check raises it
+    with pytest.raises(KeyboardInterrupt):
+        raise_if_interrupted()
+
+
+def test_a_block_without_ctrl_c_or_with_sigint_as_a_stop_signal_is_left_alone(monkeypatch):
+    monkeypatch.setattr(preemption, "_interrupted", False)
+    with interrupts_deferred():
+        pass
+    raise_if_interrupted()  # nothing pending
+    try:
+        with stop_requests(["SIGINT"]) as stop:
+            with interrupts_deferred():
+                signal.raise_signal(signal.SIGINT)  # the stop handler records it; no KeyboardInterrupt
+            assert stop.requested and stop.reason == "SIGINT"
+        raise_if_interrupted()
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a stopped run leaves it ignored
 
 
 def test_an_unknown_signal_in_the_job_is_a_config_error():

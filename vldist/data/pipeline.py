@@ -22,7 +22,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vldist.data.skips import skipped
-from vldist.preemption import ignore_in_worker
+from vldist.preemption import ignore_in_worker, interrupts_deferred
 
 SampleFn = Callable[[dict, random.Random], "dict | None"]
 CollateFn = Callable[[list[dict]], dict]
@@ -211,9 +211,9 @@ def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
     return max(1, math.ceil(samples_per_epoch / global_batch))
 
 
-def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> DataLoader:
+def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> "Loader":
     """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself)."""
-    return DataLoader(
+    return Loader(DataLoader(
         stream,
         batch_size=None,  # the stream batches itself
         num_workers=workers,
@@ -224,4 +224,28 @@ def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> D
         worker_init_fn=functools.partial(ignore_in_worker, tuple(shielded_signals)) if workers else None,
         pin_memory=torch.cuda.is_available(),
         prefetch_factor=4 if workers else None,
-    )
+    ))
+
+
+class Loader:
+    """A DataLoader whose worker start, batch hand-over and worker shutdown Ctrl-C does not cut
+    into: the KeyboardInterrupt comes between batches (preemption.interrupts_deferred)."""
+
+    _END = object()
+
+    def __init__(self, loader: DataLoader):
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[dict]:
+        with interrupts_deferred():
+            batches = iter(self.loader)
+        try:
+            while True:
+                with interrupts_deferred():
+                    batch = next(batches, self._END)
+                if batch is self._END:
+                    return
+                yield batch
+        finally:
+            with interrupts_deferred():
+                del batches  # the workers are joined here, not in a __del__ at some later moment
