@@ -215,6 +215,11 @@ def find_checkpoint(path: Path) -> Path:
     complete = step_checkpoints(ckpts)
     if complete:
         return complete[-1]
+    stages = sorted(sub for sub in path.glob("*/checkpoints") if sub.is_dir()) if path.is_dir() else []
+    if stages and not ckpts.is_dir():  # a job of several stages (two-branch: one run per task)
+        runs = ", ".join(str(s.parent) for s in stages)
+        raise CheckpointError(f"'{path}' holds the runs of several stages, each with its own checkpoints: "
+                              f"name one of them ({runs})")
     if path.is_dir() and not ckpts.is_dir():
         _require_complete(path)  # raises with the precise reason
     raise CheckpointError(f"no complete checkpoint under '{path}'")

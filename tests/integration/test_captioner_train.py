@@ -42,6 +42,10 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     # the saved best checkpoint evaluates to the same numbers
     assert evaluate_main([str(run), "--json"]) == 0
     out = capsys.readouterr().out
+    table = out[: out.index("{")]  # the report comes first: metrics, then captions beside references
+    for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1"):
+        assert column in table
+    assert table.count("generated:") == 2 and "reference:" in table, table
     again = json.loads(out[out.index("{"):])
     assert again["captions"] == pytest.approx(trained["captions"])
     assert again["self_retrieval"] == pytest.approx(trained["self_retrieval"])

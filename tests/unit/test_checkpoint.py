@@ -70,6 +70,16 @@ def test_find_checkpoint_prefers_best_then_the_newest_step(tmp_path):
         find_checkpoint(tmp_path / "nothing")
 
 
+def test_the_directory_of_a_job_of_several_stages_names_its_stage_runs(tmp_path):
+    job = tmp_path / "two_branch_embed"
+    _save(job / "retrieval" / "checkpoints" / "step-00000010")
+    _save(job / "phrases" / "checkpoints" / "step-00000010")
+    with pytest.raises(CheckpointError, match="several stages") as err:
+        find_checkpoint(job)
+    assert str(job / "phrases") in str(err.value) and str(job / "retrieval") in str(err.value)
+    assert find_checkpoint(job / "phrases") == job / "phrases" / "checkpoints" / "step-00000010"
+
+
 def test_prune_keeps_the_newest_complete_steps(tmp_path):
     for step in (5, 10, 15, 20):
         _save(tmp_path / f"step-{step:08d}")
