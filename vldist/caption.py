@@ -1,8 +1,10 @@
 """Caption your own images: `python -m vldist.caption <checkpoint or run dir> IMAGE... [--shards DIR]`.
 
-Prints `path<TAB>caption`, one line per image, in the order given. The model reads region
-features, so each image's features are computed by the extractor its shard set was built with,
-standardised with the statistics stored beside the set's manifest (vldist/shards/extractor_setup.py).
+Prints `path<TAB>caption`, one line per image, in the order given. A region-feature model's
+features of each image are computed by the extractor its shard set was built with, standardised
+with the statistics stored beside the set's manifest (vldist/shards/extractor_setup.py). A model
+that reads pixels and describes pairs (L2C) takes IMAGE1 IMAGE2 [IMAGE1 IMAGE2 ...] and prints
+`path1 path2<TAB>description`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,12 @@ def caption_images(checkpoint, images: list, shards: str | None = None, device: 
         if not torch.cuda.is_available():
             raise CaptionError("--device cuda but no CUDA device is visible; use --device auto or cpu")
     config, recipe, model, shard_set = load_checkpoint(checkpoint, shards, device)
+    if callable(getattr(recipe, "caption_pixels", None)):  # reads pixels, not region features (L2C)
+        group = recipe.images_per_caption
+        if len(images) % group:
+            raise CaptionError(f"recipe {config.recipe} describes {group} images at a time (a pair: IMAGE1 IMAGE2); "
+                               f"{len(images)} readable images were given")
+        return recipe.caption_pixels(model, images, next(model.parameters()).device)
     if not callable(getattr(recipe, "caption", None)):
         raise CaptionError(f"recipe {config.recipe} does not generate captions; caption with a run of a "
                            "captioning recipe (e.g. captioner)")
@@ -120,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             compat.IncompatibleCheckpoint) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for path, caption in zip(readable, captions):
-        print(f"{path}\t{caption}")
+    group = len(readable) // len(captions)  # a recipe that describes pairs: two paths a line
+    for index, caption in enumerate(captions):
+        print(" ".join(readable[index * group:(index + 1) * group]) + f"\t{caption}")
     return 2 if failed else 0
 
 

@@ -30,7 +30,7 @@ class Section(BaseModel):
 
 class DataConfig(Section):
     shards: str = Field("shards/synth", description="shard directory (manifest.json + <split>-*.tar)")
-    build_if_missing: bool = Field(True, description="build the synthetic set when `shards` is the synth default and absent")
+    build_if_missing: bool = Field(True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent")
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"

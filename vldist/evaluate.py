@@ -46,7 +46,9 @@ def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, de
     recipe.preflight()
     where = f"the {split} split of {shard_set.directory}"
     device = next(model.parameters()).device
-    return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), device, where)
+    pictures = find_checkpoint(path).parent.parent / "images" / f"evaluate-{split}"  # in the run, not the checkpoint
+    return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), device, where,
+                                  images_dir=pictures)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     recipe = get_recipe(config.recipe)(config, vocab=None)
-    print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} images, "
+    print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} {metrics.get('unit', 'images')}, "
           f"{metrics['n_captions']} captions")
     print(recipe.report({"model": metrics}, args.split))
     if args.json:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import math
 import operator
 from collections import Counter
@@ -85,14 +87,16 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
     """Caption metrics (on pycocoevalcap's scale) and self-retrieval recall (percent) per model,
     then the last model's example captions beside their references."""
     last = list(rows.values())[-1]
-    ks = [k for k in last["self_retrieval"] if k.startswith("r")]
+    retrieval = "self_retrieval" in last  # captioners; L2C's pair descriptions have none
+    ks = [k for k in last["self_retrieval"] if k.startswith("r")] if retrieval else []
     header = f"{'':<12}" + "".join(f"{name:>9}" for name in CAPTION_COLUMNS.values())
-    lines = [header + "  self-retrieval " + "".join(f"{'R@' + k[1:]:>8}" for k in ks)]
+    lines = [header + ("  self-retrieval " + "".join(f"{'R@' + k[1:]:>8}" for k in ks) if retrieval else "")]
     for name, m in rows.items():
-        recall = "".join(f"{m['self_retrieval'][k]:>8.2f}" for k in ks)
-        lines.append(f"{name:<12}" + "".join(_score(m["captions"][c]) for c in CAPTION_COLUMNS) + " " * 16 + recall)
-    lines.append(f"self-retrieval: each generated caption ranks the {last['self_retrieval']['n_images']} first "
-                 f"{split} images by ln p(caption | image)")
+        recall = " " * 16 + "".join(f"{m['self_retrieval'][k]:>8.2f}" for k in ks) if retrieval else ""
+        lines.append(f"{name:<12}" + "".join(_score(m["captions"][c]) for c in CAPTION_COLUMNS) + recall)
+    if retrieval:
+        lines.append(f"self-retrieval: each generated caption ranks the {last['self_retrieval']['n_images']} first "
+                     f"{split} images by ln p(caption | image)")
     if not math.isfinite(last["captions"]["meteor"]):
         lines.append("METEOR n/a: it did not finish within eval.meteor_timeout and was ended")
     for example in last.get("examples", []):
@@ -100,5 +104,7 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
         lines += [f"  {'':<{len(example['key'])}}  reference: {r}" for r in example["references"][:2]]
     if last.get("skipped_samples"):
         lines.append(f"{last['skipped_samples']} samples of the {split} split were unreadable and skipped "
-                     f"(see the warnings): the metrics cover the {last['n_images']} images that remain")
+                     f"(see the warnings): the metrics cover the {last['n_images']} {last.get('unit', 'images')} that remain")
+    if last.get("images"):
+        lines.append(f"pictures ({len(last['images'])}, PNG): {Path(last['images'][0]).parent}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ Exit codes (the whole catalogue of bad input: docs/bad-input.md):
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -38,12 +39,14 @@ from vldist.eval_split import EmptySplitError
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import EXIT_STOPPED, TrainingStopped, stop_requests
 from vldist.recipes import RECIPES, get_recipe
+from vldist.recipes.base import StreamSource
 from vldist.run_lock import OutputDirInUse, RunLock
 from vldist.telemetry.prometheus import start_rank_metrics
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
 SYNTH_DIR = DataConfig.model_fields["shards"].default
+PAIRS_DIR = "shards/synth_pairs"
 
 REFUSED = (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
            OutputDirInUse, JavaNotFoundError)  # exit 2
@@ -66,15 +69,24 @@ def load_config(job: str, overrides: list[str]) -> JobConfig:
     return validate(raw, config_class(raw["recipe"]))
 
 
-def open_shards(config: JobConfig) -> ShardSet:
-    """The job's shard set; the embedded synthetic set is built on first use."""
-    directory = Path(config.data.shards)
-    if not directory.exists() and config.data.build_if_missing and config.data.shards == SYNTH_DIR:
-        from vldist.shards.synth import build_synth
+# The embedded sets vldist generates itself, by their default directory: built on first use.
+EMBEDDED_SETS = {
+    SYNTH_DIR: ("vldist.shards.synth", "build_synth", "the embedded synthetic dataset"),
+    PAIRS_DIR: ("vldist.shards.pairs", "build_synth_pairs", "the embedded image-pair dataset (L2C)"),
+}
 
-        log.info("shards '%s' not found: building the embedded synthetic dataset (once, about a minute)", directory)
-        build_synth(directory)
-    return ShardSet.open(directory)
+
+def open_shards(config: JobConfig) -> ShardSet:
+    """The job's shard set. Embedded sets the job reads (data.shards, or the set of another training
+    stream, as L2C's single-image captions) are built on first use."""
+    recipe = get_recipe(config.recipe)(config, vocab=None)
+    streams = [src.shards for src in recipe.train_streams().values() if isinstance(src, StreamSource) and src.shards]
+    for directory in dict.fromkeys([config.data.shards, *streams]):
+        if directory in EMBEDDED_SETS and config.data.build_if_missing and not Path(directory).exists():
+            module, builder, what = EMBEDDED_SETS[directory]
+            log.info("shards '%s' not found: building %s (once, about a minute)", directory, what)
+            getattr(importlib.import_module(module), builder)(directory)
+    return ShardSet.open(config.data.shards)
 
 
 def split_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -164,7 +176,7 @@ def print_results(config: JobConfig, results: dict) -> None:
         untrained.update(stage.get("untrained") or {})
     rows = {"untrained": untrained} if untrained else {}
     rows.update({name: stage["test"] for name, stage in stages.items()})
-    print(f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} images, "
+    print(f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} {test.get('unit', 'images')}, "
           f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s")
     print(recipe.report(rows, config.eval.split))
     out = config.output_dir

@@ -32,7 +32,7 @@ from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
-from vldist.recipes.base import Recipe
+from vldist.recipes.base import Recipe, StreamSource
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
 
@@ -130,29 +130,36 @@ class Trainer:
         per epoch. Several streams take turns, an optimizer step each, until each has yielded its
         own epoch (L2C's captions and image pairs)."""
         config, engine, t = self.config, self.engine, self.config.train
-        micro_global = config.data.batch_size // self.accumulation
-        names = self.recipe.train_streams()
-        if len(names) > 1 and not config.data.resampled:
-            raise ValueError(f"data.resampled=false reads one stream; this recipe has {len(names)} ({', '.join(names)})")
-        streams, micro = {}, 0
-        for index, (name, split) in enumerate(names.items()):
-            samples = t.samples_per_epoch or self.shards.num_samples(split)
+        sources = {name: src if isinstance(src, StreamSource) else StreamSource(src)
+                   for name, src in self.recipe.train_streams().items()}
+        if len(sources) > 1 and not config.data.resampled:
+            raise ValueError(f"data.resampled=false reads one stream; this recipe has {len(sources)} ({', '.join(sources)})")
+        specs, counts = {}, {}
+        for index, (name, src) in enumerate(sources.items()):
+            shards = self.shards if src.shards is None else ShardSet.open(src.shards)
+            batch = src.batch_size or config.data.batch_size
+            if batch % (engine.world_size * self.accumulation):
+                raise ValueError(f"stream '{name}': its batch of {batch} must be divisible by {engine.world_size} "
+                                 f"ranks x train.grad_accumulation={self.accumulation}")
+            micro_global = batch // self.accumulation
+            samples = t.samples_per_epoch or shards.num_samples(src.split)
             if samples is None:
-                raise ValueError(f"the shard set has no manifest count for split '{split}'; set train.samples_per_epoch")
+                raise ValueError(f"the shard set has no manifest count for split '{src.split}'; set train.samples_per_epoch")
             sample_fn, collate_fn = self.recipe.stream_functions(name)
-            spec = StreamSpec(
-                urls=self.shards.urls(split), keep=self.recipe.sample_keys, sample_fn=sample_fn, collate_fn=collate_fn,
-                batch_size=micro_global // engine.world_size, seed=config.seed + 1_000_003 * index,
-                rank=engine.rank, world_size=engine.world_size,
+            specs[name] = StreamSpec(
+                urls=shards.urls(src.split), keep=src.keys or self.recipe.sample_keys, sample_fn=sample_fn,
+                collate_fn=collate_fn, batch_size=micro_global // engine.world_size,
+                seed=config.seed + 1_000_003 * index, rank=engine.rank, world_size=engine.world_size,
             )
-            if config.data.resampled:
-                count = batches_per_rank(samples, config.data.batch_size) * self.accumulation
-                streams[name] = TrainStream(spec, count, config.data.shuffle_buffer)
-            else:  # the last step of an exact epoch may take fewer micro-batches
-                count = exact_epoch_steps(samples, micro_global, engine.world_size)
-                streams[name] = ExactEpochStream(spec, samples, config.data.shuffle_buffer)
-            micro += count
-        return streams, micro
+            if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
+                steps = exact_epoch_steps(samples, micro_global, engine.world_size)
+                return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, steps
+            counts[name] = batches_per_rank(samples, batch) * self.accumulation
+        for name, src in sources.items():
+            if src.steps_like is not None:  # e.g. one single-image batch per pair batch, as L2C trains
+                counts[name] = counts[src.steps_like]
+        streams = {name: TrainStream(specs[name], counts[name], config.data.shuffle_buffer) for name in specs}
+        return streams, sum(counts.values())
 
     def _epoch_batches(self, epoch: int):
         """This epoch's micro-batches, tagged with their stream; streams take turns step by step."""
@@ -186,7 +193,8 @@ class Trainer:
             batches = eval_batches(loader, eval_batch_count(self.config, self.shards, split), split, True)
             where = f"the {split} split of {self.shards.directory}"
             validation = split == self.config.data.val_split and split != self.config.eval.split
-            result = evaluate_split(self.recipe, model, batches, self.engine.device, where, validation)
+            pictures = self.out_dir / "images" / f"{split}-step-{self.state.step:08d}"
+            result = evaluate_split(self.recipe, model, batches, self.engine.device, where, validation, pictures)
             raise_if_interrupted()
         self.engine.barrier()
         return result

@@ -9,6 +9,7 @@ import json
 import pytest
 
 import vldist.recipes
+from vldist.recipes.base import StreamSource
 from vldist.recipes.vsrn import VSRNRecipe
 from vldist.train import load_config, run
 
@@ -48,3 +49,32 @@ def test_exact_epochs_refuse_several_streams(planted_shards, tmp_path, monkeypat
     config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "data.resampled=false", *SMALL])
     with pytest.raises(ValueError, match="data.resampled=false reads one stream; this recipe has 2"):
         run(config)
+
+
+class PacedStreamVSRN(TwoStreamVSRN):
+    """The second stream reads another shard set (here a copy), 8 a step, one step per step of the first."""
+
+    other_shards = ""
+
+    def train_streams(self):
+        return {"captions": "train",
+                "pairs": StreamSource("val", shards=self.other_shards, batch_size=8, steps_like="captions")}
+
+
+def test_a_stream_from_another_shard_set_with_its_own_batch_paced_by_the_first(planted_shards, tmp_path, monkeypatch):
+    import shutil
+
+    from vldist.data.shardset import ShardsNotFoundError
+
+    other = tmp_path / "other"
+    monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", PacedStreamVSRN)
+    monkeypatch.setattr(PacedStreamVSRN, "other_shards", str(other))
+    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path / 'run'}", "train.epochs=1", *SMALL])
+    with pytest.raises(ShardsNotFoundError, match=str(other)):  # the second stream reads the other set
+        run(config)
+    shutil.copytree(planted_shards, other)
+    TwoStreamVSRN.seen = []
+    results = run(config)
+    assert TwoStreamVSRN.seen == ["captions", "pairs"] * 7  # 200 train samples / 32 = 7 steps, and 7 of val
+    assert results["steps"] == 14
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["samples_seen"] == 7 * 32 + 7 * 8
