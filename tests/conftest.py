@@ -5,12 +5,28 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import PREEMPT_JOB, TORCHRUN, write_planted_shards  # noqa: E402
+from helpers import PREEMPT_JOB, TORCHRUN, write_planted_shards, write_scene_images  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def planted_shards(tmp_path_factory) -> Path:
     return write_planted_shards(tmp_path_factory.mktemp("planted") / "shards")
+
+
+@pytest.fixture(scope="session")
+def pair_shards(tmp_path_factory) -> Path:
+    """A miniature of the embedded image-pair set (L2C): 64 / 16 / 16 pairs of 64-pixel scenes."""
+    from vldist.shards.pairs import build_synth_pairs
+
+    out = tmp_path_factory.mktemp("pairs") / "shards"
+    build_synth_pairs(out, n_train=64, n_val=16, n_test=16, shard_size=16, image_size=64, progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def scene_images(tmp_path_factory) -> Path:
+    """Single-image captions of rendered scenes (L2C's second stream), 64-pixel, no features."""
+    return write_scene_images(tmp_path_factory.mktemp("singles") / "shards", {"train": 64})
 
 
 @pytest.fixture(scope="session")

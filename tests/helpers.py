@@ -57,6 +57,28 @@ def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int
     return out
 
 
+def write_scene_images(out: Path, counts=None, seed: int = 0, image_size: int = 64) -> Path:
+    """A single-image set of rendered scenes (JPEG and five captions each, no features): the
+    second stream of L2C, in miniature."""
+    import random
+
+    from vldist.shards.captions import make_captions
+    from vldist.shards.scenes import generate_scene
+    from vldist.shards.synth import jpeg_bytes
+
+    counts = counts or {"train": 48}
+    rng = random.Random(seed)
+    with ShardSetWriter(out, shard_size=32, source="scene-images-test") as writer:
+        for split, n in counts.items():
+            for i in range(n):
+                scene = generate_scene(rng, image_size)
+                key = f"{split}-{i:07d}"
+                writer.write(split, {"__key__": key, "jpg": jpeg_bytes(scene),
+                                     "json": {"id": key, "split": split, "captions": make_captions(scene, rng)}})
+        writer.close({})
+    return out
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket

@@ -150,6 +150,7 @@ class Trainer:
                 urls=shards.urls(src.split), keep=src.keys or self.recipe.sample_keys, sample_fn=sample_fn,
                 collate_fn=collate_fn, batch_size=micro_global // engine.world_size,
                 seed=config.seed + 1_000_003 * index, rank=engine.rank, world_size=engine.world_size,
+                optional=self.recipe.optional_keys,
             )
             if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
                 steps = exact_epoch_steps(samples, micro_global, engine.world_size)

@@ -38,6 +38,7 @@ class StreamSpec:
     seed: int = 0
     rank: int = 0
     world_size: int = 1
+    optional: tuple[str, ...] = ()  # members read when present (L2C: masks, which only some sets store)
 
 
 def _seed(*parts: int) -> int:
@@ -51,7 +52,7 @@ def _worker() -> tuple[int, int]:
 
 def _raw(spec: StreamSpec, urls) -> Iterator[dict]:
     """Undecoded samples of the given shards, holding only the members the recipe keeps."""
-    wanted = tuple("." + k for k in spec.keep)
+    wanted = tuple("." + k for k in (*spec.keep, *spec.optional))
     return wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
 
 

@@ -27,7 +27,7 @@ class StreamSource:
     split: str
     shards: str | None = None  # another shard set's directory (None: data.shards)
     batch_size: int | None = None  # this stream's global batch (None: data.batch_size)
-    keys: tuple[str, ...] | None = None  # tar members it reads (None: the recipe's sample_keys)
+    keys: tuple[str, ...] | None = None  # tar members it needs (None: the recipe's sample_keys)
     steps_like: str | None = None  # take as many steps an epoch as this other stream (None: its own epoch)
 
 
@@ -36,6 +36,7 @@ class Recipe(ABC):
     description: ClassVar[str]
     ModelConfig: ClassVar[type[Section]]
     sample_keys: ClassVar[tuple[str, ...]]  # tar members the recipe reads, e.g. ("json", "regions.npy")
+    optional_keys: ClassVar[tuple[str, ...]] = ()  # members read when a sample has them (L2C: masks)
     # Some updates leave parameters without gradient (alternating optimizers, training phases):
     # DDP must then look for unused parameters after each backward.
     dynamic_graph: ClassVar[bool] = False

@@ -1,4 +1,5 @@
 """Command line for shard sets: `python -m vldist.shards synth --out shards/synth`,
+`python -m vldist.shards synth-pairs --out shards/synth_pairs`,
 `python -m vldist.shards convert <format> --src ... --out ...`, `python -m vldist.shards verify <dir>`."""
 
 from __future__ import annotations
@@ -47,6 +48,40 @@ def _run_synth(args) -> int:
     size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
     splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in manifest["splits"].items())
     print(f"wrote {args.out}: {splits}; {size / 2**20:.1f} MiB in {seconds:.1f} s")
+    return 0
+
+
+def _add_synth_pairs(sub) -> None:
+    p = sub.add_parser(
+        "synth-pairs",
+        help="render the synthetic image pairs of L2C (two scenes, one change, its descriptions, masks)",
+        description="Render pairs of scenes that differ by one change (colour, size, position or count), "
+                    "write about five descriptions of the difference per pair (naming image1 and image2) "
+                    "and both foreground masks into WebDataset shards. The same arguments give the same bytes.",
+    )
+    p.add_argument("--out", required=True, type=Path, help="directory to create, e.g. shards/synth_pairs")
+    p.add_argument("--train", type=int, default=2000, help="train pairs (default 2000)")
+    p.add_argument("--val", type=int, default=250, help="validation pairs (default 250)")
+    p.add_argument("--test", type=int, default=500, help="test pairs (default 500)")
+    p.add_argument("--seed", type=int, default=0, help="data seed; each split derives its own stream (default 0)")
+    p.add_argument("--shard-size", type=int, default=500, help="samples per tar shard (default 500)")
+    p.add_argument("--image-size", type=int, default=128, help="image side in pixels (default 128)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _run_synth_pairs(args) -> int:
+    from .pairs import build_synth_pairs
+
+    start = time.perf_counter()
+    manifest = build_synth_pairs(
+        args.out, n_train=args.train, n_val=args.val, n_test=args.test, seed=args.seed,
+        shard_size=args.shard_size, image_size=args.image_size, progress=not args.quiet, overwrite=args.overwrite,
+    )
+    seconds = time.perf_counter() - start
+    size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
+    splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in manifest["splits"].items())
+    print(f"wrote {args.out}: {splits} pairs; {size / 2**20:.1f} MiB in {seconds:.1f} s")
     return 0
 
 
@@ -139,12 +174,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vldist.shards", description="Build shard sets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_synth(sub)
+    _add_synth_pairs(sub)
     _add_convert(sub)
     _add_verify(sub)
     args = parser.parse_args(argv)
     try:
         if args.command == "synth":
             return _run_synth(args)
+        if args.command == "synth-pairs":
+            return _run_synth_pairs(args)
         if args.command == "convert":
             return _run_convert(args)
         if args.command == "verify":

@@ -140,13 +140,18 @@ def render(objects: list[SceneObject], width: int, height: int, rnd: random.Rand
     image = Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8), "RGB")
     draw = ImageDraw.Draw(image)
     for obj in objects:
-        fill = COLORS[obj.color]
-        if obj.shape == "circle":
-            x0, y0, x1, y1 = obj.box
-            draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=fill)
-        else:
-            draw.polygon(obj.points, fill=fill)
+        draw_object(draw, obj, COLORS[obj.color])
     return image
+
+
+def draw_object(draw: ImageDraw.ImageDraw, obj: SceneObject, fill) -> None:
+    """The one way an object is drawn: render() paints it in colour, pairs.foreground_mask with 1,
+    so a mask covers exactly the pixels of its image's objects."""
+    if obj.shape == "circle":
+        x0, y0, x1, y1 = obj.box
+        draw.ellipse([x0, y0, x1 - 1, y1 - 1], fill=fill)
+    else:
+        draw.polygon(obj.points, fill=fill)
 
 
 def generate_scene(rng, image_size: int = 128) -> Scene:
