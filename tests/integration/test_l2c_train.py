@@ -87,9 +87,9 @@ def test_birds_to_words_and_cub_miniatures_train_through_the_converters(tmp_path
     b2w, cub = make_birds_to_words(tmp_path / "b2w", pairs=10), make_cub(tmp_path / "cub", per_class=4)
     for fmt, src, extra in (("birds_to_words", b2w["tsv"], ["--images", str(b2w["images"])]),
                             ("cub", cub["cub"], ["--text", str(cub["text"])])):
-        assert shards_main(["convert", fmt, "--src", str(src), "--out", str(tmp_path / fmt), "--quiet",
+        assert shards_main(["convert", fmt, "--src", str(src), "--out", str(tmp_path / "shards" / fmt), "--quiet",
                             "--workers", "1", "--shard-size", "4", *extra]) == 0
-    argv = [f"data.shards={tmp_path / 'birds_to_words'}", f"model.single_shards={tmp_path / 'cub'}",
+    argv = [f"data.shards={tmp_path / 'shards' / 'birds_to_words'}", f"model.single_shards={tmp_path / 'shards' / 'cub'}",
             f"output.dir={tmp_path / 'run'}", "train.max_steps=4", "train.validate_every=0",
             "model.baseline_stage=false", "eval.baseline=false", "eval.split=val", *TINY,
             "data.batch_size=2", "model.single_batch_size=2"]
