@@ -71,17 +71,13 @@ def caption_images(checkpoint, images: list, shards: str | None = None, device: 
         if not torch.cuda.is_available():
             raise CaptionError("--device cuda but no CUDA device is visible; use --device auto or cpu")
     config, recipe, model, shard_set = load_checkpoint(checkpoint, shards, device)
+    if beam_size is not None:
+        config.eval.beam_size = beam_size  # validated on assignment; recipe.config is this config
     if callable(getattr(recipe, "caption_pixels", None)):  # reads pixels, not region features (L2C)
-        group = recipe.images_per_caption
-        if len(images) % group:
-            raise CaptionError(f"recipe {config.recipe} describes {group} images at a time (a pair: IMAGE1 IMAGE2); "
-                               f"{len(images)} readable images were given")
         return recipe.caption_pixels(model, images, next(model.parameters()).device)
     if not callable(getattr(recipe, "caption", None)):
         raise CaptionError(f"recipe {config.recipe} does not generate captions; caption with a run of a "
                            "captioning recipe (e.g. captioner)")
-    if beam_size is not None:
-        config.eval.beam_size = beam_size  # validated on assignment; recipe.config is this config
     features = extractor_for(shard_set)
     # one image at a time: an image's features (and caption) do not depend on the others given
     regions = [features([image])[0] for image in images]
@@ -112,14 +108,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
-    readable, images, failed = [], [], []
-    for path in args.images:
-        try:
-            images.append(read_image(path))
-            readable.append(path)
-        except CaptionError as err:
-            print(f"error: {err}", file=sys.stderr)
-            failed.append(path)
+    group = images_per_caption(args.checkpoint)  # L2C describes pairs: IMAGE1 IMAGE2 ...
+    if len(args.images) % group:
+        print(f"error: this run describes {group} images at a time (a pair: IMAGE1 IMAGE2 ...); "
+              f"{len(args.images)} were given", file=sys.stderr)
+        return 2
+    groups, images, failed = [], [], False
+    for start in range(0, len(args.images), group):
+        paths, read = args.images[start:start + group], []
+        for path in paths:
+            try:
+                read.append(read_image(path))
+            except CaptionError as err:
+                print(f"error: {err}", file=sys.stderr)
+        if len(read) == len(paths):  # a pair with an unreadable image is left out whole
+            groups.append(paths)
+            images += read
+        failed = failed or len(read) < len(paths)
     if not images:
         return 2
     try:
@@ -128,10 +133,22 @@ def main(argv: list[str] | None = None) -> int:
             compat.IncompatibleCheckpoint) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    group = len(readable) // len(captions)  # a recipe that describes pairs: two paths a line
-    for index, caption in enumerate(captions):
-        print(" ".join(readable[index * group:(index + 1) * group]) + f"\t{caption}")
+    for paths, caption in zip(groups, captions):
+        print(" ".join(paths) + f"\t{caption}")
     return 2 if failed else 0
+
+
+def images_per_caption(checkpoint) -> int:
+    """How many images one caption of this run's recipe reads (2 for L2C's pairs, else 1). A
+    checkpoint that cannot be read counts 1: loading it then says what is wrong."""
+    from vldist.checkpoint import find_checkpoint, read_config
+    from vldist.recipes import get_recipe
+
+    try:
+        recipe = get_recipe(read_config(find_checkpoint(checkpoint))["recipe"])
+    except (CheckpointError, ConfigError, KeyError, ValueError, OSError):
+        return 1
+    return getattr(recipe, "images_per_caption", 1)
 
 
 if __name__ == "__main__":

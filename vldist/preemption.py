@@ -91,6 +91,8 @@ def stop_requests(signal_names=(), watch_file: Path | None = None):
     stay ignored (when one rank exits first, torchrun and srun signal the others, which must not
     die with -15 instead of their own exit code). Handlers can only be set in the main thread:
     elsewhere (a Ray Train worker runs the training function in a thread) only the file counts."""
+    global _interrupted
+    _interrupted = False  # a new run (several run in one process under tests and stages)
     stop = StopRequest(watch_file)
     previous = {}
     if threading.current_thread() is threading.main_thread():

@@ -76,12 +76,18 @@ EMBEDDED_SETS = {
 }
 
 
+def stream_sets(config: JobConfig) -> list[str]:
+    """Shard sets other than data.shards that the job's training streams read (L2C: single images)."""
+    recipe = get_recipe(config.recipe)(config, vocab=None)
+    sources = recipe.train_streams().values()
+    return list(dict.fromkeys(s.shards for s in sources if isinstance(s, StreamSource) and s.shards
+                              and s.shards != config.data.shards))
+
+
 def open_shards(config: JobConfig) -> ShardSet:
     """The job's shard set. Embedded sets the job reads (data.shards, or the set of another training
     stream, as L2C's single-image captions) are built on first use."""
-    recipe = get_recipe(config.recipe)(config, vocab=None)
-    streams = [src.shards for src in recipe.train_streams().values() if isinstance(src, StreamSource) and src.shards]
-    for directory in dict.fromkeys([config.data.shards, *streams]):
+    for directory in [config.data.shards, *stream_sets(config)]:
         if directory in EMBEDDED_SETS and config.data.build_if_missing and not Path(directory).exists():
             module, builder, what = EMBEDDED_SETS[directory]
             log.info("shards '%s' not found: building %s (once, about a minute)", directory, what)
@@ -132,7 +138,8 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, la
                 engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
                 shards = shards or ShardSet.open(config.data.shards)
                 recipe_cls = get_recipe(config.recipe)
-                recipe = recipe_cls(config, shards.vocab(config.output_dir, config.data.vocab_min_count),
+                others = tuple(ShardSet.open(d) for d in stream_sets(config))  # their captions join the vocabulary
+                recipe = recipe_cls(config, shards.vocab(config.output_dir, config.data.vocab_min_count, others),
                                     shards.feature_dim())
                 recipe.preflight()
                 log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,

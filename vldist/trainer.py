@@ -156,9 +156,13 @@ class Trainer:
                 steps = exact_epoch_steps(samples, micro_global, engine.world_size)
                 return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, steps
             counts[name] = batches_per_rank(samples, batch) * self.accumulation
+        own = dict(counts)
         for name, src in sources.items():
             if src.steps_like is not None:  # e.g. one single-image batch per pair batch, as L2C trains
-                counts[name] = counts[src.steps_like]
+                if src.steps_like not in own or src.steps_like == name:
+                    raise ValueError(f"stream '{name}' takes its steps like '{src.steps_like}', which is not another "
+                                     f"of this recipe's streams ({', '.join(sources)})")
+                counts[name] = own[src.steps_like]
         streams = {name: TrainStream(specs[name], counts[name], config.data.shuffle_buffer) for name in specs}
         return streams, sum(counts.values())
 

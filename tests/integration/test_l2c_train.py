@@ -70,6 +70,12 @@ def test_l2c_job_trains_the_baseline_and_l2c_and_its_run_evaluates_and_describes
     assert line.startswith(f"{tmp_path / 'img1.jpg'} {tmp_path / 'img2.jpg'}\t") and len(line.split("\t")[1]) > 0
     assert caption_main([str(run / "l2c"), str(tmp_path / "img1.jpg")]) == 2
     assert "describes 2 images at a time" in capsys.readouterr().err
+    # a pair with an unreadable image is named and left out whole; the other pairs are described
+    pairs = [tmp_path / "img1.jpg", tmp_path / "img2.jpg", tmp_path / "missing.jpg", tmp_path / "img1.jpg"]
+    assert caption_main([str(run / "l2c"), *map(str, pairs), "--beam-size", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count("\t") == 1 and captured.out.startswith(f"{pairs[0]} {pairs[1]}\t")
+    assert "missing.jpg: no such file" in captured.err
 
 
 def test_two_ranks_take_both_streams_in_turn_with_equal_steps(pair_shards, scene_images, tmp_path):
@@ -97,3 +103,6 @@ def test_birds_to_words_and_cub_miniatures_train_through_the_converters(tmp_path
     results = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert results["steps"] == 4 and results["test"]["n_images"] == 2  # the 2 val pairs of the miniature
     assert "animal" in " ".join(e["references"][0] for e in results["test"]["examples"])
+    # one vocabulary over both streams' sets: B2W's comparisons and CUB's captions ("crown")
+    words = json.loads((tmp_path / "run" / "vocab-streams.json").read_text())["words"]
+    assert {"animal1", "beak", "crown"} <= set(words)

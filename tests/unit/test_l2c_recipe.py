@@ -64,9 +64,20 @@ def test_pair_and_single_batches_give_their_losses_and_the_mask_loss_only_where_
     singles = [{"images": p["images"], "second": None, "masks": [None], "captions": p["captions"]}
                for p in (recipe.train_sample(r, rng) for r in _raw_pairs(pair_shards))]
     out = recipe.losses(model, recipe.collate_train(singles))
-    assert set(out) == {"loss", "single", "tv"}
+    assert set(out) == {"loss", "single", "tv", "mask"} and float(out["mask"]) == 0.0  # same parts on every rank
     out["loss"].backward()
-    assert model.encoder.mask_head.weight.grad is None or not model.encoder.mask_head.weight.grad.any()
+    assert not model.encoder.mask_head.weight.grad.any()
+
+
+def test_a_batch_holds_its_masks_in_the_encoders_order_first_images_then_second_images(pair_shards):
+    recipe = _recipe(pair_shards)
+    samples = [recipe.train_sample(r, random.Random(0)) for r in _raw_pairs(pair_shards)]
+    assert len({float(m.sum()) for s in samples for m in s["masks"]}) > 4  # the masks tell apart
+    batch = recipe.collate_train(samples)
+    n = len(samples)
+    for i, sample in enumerate(samples):
+        assert torch.equal(batch["masks"][i], sample["masks"][0])  # with images[i]
+        assert torch.equal(batch["masks"][n + i], sample["masks"][1])  # with second[i]
 
 
 def test_the_tv_term_is_the_total_variation_of_the_confidence_maps_of_both_images(pair_shards):
@@ -120,3 +131,13 @@ def test_the_job_trains_the_baseline_then_l2c_and_single_images_take_turns_one_f
     assert streams["single"] == StreamSource("train", shards="shards/synth", batch_size=32,
                                              keys=("json",), steps_like="pairs")
     assert list(_recipe(pair_shards, "model.single_images=false").train_streams()) == ["pairs"]
+
+
+def test_the_issue_named_functions_import_from_their_packages():
+    from vldist.losses import total_variation_loss as tv
+    from vldist.models import semantic_pool
+
+    features, mask, confidence = torch.rand(1, 2, 3, 3), torch.ones(1, 3, 3), torch.rand(1, 4, 3, 3)
+    assert torch.allclose(semantic_pool(features, mask, confidence)[0, 1],
+                          (features[0] * confidence[0, 1]).sum(dim=(1, 2)))
+    assert callable(tv)

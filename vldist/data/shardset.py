@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import tarfile
 from dataclasses import dataclass, field
@@ -88,19 +89,22 @@ class ShardSet:
                         return int(regions.shape[1]) if regions.ndim == 2 else None
         return None
 
-    def vocab(self, cache_dir: Path, min_count: int = 1) -> Vocab:
+    def vocab(self, cache_dir: Path, min_count: int = 1, also: tuple["ShardSet", ...] = ()) -> Vocab:
         """The set's vocab.json, else one built from the train captions and cached in `cache_dir`.
         With `min_count` > 1 (words seen fewer times become <unk>, as captioning papers do) it is
-        always built from the train captions: vocab.json keeps no counts."""
-        own = [self.directory / "vocab.json"] if min_count == 1 else []
-        cached = cache_dir / ("vocab.json" if min_count == 1 else f"vocab-min{min_count}.json")
+        always built from the train captions: vocab.json keeps no counts. `also`: other sets a job
+        trains on (L2C's single-image captions), whose train captions join the vocabulary."""
+        own = [self.directory / "vocab.json"] if min_count == 1 and not also else []
+        name = "vocab" + (f"-min{min_count}" if min_count > 1 else "") + ("-streams" if also else "")
+        cached = cache_dir / (name + ".json")
         for path in (*own, cached):
             if path.is_file():
                 try:
                     return Vocab.load(path)
                 except ValueError as err:
                     raise ShardsUnfitError(str(err)) from None
-        vocab = Vocab.build(self.train_captions(), min_count)
+        vocab = Vocab.build(itertools.chain(self.train_captions(), *(other.train_captions() for other in also)),
+                            min_count)
         cache_dir.mkdir(parents=True, exist_ok=True)
         vocab.save(cached)
         return vocab

@@ -17,9 +17,10 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from vldist.config import Section
+from vldist.config import JobConfig, Section
 from vldist.data.collate import pad_regions, pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
+from vldist.data.vocab import Vocab
 from vldist.losses import cross_rank_token_nll
 from vldist.metrics import caption_scores, self_retrieval_recall
 from vldist.metrics.captions import require_java
@@ -56,7 +57,31 @@ class CaptionerModel(nn.Module):
         return self.decoder(regions, mask, tokens)
 
 
-class CaptionerRecipe(Recipe):
+class GeneratesCaptions:
+    """What every recipe that writes captions shares (the captioners, L2C): Java for the metrics,
+    the generation length, ids back to text."""
+
+    config: "JobConfig"
+    vocab: "Vocab"
+
+    @property
+    def max_generated_len(self) -> int:
+        return self.config.eval.max_generated_len or self.config.data.max_caption_len - 1
+
+    def preflight(self) -> None:
+        require_java()  # the metrics need it: fail before training, not after
+
+    def decode(self, ids: torch.Tensor) -> list[str]:
+        # "<unk>" would reach the PTB tokenizer as "< unk >"
+        return [self.vocab.decode(row).replace("<unk>", "unk") for row in ids.tolist()]
+
+    def encode_some(self, captions: list[str], count: int, rng: random.Random) -> list[list[int]]:
+        """`count` of the captions (all when fewer), drawn with rng, as token ids."""
+        chosen = rng.sample(captions, min(count, len(captions)))
+        return [self.vocab.encode(c, self.config.data.max_caption_len) for c in chosen]
+
+
+class CaptionerRecipe(GeneratesCaptions, Recipe):
     name = "captioner"
     description = "image captioning: attention LSTM (AdaptiveAttention or Neuraltalk2) by token NLL"
     ModelConfig = CaptionerConfig
@@ -66,27 +91,16 @@ class CaptionerRecipe(Recipe):
     def cfg(self) -> CaptionerConfig:
         return self.config.model
 
-    @property
-    def max_generated_len(self) -> int:
-        return self.config.eval.max_generated_len or self.config.data.max_caption_len - 1
-
-    def preflight(self) -> None:
-        require_java()  # the metrics need it: fail before training, not after
-
     def build_model(self) -> nn.Module:
         region_dim = require_region_features(self.feature_dim, self.config.data.shards, "the captioner")
         return CaptionerModel(self.cfg, region_dim, len(self.vocab))
 
     # ------------------------------------------------------------------ samples and batches
 
-    def _encode(self, caption: str) -> list[int]:
-        return self.vocab.encode(caption, self.config.data.max_caption_len)
-
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
-        captions = read_meta(raw)["captions"]
-        chosen = rng.sample(captions, min(self.cfg.captions_per_image, len(captions)))
+        captions = self.encode_some(read_meta(raw)["captions"], self.cfg.captions_per_image, rng)
         regions = read_regions(raw, self.feature_dim)[: self.config.data.max_regions]
-        return {"regions": regions, "captions": [self._encode(c) for c in chosen]}
+        return {"regions": regions, "captions": captions}
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
@@ -123,10 +137,6 @@ class CaptionerRecipe(Recipe):
         ids = generate(unwrap(model).decoder, padded.to(device), mask.to(device), self.vocab.start_id,
                        self.vocab.end_id, self.max_generated_len, self.config.eval.beam_size)
         return self.decode(ids)
-
-    def decode(self, ids: torch.Tensor) -> list[str]:
-        # "<unk>" would reach the PTB tokenizer as "< unk >"
-        return [self.vocab.decode(row).replace("<unk>", "unk") for row in ids.tolist()]
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,

@@ -29,12 +29,11 @@ from vldist.data.pixels import read_image, read_mask, stack_masks
 from vldist.data.samples import read_meta
 from vldist.losses import cross_rank_token_nll, total_variation_loss
 from vldist.metrics import caption_scores
-from vldist.metrics.captions import require_java
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.generation import generate
 from vldist.models.l2c import L2CEncoder, build_trunk
 from vldist.recipes.base import Recipe, StreamSource
-from vldist.recipes.captioner import unwrap
+from vldist.recipes.captioner import GeneratesCaptions, unwrap
 from vldist.report import caption_report
 from vldist.shards.pairs import swap_image_tokens
 from vldist.visualize import pair_panel
@@ -59,7 +58,9 @@ class L2CConfig(Section):
     )
     classes: int = Field(9, ge=1, description="K, semantic classes = graph nodes (paper: 9)")
     normalize_pool: bool = Field(False, description="divide each node by Σ B·C_k (the paper's Eq. 1 is an unnormalised sum)")
-    mask_threshold: float | None = Field(0.5, gt=0, lt=1, description="binarise the predicted mask (paper: binary); none: soft")
+    mask_threshold: float | None = Field(
+        None, gt=0, lt=1, description="binarise the predicted mask at this probability (paper: 0.5 on an FCN's); none: pool with the probability"
+    )
     graph_dim: int = Field(512, ge=1, description="graph node size (paper: 512)")
     gcn_layers: int = Field(2, ge=0, description="relation GCN layers (0: Table 3's '- GCN')")
     affinity_norm: Literal["count", "softmax"] = Field("softmax", description="normalisation of the node affinity (Eq. 3)")
@@ -112,7 +113,7 @@ class L2CModel(nn.Module):
         return self.decoder(features[rows], mask[rows], tokens), aux
 
 
-class L2CRecipe(Recipe):
+class L2CRecipe(GeneratesCaptions, Recipe):
     name = "l2c"
     description = "L2C: describe the difference of two images (semantic pooling, relation GCN, single + pair streams)"
     ModelConfig = L2CConfig
@@ -132,9 +133,6 @@ class L2CRecipe(Recipe):
         baseline = updated(config, {"model": {"architecture": "cnn_lstm"}, "eval": {"baseline": False}})
         return [("cnn_lstm", baseline), ("l2c", config)]
 
-    def preflight(self) -> None:
-        require_java()  # the metrics need it: fail before training, not after
-
     def build_model(self) -> nn.Module:
         return L2CModel(self.cfg, len(self.vocab))
 
@@ -153,10 +151,6 @@ class L2CRecipe(Recipe):
 
     # ------------------------------------------------------------------ samples and batches
 
-    def _chosen(self, captions: list[str], rng: random.Random) -> list[list[int]]:
-        chosen = rng.sample(captions, min(self.cfg.captions_per_sample, len(captions)))
-        return [self.vocab.encode(c, self.config.data.max_caption_len) for c in chosen]
-
     def _pair(self, raw: dict) -> dict:
         size = self.cfg.image_size
         return {"images": read_image(raw, "img1.jpg", size), "second": read_image(raw, "img2.jpg", size),
@@ -168,13 +162,13 @@ class L2CRecipe(Recipe):
         if self.cfg.flip_pairs and rng.random() < 0.5:  # image 2 becomes image 1: its tokens follow
             sample = {"images": sample["second"], "second": sample["images"], "masks": sample["masks"][::-1]}
             captions = [swap_image_tokens(c) for c in captions]
-        return {**sample, "captions": self._chosen(captions, rng)}
+        return {**sample, "captions": self.encode_some(captions, self.cfg.captions_per_sample, rng)}
 
     def single_sample(self, raw: dict, rng: random.Random) -> dict:
         member = next((m for m in ("jpg", "png") if m in raw), "jpg")  # read_image names it when missing
         size = self.cfg.image_size
         return {"images": read_image(raw, member, size), "second": None, "masks": [read_mask(raw, "mask.png", size)],
-                "captions": self._chosen(read_meta(raw)["captions"], rng)}
+                "captions": self.encode_some(read_meta(raw)["captions"], self.cfg.captions_per_sample, rng)}
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
@@ -183,7 +177,9 @@ class L2CRecipe(Recipe):
 
     def _collate_images(self, samples: list[dict]) -> dict:
         size = self.cfg.image_size
-        masks, present = stack_masks([m for s in samples for m in s["masks"]], size)
+        # in the encoder's order: every sample's first image, then every second (features())
+        ordered = [s["masks"][0] for s in samples] + [s["masks"][1] for s in samples if len(s["masks"]) > 1]
+        masks, present = stack_masks(ordered, size)
         second = None if samples[0]["second"] is None else torch.stack([s["second"] for s in samples])
         return {"images": torch.stack([s["images"] for s in samples]), "second": second,
                 "masks": masks, "mask_present": present}
@@ -210,7 +206,7 @@ class L2CRecipe(Recipe):
             tv = total_variation_loss(aux["confidence"])  # Eq. 2
             loss = loss + self.cfg.tv_weight * tv
             parts["tv"] = tv.detach()
-        if aux and self.cfg.mask_weight and bool(batch["mask_present"].any()):
+        if aux and self.cfg.mask_weight:
             mask = self._mask_loss(aux["mask_logits"], batch["masks"], batch["mask_present"])
             loss = loss + self.cfg.mask_weight * mask
             parts["mask"] = mask.detach()
@@ -218,19 +214,14 @@ class L2CRecipe(Recipe):
 
     @staticmethod
     def _mask_loss(logits: torch.Tensor, masks: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
-        """BCE of the mask head against the stored masks, averaged down to its resolution."""
+        """BCE of the mask head against the stored masks, averaged down to its resolution; zero
+        (still a loss term, so every rank logs the same parts) where no image stores one."""
+        if not bool(present.any()):
+            return logits.sum() * 0.0
         target = F.adaptive_avg_pool2d(masks, logits.shape[-2:])
         return F.binary_cross_entropy_with_logits(logits[present].float(), target[present])
 
     # ------------------------------------------------------------------ generation and evaluation
-
-    @property
-    def max_generated_len(self) -> int:
-        return self.config.eval.max_generated_len or self.config.data.max_caption_len - 1
-
-    def decode(self, ids: torch.Tensor) -> list[str]:
-        # "<unk>" would reach the PTB tokenizer as "< unk >"
-        return [self.vocab.decode(row).replace("<unk>", "unk") for row in ids.tolist()]
 
     @torch.no_grad()
     def describe(self, model: nn.Module, images: torch.Tensor, second: torch.Tensor | None) -> tuple[list[str], dict]:
