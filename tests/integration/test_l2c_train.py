@@ -5,7 +5,6 @@ Birds-to-Words + CUB miniature through the converters."""
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest

@@ -6,11 +6,11 @@ import io
 import json
 import random
 import re
-import tarfile
 
 import numpy as np
 import pytest
 from PIL import Image
+from helpers import read_shard_set
 
 from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.__main__ import main
@@ -32,14 +32,7 @@ def tiny(tmp_path_factory):
 
 def _samples(out, split):
     """Samples of a split as {key: {ext: bytes}}, read with plain tarfile."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    samples: dict[str, dict[str, bytes]] = {}
-    for shard in manifest["splits"][split]["shards"]:
-        with tarfile.open(out / shard["file"]) as tar:
-            for m in tar.getmembers():
-                key, ext = m.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = tar.extractfile(m).read()
-    return samples
+    return dict(read_shard_set(out)[split])
 
 
 def test_layout_and_manifest(tiny):

@@ -11,13 +11,13 @@ import json
 import math
 import random
 import re
-import tarfile
 from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from PIL import Image
+from helpers import read_shard_set
 
 from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.__main__ import main
@@ -423,14 +423,8 @@ def tiny(tmp_path_factory):
 
 
 def _samples(out, split):
-    manifest = json.loads((out / "manifest.json").read_text())
-    samples: dict[str, dict[str, bytes]] = {}
-    for shard in manifest["splits"][split]["shards"]:
-        with tarfile.open(out / shard["file"]) as tar:
-            for m in tar.getmembers():
-                key, ext = m.name.split(".", 1)
-                samples.setdefault(key, {})[ext] = tar.extractfile(m).read()
-    return samples
+    """Samples of a split as {key: {ext: bytes}}, read with plain tarfile."""
+    return dict(read_shard_set(out)[split])
 
 
 def test_built_set_round_trips(tiny):

@@ -44,10 +44,7 @@ def _run_synth(args) -> int:
         backbone=args.backbone, weights=args.weights, progress=not args.quiet, overwrite=args.overwrite,
         layer=args.layer, grid=args.grid, proposals=args.proposals,
     )
-    seconds = time.perf_counter() - start
-    size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
-    splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in manifest["splits"].items())
-    print(f"wrote {args.out}: {splits}; {size / 2**20:.1f} MiB in {seconds:.1f} s")
+    _report_build(args.out, manifest, time.perf_counter() - start)
     return 0
 
 
@@ -78,11 +75,14 @@ def _run_synth_pairs(args) -> int:
         args.out, n_train=args.train, n_val=args.val, n_test=args.test, seed=args.seed,
         shard_size=args.shard_size, image_size=args.image_size, progress=not args.quiet, overwrite=args.overwrite,
     )
-    seconds = time.perf_counter() - start
-    size = sum(f.stat().st_size for f in args.out.iterdir() if f.is_file())
-    splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in manifest["splits"].items())
-    print(f"wrote {args.out}: {splits} pairs; {size / 2**20:.1f} MiB in {seconds:.1f} s")
+    _report_build(args.out, manifest, time.perf_counter() - start, " pairs")
     return 0
+
+
+def _report_build(out: Path, manifest: dict, seconds: float, unit: str = "") -> None:
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in manifest["splits"].items())
+    print(f"wrote {out}: {splits}{unit}; {size / 2**20:.1f} MiB in {seconds:.1f} s")
 
 
 def _add_verify(sub) -> None:

@@ -18,9 +18,7 @@ import io
 import math
 import random
 import re
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -30,7 +28,7 @@ from ..data.vocab import Vocab, tokenize
 from .captions import NUMBER_WORDS, make_captions, zone
 from .scenes import (COLORS, MAX_OBJECTS, SIZES, Scene, SceneObject, _apart, _as_random, _bounding_box,
                      _outline, _place_objects, draw_object, generate_scene, render)
-from .synth import SPLITS, VOCAB_NAME, _install, check_target, jpeg_bytes, sample_key
+from .synth import SPLITS, VOCAB_NAME, building, check_counts, jpeg_bytes, sample_key
 from .writer import ShardSetWriter
 
 IMAGE_TOKENS = ("image1", "image2")
@@ -413,39 +411,26 @@ def build_synth_pairs(out_dir, n_train: int = 2000, n_val: int = 250, n_test: in
     manifest. vocab.json covers the train descriptions and the single-image captions of the same
     scenes, since L2C trains on both with one vocabulary."""
     counts = {"train": n_train, "val": n_val, "test": n_test}
-    if n_train < 1 or n_val < 0 or n_test < 0:
-        raise ValueError(f"need n_train >= 1 and n_val, n_test >= 0, got {counts}")
+    check_counts(counts)
     if image_size < 32:
         raise ValueError(f"image_size must be at least 32 pixels, got {image_size}")
-    out = Path(out_dir)
-    check_target(out, overwrite)
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():  # left by an interrupted build
-        shutil.rmtree(partial)
-
     config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
               "image_size": image_size}
     caption_rng = random.Random(f"vldist-synth-pairs-captions:{seed}")  # apart: pairs stay as they are
     vocab_texts: list[str] = []
-    bar = tqdm(total=sum(counts.values()), unit="pair", desc="synth-pairs", disable=not progress)
-    try:
-        with ShardSetWriter(partial, shard_size=shard_size, source="synth-pairs") as writer:
-            for split in SPLITS:
-                rng = split_rng(seed, split)
-                for index in range(counts[split]):
-                    pair = make_pair(rng, image_size)
-                    if split == "train":
-                        vocab_texts += pair.descriptions
-                        vocab_texts += make_captions(pair.first, caption_rng) + make_captions(pair.second, caption_rng)
-                    writer.write(split, pair_sample(sample_key(split, index), split, pair))
-                    bar.update()
-            Vocab.build(vocab_texts).save(partial / VOCAB_NAME)
-            manifest = writer.close(extra={"config": config,
-                                           "pairs": {"masks": True, "image_tokens": list(IMAGE_TOKENS)}})
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        bar.close()
-    _install(partial, out)
+    with building(out_dir, overwrite) as partial, \
+            tqdm(total=sum(counts.values()), unit="pair", desc="synth-pairs", disable=not progress) as bar, \
+            ShardSetWriter(partial, shard_size=shard_size, source="synth-pairs") as writer:
+        for split in SPLITS:
+            rng = split_rng(seed, split)
+            for index in range(counts[split]):
+                pair = make_pair(rng, image_size)
+                if split == "train":
+                    vocab_texts += pair.descriptions
+                    vocab_texts += make_captions(pair.first, caption_rng) + make_captions(pair.second, caption_rng)
+                writer.write(split, pair_sample(sample_key(split, index), split, pair))
+                bar.update()
+        Vocab.build(vocab_texts).save(partial / VOCAB_NAME)
+        manifest = writer.close(extra={"config": config,
+                                       "pairs": {"masks": True, "image_tokens": list(IMAGE_TOKENS)}})
     return manifest

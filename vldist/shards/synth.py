@@ -16,6 +16,7 @@ import io
 import random
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -113,6 +114,28 @@ def check_target(out: Path, overwrite: bool) -> None:
                               "replace it, or choose another --out")
 
 
+def check_counts(counts: dict[str, int]) -> None:
+    if counts["train"] < 1 or counts["val"] < 0 or counts["test"] < 0:
+        raise ValueError(f"need n_train >= 1 and n_val, n_test >= 0, got {counts}")
+
+
+@contextmanager
+def building(out_dir, overwrite: bool):
+    """Where a new set is written: `<out>.partial`, renamed to `out` when the block ends, removed
+    if it raises (so a set that is there is always complete)."""
+    out = Path(out_dir)
+    check_target(out, overwrite)
+    partial = out.with_name(out.name + ".partial")
+    if partial.exists():  # left by an interrupted build
+        shutil.rmtree(partial)
+    try:
+        yield partial
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    _install(partial, out)
+
+
 def _install(partial: Path, out: Path) -> None:
     """Move the finished build to `out`, replacing what check_target allowed to be replaced."""
     if out.exists():
@@ -152,26 +175,19 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
     Returns the manifest.
     """
     counts = {"train": n_train, "val": n_val, "test": n_test}
-    if n_train < 1 or n_val < 0 or n_test < 0:
-        raise ValueError(f"need n_train >= 1 and n_val, n_test >= 0, got {counts}")
-    out = Path(out_dir)
-    check_target(out, overwrite)
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():  # left by an interrupted build
-        shutil.rmtree(partial)
-
+    check_counts(counts)
     config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
               "image_size": image_size, "feature_size": feature_size, "backbone": backbone, "weights": weights,
               "layer": layer, "grid": grid, "proposals": proposals}
-    extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
-    features = {"extractor": backbone, "layer": layer, "grid": grid, "dim": extractor.dim, "weights": weights,
-                "input_size": feature_size, "max_regions": MAX_REGIONS, "seed": EXTRACTOR_SEED,
-                "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
-                "standardization": STANDARDIZATION_NAME, "proposals": proposals}
-    train_captions: list[str] = []
-    bar = tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress)
-    try:
-        with ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer:
+    with building(out_dir, overwrite) as partial:  # refuses a taken --out before the costly calibration
+        extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
+        features = {"extractor": backbone, "layer": layer, "grid": grid, "dim": extractor.dim, "weights": weights,
+                    "input_size": feature_size, "max_regions": MAX_REGIONS, "seed": EXTRACTOR_SEED,
+                    "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
+                    "standardization": STANDARDIZATION_NAME, "proposals": proposals}
+        train_captions: list[str] = []
+        with tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress) as bar, \
+                ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer:
             for split in SPLITS:
                 rng = split_rng(seed, split)
                 pending: list[tuple[Scene, dict]] = []
@@ -189,12 +205,6 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
             Vocab.build(train_captions).save(partial / VOCAB_NAME)
             save_standardization(partial, *extractor.standardization())
             manifest = writer.close(extra={"features": features, "config": config})
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        bar.close()
-    _install(partial, out)
     return manifest
 
 
