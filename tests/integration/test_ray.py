@@ -180,6 +180,22 @@ def test_a_two_branch_job_trains_a_model_per_task_on_the_workers(ray_head, tmp_p
     assert "i2t R@1" in out and "phrase localisation:" in out
 
 
+@pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
+def test_an_l2c_job_takes_both_streams_on_two_workers(ray_head, pair_shards, scene_images, tmp_path):
+    proc = _submit(ray_head, f"data.shards={pair_shards}", f"model.single_shards={scene_images}",
+                   f"ray.storage_path={tmp_path}", "ray.num_workers=2", "model.image_size=64", "model.graph_dim=32",
+                   "model.hidden=32", "model.embed=16", "model.classes=3", "model.gcn_kernel=torch",
+                   "data.batch_size=8", "model.single_batch_size=8", "data.eval_batch_size=16", "data.shuffle_buffer=32",
+                   "data.workers=1", "train.epochs=1", "train.validate_every=0", "model.baseline_stage=false",
+                   "eval.beam_size=1", "metrics.enabled=false", job="l2c")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
+    metrics = json.loads((tmp_path / "l2c" / "metrics.json").read_text())
+    # 64 pairs / 8 = 8 pair steps and as many single-image steps, over a group of two workers
+    assert metrics["world_size"] == 2 and metrics["steps"] == 16
+    assert "ROUGE-L" in out and "16 pairs" in out
+
+
 def test_a_killed_worker_is_replaced_and_the_run_resumes_to_the_requested_steps(ray_head, planted_shards, tmp_path):
     job = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=4",
                   "train.save_every_steps=4", *JOB, wait=False)
