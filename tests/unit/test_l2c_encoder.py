@@ -88,3 +88,23 @@ def test_torchvision_trunk_loads_a_local_torchvision_state_dict(tmp_path):
     torch.save(reference.state_dict(), path)
     trunk = TorchvisionTrunk("resnet50", str(path))
     assert torch.equal(trunk.layer4[0].conv2.weight, reference.layer4[0].conv2.weight)
+
+
+def test_an_fcn_trunk_masks_with_its_own_segmentation_of_the_class(tmp_path):
+    import torchvision
+
+    torch.manual_seed(6)
+    reference = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=21,
+                                                             aux_loss=True)
+    path = tmp_path / "fcn.pth"
+    torch.save(reference.state_dict(), path)  # a local file of the torchvision model, its aux head too
+    encoder = L2CEncoder("fcn_resnet50", str(path), classes=3, graph_dim=16, mask_class=3).eval()
+    assert torch.equal(encoder.trunk.classifier[0].weight, reference.classifier[0].weight)
+    images = _images(2, side=64)
+    with torch.no_grad():
+        out = encoder(images)
+        reference.eval()
+        bird = reference.classifier(reference.backbone(images)["out"]).softmax(dim=1)[:, 3:4]  # VOC's bird
+    assert out["mask_logits"].shape == (2, 1, 8, 8)
+    assert torch.allclose(torch.sigmoid(out["mask_logits"]), bird, atol=1e-5)
+    assert not isinstance(encoder.mask_head, torch.nn.Conv2d)  # no learned head beside the FCN's

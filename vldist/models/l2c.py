@@ -20,7 +20,8 @@ from torch import nn
 from vldist.models.gcn import RegionRelationReasoning
 from vldist.models.semantic_pooling import SemanticPooling, masked_average_pool, semantic_pool
 
-TRUNKS = ("small", "resnet50", "resnet101")
+TRUNKS = ("small", "resnet50", "resnet101", "fcn_resnet50", "fcn_resnet101")
+VOC_BIRD = 3  # torchvision's FCN weights are trained on the 20 Pascal VOC classes + background
 
 
 def _conv_bn_relu(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -76,8 +77,44 @@ class TorchvisionTrunk(nn.Module):
         return self.layer4(self.layer3(self.layer2(self.layer1(x))))
 
 
-def build_trunk(name: str, weights: str | None) -> tuple[nn.Module, int]:
-    """(trunk, channel count) for a trunk name in TRUNKS."""
+class FCNTrunk(nn.Module):
+    """torchvision's FCN, the paper's pretrained segmentation network: its dilated ResNet backbone
+    gives F (2048 channels, output stride 8) and its FCN head the mask, as the log-odds of one class
+    (`mask_class`, Pascal VOC's bird by default) against the others, so sigmoid(mask_logits) is that
+    class's softmax probability.
+
+    weights: a torchvision weights enum name ("COCO_WITH_VOC_LABELS_V1": downloads unless cached),
+    a path to a local state dict of the torchvision model (its auxiliary head is ignored), or None
+    (random). The ImageNet backbone weights are never fetched on their own.
+    """
+
+    out_dim = 2048
+
+    def __init__(self, name: str = "fcn_resnet101", weights: str | None = None, mask_class: int = VOC_BIRD):
+        super().__init__()
+        local = weights is not None and Path(weights).is_file()
+        builder = getattr(torchvision.models.segmentation, name)
+        if weights is None or local:
+            fcn = builder(weights=None, weights_backbone=None, num_classes=21, aux_loss=False)
+        else:
+            fcn = builder(weights=weights, weights_backbone=None)
+        self.backbone, self.classifier, self.mask_class = fcn.backbone, fcn.classifier, mask_class
+        if local:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+            self.load_state_dict({k: v for k, v in state.items() if not k.startswith("aux_classifier.")}, strict=True)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backbone(images)["out"]
+
+    def mask_logits(self, features: torch.Tensor) -> torch.Tensor:
+        scores = self.classifier(features)
+        others = torch.cat([scores[:, :self.mask_class], scores[:, self.mask_class + 1:]], dim=1)
+        return (scores[:, self.mask_class] - others.logsumexp(dim=1))[:, None]
+
+
+def build_trunk(name: str, weights: str | None, mask_class: int = VOC_BIRD) -> tuple[nn.Module, int]:
+    """(trunk, channel count) for a trunk name in TRUNKS. The FCN trunks bring their own mask
+    (`mask_logits`); the others get a learned one from L2CEncoder."""
     if name == "small":
         trunk = SmallTrunk()
         if weights is not None:  # no published weights exist for it: only a local file makes sense
@@ -87,6 +124,8 @@ def build_trunk(name: str, weights: str | None) -> tuple[nn.Module, int]:
         return trunk, trunk.out_dim
     if name in ("resnet50", "resnet101"):
         return TorchvisionTrunk(name, weights), TorchvisionTrunk.out_dim
+    if name in ("fcn_resnet50", "fcn_resnet101"):
+        return FCNTrunk(name, weights, mask_class), FCNTrunk.out_dim
     raise ValueError(f"unknown trunk {name!r}; choose one of {', '.join(TRUNKS)}")
 
 
@@ -98,12 +137,14 @@ class L2CEncoder(nn.Module):
 
     def __init__(self, trunk: str = "small", trunk_weights: str | None = None, pooling: str = "semantic",
                  classes: int = 9, graph_dim: int = 512, gcn_layers: int = 2, affinity_norm: str = "softmax",
-                 normalize_pool: bool = False, mask_threshold: float | None = 0.5, gcn_kernel: str = "auto"):
+                 normalize_pool: bool = False, mask_threshold: float | None = 0.5, gcn_kernel: str = "auto",
+                 mask_class: int = VOC_BIRD):
         super().__init__()
         if pooling not in ("semantic", "average"):
             raise ValueError(f"pooling must be 'semantic' or 'average', not {pooling!r}")
-        self.trunk, dim = build_trunk(trunk, trunk_weights)
-        self.mask_head = nn.Conv2d(dim, 1, kernel_size=1)
+        self.trunk, dim = build_trunk(trunk, trunk_weights, mask_class)
+        # an FCN trunk's own segmentation is the mask (the paper's); other trunks learn one
+        self.mask_head = getattr(self.trunk, "mask_logits", None) or nn.Conv2d(dim, 1, kernel_size=1)
         self.pooling = SemanticPooling(dim, classes) if pooling == "semantic" else None
         self.normalize_pool, self.mask_threshold = normalize_pool, mask_threshold
         self.project = nn.Linear(dim, graph_dim)

@@ -48,9 +48,11 @@ class L2CConfig(Section):
         "l2c", description="l2c: the paper's model; cnn_lstm: Table 1's baseline (pooled features of both images, concatenated)"
     )
     baseline_stage: bool = Field(True, description="the job trains the cnn_lstm baseline first and prints it beside L2C")
-    trunk: Literal["small", "resnet50", "resnet101"] = Field(
-        "small", description="CNN trunk: small (CPU-sized, stride 8) or a torchvision ResNet in the FCN layout (paper: resnet101)"
+    trunk: Literal["small", "resnet50", "resnet101", "fcn_resnet50", "fcn_resnet101"] = Field(
+        "small", description="CNN trunk: small (CPU-sized, stride 8), a torchvision ResNet in the FCN layout, or torchvision's "
+                             "FCN whose segmentation of model.mask_class is the mask (paper: FCN ResNet-101)"
     )
+    mask_class: int = Field(3, ge=0, lt=21, description="with an fcn_* trunk: the VOC class whose segmentation is the mask (3: bird)")
     trunk_weights: str | None = Field(None, description="torchvision weights name or a local state-dict file (none: random init)")
     image_size: int = Field(128, ge=32, description="images are resized to this square side")
     pooling: Literal["semantic", "average"] = Field(
@@ -86,7 +88,7 @@ class L2CModel(nn.Module):
         if cfg.architecture == "l2c":
             self.encoder = L2CEncoder(cfg.trunk, cfg.trunk_weights, cfg.pooling, cfg.classes, cfg.graph_dim,
                                       cfg.gcn_layers, cfg.affinity_norm, cfg.normalize_pool, cfg.mask_threshold,
-                                      cfg.gcn_kernel)
+                                      cfg.gcn_kernel, cfg.mask_class)
             self.decoder = AdaptiveAttentionDecoder(vocab_size, cfg.graph_dim, cfg.hidden, cfg.embed, cfg.dropout)
         else:
             self.trunk, dim = build_trunk(cfg.trunk, cfg.trunk_weights)
