@@ -30,6 +30,12 @@ def scene_images(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def scene_splits(tmp_path_factory) -> Path:
+    """Rendered scenes with captions and objects in train / val / test (LAViTeR's images, in miniature)."""
+    return write_scene_images(tmp_path_factory.mktemp("scene_splits") / "shards", {"train": 128, "val": 16, "test": 32})
+
+
+@pytest.fixture(scope="session")
 def two_rank_reference(planted_shards, tmp_path_factory) -> Path:
     """The uninterrupted 2-rank run (torchrun) that stopped-and-resumed runs must end equal to,
     whatever launched them: torchrun and srun ranks compute the same (one thread each)."""

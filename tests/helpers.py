@@ -58,13 +58,13 @@ def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int
 
 
 def write_scene_images(out: Path, counts=None, seed: int = 0, image_size: int = 64) -> Path:
-    """A single-image set of rendered scenes (JPEG and five captions each, no features): the
-    second stream of L2C, in miniature."""
+    """A single-image set of rendered scenes (JPEG, five captions and the objects each, no
+    features): the second stream of L2C and LAViTeR's images, in miniature."""
     import random
 
     from vldist.shards.captions import make_captions
     from vldist.shards.scenes import generate_scene
-    from vldist.shards.synth import jpeg_bytes
+    from vldist.shards.synth import jpeg_bytes, sample_metadata
 
     counts = counts or {"train": 48}
     rng = random.Random(seed)
@@ -73,8 +73,8 @@ def write_scene_images(out: Path, counts=None, seed: int = 0, image_size: int = 
             for i in range(n):
                 scene = generate_scene(rng, image_size)
                 key = f"{split}-{i:07d}"
-                writer.write(split, {"__key__": key, "jpg": jpeg_bytes(scene),
-                                     "json": {"id": key, "split": split, "captions": make_captions(scene, rng)}})
+                meta = sample_metadata(key, split, scene, make_captions(scene, rng), proposals=0)  # objects: AIMCoS
+                writer.write(split, {"__key__": key, "jpg": jpeg_bytes(scene), "json": meta})
         writer.close({})
     return out
 

@@ -281,6 +281,10 @@ class Trainer:
         logged: dict[str, float] = {}
         for update in self.recipe.updates(self.state.step):
             prefix = "" if update == "main" else f"{update}/"
+            if len(self.optimizers) > 1:
+                # An update's backward may reach parameters another optimizer owns (a GAN's generator
+                # loss flows through the discriminator); those gradients must not carry over.
+                self.model.zero_grad(set_to_none=True)
             for i, batch in enumerate(micro_batches):
                 with self.engine.micro_batch(last=i == len(micro_batches) - 1):
                     with self.engine.autocast():

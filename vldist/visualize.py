@@ -18,9 +18,10 @@ PALETTE = np.array([
 ], dtype=np.uint8)
 
 
-def to_pil(image: torch.Tensor) -> Image.Image:
-    """A normalised (3, H, W) image tensor back to RGB."""
-    pixels = (image.detach().float().cpu() * STD + MEAN).clamp(0, 1)
+def to_pil(image: torch.Tensor, value_range: str = "imagenet") -> Image.Image:
+    """A (3, H, W) image tensor back to RGB: ImageNet-normalised ("imagenet") or in [0, 1] ("unit")."""
+    pixels = image.detach().float().cpu()
+    pixels = (pixels if value_range == "unit" else pixels * STD + MEAN).clamp(0, 1)
     return Image.fromarray((pixels.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8), "RGB")
 
 

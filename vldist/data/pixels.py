@@ -16,19 +16,20 @@ MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
 
-def image_tensor(image: Image.Image, size: int) -> torch.Tensor:
+def image_tensor(image: Image.Image, size: int, value_range: str = "imagenet") -> torch.Tensor:
     """A PIL image as a normalised (3, size, size) float tensor (resized, aspect ratio not kept:
-    the synthetic scenes are square, and an FCN trunk takes any shape)."""
+    the synthetic scenes are square, and an FCN trunk takes any shape). value_range "imagenet":
+    ImageNet's mean and std (ResNet trunks); "tanh": [-1, 1], a generator's output range (LAViTeR)."""
     rgb = image.convert("RGB").resize((size, size), Image.BILINEAR)
     pixels = torch.from_numpy(np.asarray(rgb, dtype=np.float32).copy()).permute(2, 0, 1) / 255.0
-    return (pixels - MEAN) / STD
+    return pixels * 2 - 1 if value_range == "tanh" else (pixels - MEAN) / STD
 
 
-def read_image(raw: dict, member: str, size: int) -> torch.Tensor:
+def read_image(raw: dict, member: str, size: int, value_range: str = "imagenet") -> torch.Tensor:
     """The sample's image member (e.g. 'img1.jpg') as image_tensor."""
     try:
         with Image.open(io.BytesIO(raw[member])) as opened:
-            return image_tensor(opened, size)
+            return image_tensor(opened, size, value_range)
     except KeyError:
         raise ValueError(f"sample {raw['__key__']} has no {member}") from None
     except (OSError, ValueError, SyntaxError) as err:

@@ -49,3 +49,11 @@ def cross_rank_token_nll(logits: Tensor, targets: Tensor, pad_id: int = 0) -> Te
     total = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=pad_id, reduction="sum")
     count = global_sum((targets != pad_id).sum().to(total.dtype))
     return total / count.clamp(min=1)
+
+
+def cross_rank_mean(local_mean: Tensor, local_count: int) -> Tensor:
+    """This rank's share of a per-sample mean over the global batch, from its mean over its own
+    `local_count` samples: the shares sum to the mean one process computes over all of them.
+    (Returning the local mean itself would count the term W times on W ranks.)"""
+    count = global_sum(torch.tensor(float(local_count), device=local_mean.device))
+    return local_mean * (local_count / count.clamp(min=1))

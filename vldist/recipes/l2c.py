@@ -27,7 +27,7 @@ from vldist.config import JobConfig, Section, updated
 from vldist.data.collate import pad_tokens
 from vldist.data.pixels import read_image, read_mask, stack_masks
 from vldist.data.samples import read_meta
-from vldist.losses import cross_rank_token_nll, total_variation_loss
+from vldist.losses import cross_rank_mean, cross_rank_token_nll, total_variation_loss
 from vldist.metrics import caption_scores
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.generation import generate
@@ -205,11 +205,12 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         name = "single" if batch["second"] is None else "diff"
         loss, parts = nll, {name: nll.detach()}
         if aux.get("confidence") is not None and self.cfg.tv_weight:
-            tv = total_variation_loss(aux["confidence"])  # Eq. 2
+            tv = cross_rank_mean(total_variation_loss(aux["confidence"]), aux["confidence"].shape[0])  # Eq. 2
             loss = loss + self.cfg.tv_weight * tv
             parts["tv"] = tv.detach()
         if aux and self.cfg.mask_weight:
-            mask = self._mask_loss(aux["mask_logits"], batch["masks"], batch["mask_present"])
+            mask = cross_rank_mean(self._mask_loss(aux["mask_logits"], batch["masks"], batch["mask_present"]),
+                                   int(batch["mask_present"].sum()))
             loss = loss + self.cfg.mask_weight * mask
             parts["mask"] = mask.detach()
         return {"loss": loss, **parts}

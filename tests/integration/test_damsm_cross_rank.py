@@ -1,0 +1,61 @@
+"""DAMSM on W = 2 gloo ranks (DDP) takes the same steps as one process on the whole batch: each
+rank's captions meet every rank's images and its images every rank's captions, the shares sum to
+the one-process loss (each of the four terms too), and the gradients and weights after each SGD
+step match. Splits 4 + 4, 5 + 3 and 8 + 0; the ranks pad their words to different widths."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import damsm_step as worker  # noqa: E402
+from helpers import TORCHRUN  # noqa: E402
+
+from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from vldist.losses.damsm import PARTS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("damsm") / "two.pt"
+    proc = subprocess.run([*TORCHRUN, str(Path(worker.__file__)), str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def one_process() -> dict:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return worker.run(AccelerateEngine("cpu"), "even")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_ranks_pad_to_different_widths(two_ranks):
+    widths = two_ranks["widths"]
+    assert widths[0]["even"] < widths[1]["even"] and widths[0]["uneven"] > widths[1]["uneven"]
+
+
+@pytest.mark.parametrize("split", list(worker.SPLITS))
+def test_two_ranks_take_the_steps_of_one_process(two_ranks, one_process, split):
+    two, one = two_ranks["results"][split], one_process
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    losses = [s["losses"]["loss"] for s in one["steps"]]
+    assert losses[0] > 1.0 and all(b < a - 0.1 for a, b in zip(losses, losses[1:]))  # each step lowered it
+    for step, (got, expected) in enumerate(zip(two["steps"], one["steps"])):
+        for name in ("loss", *PARTS):
+            assert got["losses"][name] == pytest.approx(expected["losses"][name], rel=1e-5), (step, name)
+        assert sum(got["losses"][name] for name in PARTS) == pytest.approx(got["losses"]["loss"], rel=1e-6)
+        assert got["grads"].keys() == expected["grads"].keys() and len(expected["grads"]) == 8
+        scale = max(float(g.abs().max()) for g in expected["grads"].values())
+        for name, grad in expected["grads"].items():
+            torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"{step} {name}")
+        for name, value in expected["state"].items():
+            torch.testing.assert_close(got["state"][name].float(), value.float(), rtol=1e-4,
+                                       atol=worker.LR * 1e-5 * scale * (step + 1) + 1e-5, msg=f"{step} {name}")

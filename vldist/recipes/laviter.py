@@ -1,0 +1,365 @@
+"""LAViTeR: visual and textual representations aligned (VTA, DAMSM) and assisted by text-to-image
+generation (TIM, an AttnGAN) and image captioning (ITM, a transformer), in three phases.
+
+`python -m vldist.train laviter` runs the phases as stages (`stages`), each its own resumable run
+starting from the previous one's best checkpoint:
+
+1. vta:    DAMSM alone; E_I's trunk frozen except its projections.
+2. assist: TIM and ITM trained on the frozen encoders; the discriminators and the rest take
+           turns (`updates`).
+3. joint:  everything, the first `model.frozen_blocks` blocks of E_I frozen (batch norm in eval),
+           at a small learning rate: L = λ1 L_G + λ2 L_C + λ3 L_FI + λ4 L_FT + λ5 L_DAMSM (Eq. 16).
+
+Evaluation: R-precision@1/3 (real images, and AttnGAN's on generated ones), AIMCoS (Eq. 17),
+retrieval recall, the captioner's BLEU/METEOR/ROUGE-L/CIDEr-D and a PNG grid of generated images.
+Paper: ../shared/papers/laviter.txt; its lost equations: ../shared/papers/notes-laviter.md;
+choices: docs/laviter.md.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torchvision
+from pydantic import Field
+from torch import nn
+
+from vldist.checkpoint import find_checkpoint, load_model_state
+from vldist.config import JobConfig, Section, updated
+from vldist.data.collate import pad_tokens
+from vldist.data.pixels import read_image
+from vldist.data.samples import read_meta
+from vldist.losses import cross_rank_damsm_parts, cross_rank_mean, cross_rank_token_nll
+from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
+from vldist.models.common import l2norm
+from vldist.models.generation import generate
+from vldist.models.laviter import PHASES, LAViTeRModel, real_words
+from vldist.recipes.base import Recipe
+from vldist.recipes.captioner import GeneratesCaptions, unwrap
+from vldist.report import laviter_report
+from vldist.visualize import to_pil
+
+LOSS_WEIGHTS = ("generator", "caption", "fake_image", "fake_text", "damsm")  # λ1..λ5 of Eq. 16
+
+
+class LAViTeRConfig(Section):
+    phase: Literal["all", "vta", "assist", "joint"] = Field(
+        "all", description="all: the three phases as stages of one job; or one phase alone (set model.init_from)")
+    init_from: str | None = Field(None, description="start from this run dir or checkpoint (set by the stages)")
+    vta_epochs: int = Field(2, ge=0, description="epochs of phase 1 (VTA alone)")
+    assist_epochs: int = Field(2, ge=0, description="epochs of phase 2 (TIM and ITM on the frozen VTA)")
+    joint_epochs: int = Field(1, ge=0, description="epochs of phase 3 (everything jointly)")
+    vta_lr: float = Field(2e-4, gt=0, description="phase 1 learning rate (paper: 2e-4)")
+    assist_lr: float = Field(2e-4, gt=0, description="phase 2: generator and discriminator lr (paper: 2e-4)")
+    itm_lr: float = Field(1e-4, gt=0, description="phase 2: captioner lr (paper: 1e-4)")
+    joint_lr: float = Field(1e-5, gt=0, description="phase 3 lr of every module (paper: 'small'; code: 1e-6)")
+    vta_trunk: Literal["frozen", "trainable"] = Field("frozen", description="E_I's trunk in phase 1 (paper: frozen)")
+    frozen_blocks: int = Field(5, ge=0, description="phase 3: E_I's first blocks kept frozen, batch norm in eval (paper: 5)")
+    image_encoder: Literal["small", "inception_v3"] = Field(
+        "small", description="E_I: small (CPU-sized CNN, 64 regions) or inception_v3 (the paper's, 289 regions)")
+    image_weights: str | None = Field(None, description="inception_v3: torchvision weights name or local state-dict file")
+    image_size: int = Field(64, ge=32, description="E_I's input side (inception_v3: 299)")
+    text_encoder: Literal["transformer", "bilstm"] = Field(
+        "transformer", description="E_T: transformer (LAViTeR) or bilstm (AttnGAN's DAMSM, the baseline of Tables 2-3)")
+    embed_dim: int = Field(256, ge=8, description="D of words, regions, sentence and image vectors (paper: 256)")
+    text_layers: int = Field(1, ge=1, description="transformer layers (paper: 1)")
+    text_heads: int = Field(8, ge=1, description="transformer heads (paper: 8)")
+    max_words: int = Field(15, ge=1, description="words per caption read by E_T (paper: 15)")
+    gamma1: float = Field(4.0, gt=0, description="DAMSM γ1, attention over regions")
+    gamma2: float = Field(5.0, gt=0, description="DAMSM γ2, word-to-caption aggregation")
+    gamma3: float = Field(10.0, gt=0, description="DAMSM γ3, the softmax scale over the batch")
+    tim: bool = Field(True, description="train the text-to-image GAN (Table 2's '+ text-to-image')")
+    tim_stages: int = Field(1, ge=1, le=3, description="generator stages, 64/128/256 px (paper: 3)")
+    tim_attend_first: bool = Field(True, description="word attention in the first stage too (AttnGAN: none there)")
+    z_dim: int = Field(100, ge=1, description="noise size (AttnGAN: 100)")
+    condition_dim: int = Field(100, ge=1, description="conditioning augmentation size (AttnGAN: 100)")
+    gf_dim: int = Field(32, ge=1, description="generator width (COCO: 48, CUB: 32)")
+    df_dim: int = Field(64, ge=1, description="discriminator width (COCO: 96, CUB: 64)")
+    residual_blocks: int = Field(2, ge=0, description="residual blocks per attention stage (COCO: 3, CUB: 2)")
+    itm: bool = Field(True, description="train the captioner (Table 2's '+ image-to-text')")
+    itm_dim: int = Field(256, ge=8, description="captioner width (CATR: 256)")
+    itm_heads: int = Field(8, ge=1, description="captioner heads (paper: 8)")
+    itm_encoder_layers: int = Field(6, ge=1, description="captioner encoder layers (paper: 6)")
+    itm_decoder_layers: int = Field(6, ge=1, description="captioner decoder layers (paper: 6)")
+    itm_feedforward: int = Field(1024, ge=8, description="captioner feed-forward size")
+    itm_dropout: float = Field(0.1, ge=0, lt=1, description="captioner dropout")
+    generated_text: Literal["teacher_forced", "free_running"] = Field(
+        "teacher_forced", description="L_FT's generated text: the argmax of the teacher-forced captioner (the authors' "
+                                      "code; free) or greedy decoding from the image (the paper's reading; T passes)")
+    weight_generator: float = Field(1.0, ge=0, description="λ1: L_G, adversarial + conditioning-augmentation KL")
+    weight_caption: float = Field(1.0, ge=0, description="λ2: L_C, the captioner's token NLL")
+    weight_fake_image: float = Field(1.0, ge=0, description="λ3: L_FI, DAMSM of generated images and real text")
+    weight_fake_text: float = Field(1.0, ge=0, description="λ4: L_FT, DAMSM of real images and generated text")
+    weight_damsm: float = Field(1.0, ge=0, description="λ5: L_DAMSM of real images and real text (code: 50)")
+    r_precision_candidates: int = Field(100, ge=2, description="R-precision pool: the own caption and N-1 others (AttnGAN: 100)")
+    caption_metrics: bool = Field(True, description="score the captioner with pycocoevalcap at each test evaluation "
+                                                    "(the ablation bench turns it off: Table 2 needs none)")
+    grid: int = Field(8, ge=0, description="generated images saved as a PNG grid at each evaluation, for the first captions")
+
+
+class LAViTeRRecipe(GeneratesCaptions, Recipe):
+    name = "laviter"
+    description = "LAViTeR: DAMSM alignment assisted by text-to-image generation and captioning, three phases"
+    ModelConfig = LAViTeRConfig
+    sample_keys = ("json", "jpg")
+    dynamic_graph = True  # phases and alternating updates leave modules without gradient
+
+    @property
+    def cfg(self) -> LAViTeRConfig:
+        return self.config.model
+
+    @property
+    def phase(self) -> str:
+        return "vta" if self.cfg.phase == "all" else self.cfg.phase
+
+    def preflight(self) -> None:
+        if self.cfg.itm and self.cfg.caption_metrics:
+            super().preflight()  # Java, for pycocoevalcap
+
+    # ------------------------------------------------------------------ phases
+
+    @classmethod
+    def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:
+        """One stage per phase with epochs (assist only with TIM or ITM), each from the one before."""
+        cfg = config.model
+        if cfg.phase != "all":
+            return [(cfg.phase, config)]
+        epochs = {"vta": cfg.vta_epochs, "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0,
+                  "joint": cfg.joint_epochs}
+        lrs = {"vta": cfg.vta_lr, "assist": cfg.assist_lr, "joint": cfg.joint_lr}
+        stages, previous = [], cfg.init_from
+        for phase in PHASES:
+            if not epochs[phase]:
+                continue
+            stage = updated(config, {"model": {"phase": phase, "init_from": previous},
+                                     "train": {"epochs": epochs[phase], "lr": lrs[phase]},
+                                     "eval": {"baseline": config.eval.baseline and not stages}})
+            stages.append((phase, stage))
+            previous = str(config.output_dir / phase)  # its best checkpoint, else its last (find_checkpoint)
+        if not stages:
+            raise ValueError("model.vta_epochs, assist_epochs and joint_epochs are all 0: nothing to train")
+        return stages
+
+    def build_model(self) -> nn.Module:
+        model = LAViTeRModel(self.cfg, len(self.vocab), self.config.data.max_caption_len, self.vocab.end_id,
+                             self.vocab.start_id)
+        model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
+        return model
+
+    def initialize(self, model: LAViTeRModel) -> None:
+        """Phases 2 and 3 start from the previous phase's model (the stage sets model.init_from)."""
+        if self.cfg.init_from:
+            model.load_state_dict(load_model_state(find_checkpoint(Path(self.cfg.init_from))))
+
+    def optimizer_groups(self, model: LAViTeRModel) -> dict[str, list]:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        if not model.trains(model.discriminators):
+            return {"main": trainable}
+        critic = {id(p) for p in model.discriminators.parameters()}
+        rest = [p for p in trainable if id(p) not in critic]
+        if self.phase == "assist" and model.trains(model.captioner):  # ITM has its own lr in phase 2
+            captioner = {id(p) for p in model.captioner.parameters()}
+            rest = [{"params": [p for p in rest if id(p) not in captioner]},
+                    {"params": list(model.captioner.parameters()), "lr": self.cfg.itm_lr}]
+        return {"discriminator": list(model.discriminators.parameters()), "main": rest}
+
+    def updates(self, step: int) -> tuple[str, ...]:
+        gan = self.cfg.tim and self.phase != "vta"
+        return ("discriminator", "main") if gan else ("main",)  # AttnGAN: D first, then G
+
+    def weights(self) -> dict[str, float]:
+        """λ per loss term in this phase: phase 1 trains DAMSM alone, phase 2 the assisting tasks."""
+        cfg = self.cfg
+        weights = {name: getattr(cfg, f"weight_{name}") for name in LOSS_WEIGHTS}
+        if self.phase == "vta":
+            return {"damsm": weights["damsm"]}
+        if self.phase == "assist":  # E_T and E_I frozen: L_FT and L_DAMSM would move nothing
+            weights.update(fake_text=0.0, damsm=0.0)
+        if not cfg.tim:
+            weights.update(generator=0.0, fake_image=0.0)
+        if not cfg.itm:
+            weights.update(caption=0.0, fake_text=0.0)
+        return weights
+
+    # ------------------------------------------------------------------ samples and batches
+
+    def words(self, caption: str) -> list[int]:
+        """E_T's input: the caption's word ids without <start>/<end>, at most model.max_words."""
+        return self.vocab.encode(caption)[1:-1][: self.cfg.max_words] or [self.vocab.unk_id]
+
+    def train_sample(self, raw: dict, rng: random.Random) -> dict:
+        caption = rng.choice(read_meta(raw)["captions"])  # AttnGAN: one random caption per visit
+        return {"image": read_image(raw, "jpg", self.cfg.image_size, "tanh"), "words": self.words(caption),
+                "tokens": self.vocab.encode(caption, self.config.data.max_caption_len)}
+
+    def eval_sample(self, raw: dict, rng: random.Random) -> dict:
+        meta = read_meta(raw)
+        captions = meta["captions"][: self.config.eval.max_captions_per_image]
+        return {"key": raw["__key__"], "image": read_image(raw, "jpg", self.cfg.image_size, "tanh"),
+                "references": captions, "caption_words": [self.words(c) for c in captions],
+                "attribute_words": [self.words(a) for a in attribute_texts(meta)]}
+
+    def collate_train(self, samples: list[dict]) -> dict:
+        uniform = self.uniform_shapes
+        words, lengths = pad_tokens([s["words"] for s in samples], length=self.cfg.max_words if uniform else None)
+        tokens, _ = pad_tokens([s["tokens"] for s in samples],
+                               length=self.config.data.max_caption_len if uniform else None)
+        return {"images": torch.stack([s["image"] for s in samples]), "words": words, "lengths": lengths,
+                "tokens": tokens}
+
+    def collate_eval(self, samples: list[dict]) -> dict:
+        def flat(key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            rows = [w for s in samples for w in s[key]]
+            owners = torch.tensor([i for i, s in enumerate(samples) for _ in s[key]], dtype=torch.long)
+            words, lengths = pad_tokens(rows) if rows else (torch.zeros(0, 1, dtype=torch.long), torch.zeros(0))
+            return words, lengths, owners
+
+        captions, attributes = flat("caption_words"), flat("attribute_words")
+        return {"keys": [s["key"] for s in samples], "images": torch.stack([s["image"] for s in samples]),
+                "references": [s["references"] for s in samples], "captions": captions, "attributes": attributes}
+
+    # ------------------------------------------------------------------ losses
+
+    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+        images, batch_size = batch["images"], batch["images"].shape[0]
+        noise = torch.randn(batch_size, self.cfg.z_dim, device=images.device)
+        weights = self.weights()
+        out = model(images, batch["words"], batch["lengths"], batch["tokens"], update=update, noise=noise,
+                    weights=weights)
+        if update == "discriminator":
+            loss = cross_rank_mean(out["discriminator"], batch_size)
+            return {"loss": loss, "discriminator": loss.detach()}
+        terms: dict[str, torch.Tensor] = {}
+        gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
+        if weights.get("damsm"):
+            terms["damsm"] = self._damsm(out["words"], out["lengths"], out["regions"], out["sentence"], out["image"],
+                                         gammas)
+        if "caption_logits" in out:
+            terms["caption"] = cross_rank_token_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
+        if "adversarial" in out:
+            terms["generator"] = cross_rank_mean(out["adversarial"] + out["kl"], batch_size)
+            if weights.get("fake_image"):
+                terms["fake_image"] = self._damsm(out["words"], out["lengths"], out["fake_regions"], out["sentence"],
+                                                  out["fake_image"], gammas)
+        if "generated_words" in out:
+            terms["fake_text"] = self._damsm(out["generated_words"], out["generated_lengths"], out["regions"],
+                                             out["generated_sentence"], out["image"], gammas)
+        loss = sum(weights[name] * value for name, value in terms.items())
+        return {"loss": loss, **{name: value.detach() for name, value in terms.items()}}
+
+    @staticmethod
+    def _damsm(words, lengths, regions, sentence, image, gammas) -> torch.Tensor:
+        """The rank's share of DAMSM over the global batch (negatives from every rank)."""
+        return sum(cross_rank_damsm_parts(words, lengths, regions, sentence, image, *gammas).values())
+
+    # ------------------------------------------------------------------ evaluation
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
+                 validation: bool = False) -> dict:
+        inner: LAViTeRModel = unwrap(model)
+        was_training = model.training
+        model.eval()
+        captioning = inner.captioner is not None and self.cfg.caption_metrics and (
+            not validation or (self.phase == "assist" and inner.generator is None))  # see selection_score
+        vectors = {"image": [], "own": [], "captions": [], "attributes": [], "fake": []}
+        owners = {"captions": [], "attributes": []}
+        references, generated, grid_images, grid_captions, seen = {}, {}, [], [], 0
+        noise = torch.Generator().manual_seed(self.config.seed)
+        for batch in batches:
+            images = batch["images"].to(device)
+            regions, image = inner.image_encoder(images)
+            vectors["image"].append(image.float().cpu())
+            for key in ("captions", "attributes"):
+                words, lengths, owner = batch[key]
+                if len(owner):
+                    vectors[key].append(inner.text_encoder(words.to(device), lengths.to(device))[1].float().cpu())
+                    owners[key].append(owner + seen)
+            words, lengths, owner = batch["captions"]
+            first = torch.tensor([int((owner == i).nonzero()[0]) for i in range(len(images))])
+            own_words, own_lengths = words[first].to(device), lengths[first].to(device)
+            text_words, sentence = inner.text_encoder(own_words, own_lengths)
+            vectors["own"].append(sentence.float().cpu())
+            if inner.generator is not None:
+                z = torch.randn(len(images), self.cfg.z_dim, generator=noise).to(device)
+                fakes = inner.generator(z, sentence, text_words, real_words(own_lengths, own_words.shape[1]))
+                fake = fakes["images"][-1]
+                vectors["fake"].append(inner.image_encoder(fake)[1].float().cpu())
+                room = self.cfg.grid - len(grid_images)
+                grid_images += list(fake[:room].float().cpu())
+                grid_captions += [refs[0] for refs in batch["references"][:room]]
+            if captioning:
+                ids = generate(inner.captioner, regions, regions.new_ones(regions.shape[:2], dtype=torch.bool),
+                               self.vocab.start_id, self.vocab.end_id, self.max_generated_len,
+                               self.config.eval.beam_size)
+                for key, refs, text in zip(batch["keys"], batch["references"], self.decode(ids)):
+                    references[key], generated[key] = refs, text
+            seen += len(images)
+        model.train(was_training)
+        if not seen:
+            raise RuntimeError("the evaluation split yielded no samples")
+        return self._metrics(vectors, owners, references, generated, grid_images, grid_captions, seen)
+
+    def _metrics(self, vectors, owners, references, generated, grid_images, grid_captions, seen) -> dict:
+        image, own = torch.cat(vectors["image"]), torch.cat(vectors["own"])
+        candidates = min(self.cfg.r_precision_candidates, seen)
+        metrics: dict = {"n_images": seen, "candidates": candidates,
+                         "r_precision": {f"r{k}": r_precision(image, own, candidates, self.config.seed, k)
+                                         for k in (1, 3) if k <= candidates}}
+        if vectors["fake"]:  # AttnGAN's R-precision: generated images against their own captions
+            fake = torch.cat(vectors["fake"])
+            metrics["generated_r_precision"] = {f"r{k}": r_precision(fake, own, candidates, self.config.seed, k)
+                                                for k in (1, 3) if k <= candidates}
+        captions, caption_owner = torch.cat(vectors["captions"]), torch.cat(owners["captions"])
+        metrics["retrieval"] = retrieval_recall(l2norm(image) @ l2norm(captions).T, caption_images=caption_owner.numpy())
+        metrics["n_captions"] = len(caption_owner)
+        if vectors["attributes"]:
+            metrics["aimcos"] = aimcos(image, torch.cat(vectors["attributes"]), torch.cat(owners["attributes"]))
+        if generated:
+            keys = list(generated)[: self.config.eval.examples]
+            metrics["captions"] = caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout)
+            metrics["examples"] = [{"key": k, "generated": generated[k], "references": references[k]} for k in keys]
+        if grid_images:
+            grid = torchvision.utils.make_grid(torch.stack(grid_images), nrow=min(len(grid_images), 4), padding=2,
+                                               normalize=True, value_range=(-1, 1))
+            metrics["images"] = {"generated-grid.png": to_pil(grid, value_range="unit")}
+            metrics["grid_captions"] = grid_captions
+        return metrics
+
+    def selection_score(self, metrics: dict) -> float:
+        """Phases 1 and 3: R-precision@1 of real images. Phase 2 trains only TIM and ITM: AttnGAN's
+        R-precision@1 of generated images (no Java needed, so validation stays cheap), or CIDEr-D
+        when there is no generator."""
+        if self.phase == "assist":
+            if "generated_r_precision" in metrics:
+                return metrics["generated_r_precision"]["r1"]
+            return metrics.get("captions", {}).get("cider_d", 0.0)
+        return metrics["r_precision"]["r1"]
+
+    def headline(self, metrics: dict) -> dict[str, float]:
+        line = {"r_precision1": metrics["r_precision"]["r1"], "rsum": metrics["retrieval"]["rsum"]}
+        if "aimcos" in metrics:
+            line["aimcos"] = metrics["aimcos"]
+        if "captions" in metrics:
+            line["cider_d"] = metrics["captions"]["cider_d"]
+        return line
+
+    def report(self, rows: dict[str, dict], split: str) -> str:
+        return laviter_report(rows, split)
+
+
+def attribute_texts(meta: dict) -> list[str]:
+    """AIMCoS's attribute texts of an image (Eq. 17): a sample's `attributes` list (CUB's attribute
+    annotations) or, on the embedded scenes, each object's phrase and its attribute words."""
+    if meta.get("attributes"):
+        return list(meta["attributes"])
+    texts: list[str] = []
+    for obj in meta.get("objects", []):
+        for text in (obj.get("phrase"), obj.get("size"), obj.get("color"), obj.get("shape")):
+            if text and text not in texts:
+                texts.append(text)
+    return texts
