@@ -189,3 +189,48 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
     for name in a:
         gap = (a[name].double() - b[name].double()).abs().max().item() if a[name].numel() else 0.0
         assert gap <= atol, f"{name}: largest difference {gap:.3g} > {atol}"
+
+
+def decoder_batch(vocab: int, features: int, batch: int = 3, regions: int = 4, seed: int = 0, start: int = 1,
+                  end: int = 2, pad: int = 0):
+    """Region features, their mask (rows 1 and 2 padded) and captions (row 0 ended and padded, row
+    2 ended on its last token) for the tests of the step-protocol decoders."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    feats = torch.randn(batch, regions, features, generator=g)
+    mask = torch.ones(batch, regions, dtype=torch.bool)
+    mask[1, 2:] = False
+    mask[2, 3:] = False
+    tokens = torch.randint(3, vocab, (batch, 6), generator=g)
+    tokens[:, 0] = start
+    tokens[0, 3], tokens[0, 4:] = end, pad
+    tokens[2, 5] = end
+    return feats, mask, tokens
+
+
+def stepwise_logits(decoder, features, mask, tokens):
+    """The decoder's logits when it reads `tokens` one step at a time, and its last state."""
+    import torch
+
+    state, logits = decoder.init_state(features, mask), []
+    for t in range(tokens.shape[1] - 1):
+        step_logits, state = decoder.step(tokens[:, t], state)
+        logits.append(step_logits)
+    return torch.stack(logits, dim=1), state
+
+
+def fit_captions(decoder, features, mask, tokens, lr: float, steps: int, stop_below: float = 0.0) -> float:
+    """Teacher-forced Adam steps on a few captions (padding ignored); the last loss."""
+    import torch
+
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=lr)
+    for _ in range(steps):
+        logits = decoder(features, mask, tokens)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], ignore_index=0)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < stop_below:
+            break
+    return loss.item()

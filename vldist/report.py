@@ -125,6 +125,10 @@ def laviter_report(rows: dict[str, dict], split: str) -> str:
         captions = m.get("captions", {})
         cells += [_score(captions.get(c, math.nan)) for c in ("bleu4", "meteor", "rouge_l", "cider_d")]
         lines.append(f"{name:<12}" + "".join(cells).replace("nan", "n/a"))
+    pretrained = [(name, m["label_recall"]) for name, m in rows.items() if "label_recall" in m]
+    for name, recall in pretrained:
+        lines.append(f"{name}: the trunk's top attribute words (colour, shape, size) recall {recall:.1f}% of each "
+                     "image's own")
     lines.append(f"R-precision: each of the {last['n_images']} {split} images ranks its first caption among "
                  f"{last['candidates']} (99 of other images in the paper's protocol); gen@1: the same for images "
                  "generated from those captions")

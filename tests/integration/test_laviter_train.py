@@ -10,6 +10,8 @@ import pytest
 from helpers import TORCHRUN
 from PIL import Image
 
+from vldist.caption import main as caption_main
+from vldist.evaluate import main as evaluate_main
 from vldist.train import main as train_main
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
@@ -28,18 +30,19 @@ def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid
     assert train_main(argv) == 0
     printed = capsys.readouterr().out
     rows = {line.split()[0] for line in printed.splitlines() if line.split()}
-    assert {"untrained", "vta", "assist", "joint"} <= rows, printed
+    assert {"untrained", "pretrain", "vta", "assist", "joint"} <= rows, printed
     for column in ("R-prec@1", "AIMCoS", "i2t R@1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "generated images"):
         assert column in printed, column
 
-    for phase, steps in (("vta", 6 * 8), ("assist", 8), ("joint", 8)):
+    for phase, steps in (("pretrain", 2 * 8), ("vta", 6 * 8), ("assist", 8), ("joint", 8)):
         results = json.loads((run / phase / "metrics.json").read_text())
         assert results["steps"] == steps and results["config"]["model"]["phase"] == phase
     vta = json.loads((run / "vta" / "metrics.json").read_text())
     history = vta["history"]
     assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.5  # DAMSM learns (measured: 11.1 -> 8.4)
     # R-precision among the 32 test images, AIMCoS over each scene's objects and attribute words
-    assert vta["test"]["candidates"] == 32 and vta["test"]["r_precision"]["r1"] > vta["untrained"]["r_precision"]["r1"]
+    untrained = json.loads((run / "pretrain" / "metrics.json").read_text())["untrained"]  # the first stage's
+    assert vta["test"]["candidates"] == 32 and vta["test"]["r_precision"]["r1"] > untrained["r_precision"]["r1"]
     assert -1 <= vta["test"]["aimcos"] <= 1
     joint = json.loads((run / "joint" / "metrics.json").read_text())
     assert joint["test"]["captions"]["bleu4"] >= 0 and "generated_r_precision" in joint["test"]
@@ -50,20 +53,35 @@ def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid
 
     # every phase is its own run: asked again with resume, finished phases are not run again and the
     # last resumes from its own checkpoint, with no step left to take
-    written = {phase: (run / phase / "metrics.json").stat().st_mtime_ns for phase in ("vta", "assist")}
+    written = {phase: (run / phase / "metrics.json").stat().st_mtime_ns for phase in ("pretrain", "vta", "assist")}
     assert train_main([*argv, "train.resume=auto"]) == 0
     assert {phase: (run / phase / "metrics.json").stat().st_mtime_ns for phase in written} == written
     assert json.loads((run / "joint" / "metrics.json").read_text())["steps"] == 8
+
+    # the last phase's run evaluates again to the same numbers, and captions a user's image
+    assert evaluate_main([str(run / "joint"), "--json"]) == 0
+    out = capsys.readouterr().out
+    again = json.loads(out[out.index("{"):])
+    assert again["r_precision"] == pytest.approx(joint["test"]["r_precision"])
+    assert again["aimcos"] == pytest.approx(joint["test"]["aimcos"], abs=1e-6)
+    import webdataset as wds
+
+    sample = next(iter(wds.tarfile_samples([{"url": str(sorted(scene_splits.glob("test-*.tar"))[0])}])))
+    (tmp_path / "scene.jpg").write_bytes(sample["jpg"])
+    assert caption_main([str(run / "joint"), str(tmp_path / "scene.jpg")]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{tmp_path / 'scene.jpg'}\t") and line.split("\t")[1]
 
 
 def test_two_ranks_run_every_phase(scene_splits, tmp_path):
     run = tmp_path / "two"
     proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "laviter", f"data.shards={scene_splits}", f"output.dir={run}",
-                           "model.vta_epochs=1", "model.assist_epochs=1", "model.joint_epochs=1", "train.max_steps=3",
+                           "model.pretrain_epochs=1", "model.vta_epochs=1", "model.assist_epochs=1", "model.joint_epochs=1",
+                           "train.max_steps=3",
                            "eval.baseline=false", "train.validate_every=0", *TINY],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    for phase in ("vta", "assist", "joint"):
+    for phase in ("pretrain", "vta", "assist", "joint"):
         results = json.loads((run / phase / "metrics.json").read_text())
         assert results["world_size"] == 2 and results["steps"] == 3
         # the logged loss is the global one: every rank's share summed, the same on both

@@ -197,7 +197,7 @@ def test_an_l2c_job_takes_both_streams_on_two_workers(ray_head, pair_shards, sce
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
-def test_a_laviter_job_runs_its_three_phases_on_two_workers(ray_head, scene_splits, tmp_path):
+def test_a_laviter_job_runs_its_phases_on_two_workers(ray_head, scene_splits, tmp_path):
     from test_laviter_train import TINY
 
     proc = _submit(ray_head, f"data.shards={scene_splits}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
@@ -205,7 +205,7 @@ def test_a_laviter_job_runs_its_three_phases_on_two_workers(ray_head, scene_spli
                    "eval.baseline=false", *TINY, job="laviter")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
-    for phase in ("vta", "assist", "joint"):
+    for phase in ("pretrain", "vta", "assist", "joint"):
         metrics = json.loads((tmp_path / "laviter" / phase / "metrics.json").read_text())
         assert metrics["world_size"] == 2 and metrics["steps"] == 2 and metrics["config"]["model"]["phase"] == phase
     assert "R-prec@1" in out and "AIMCoS" in out

@@ -62,6 +62,28 @@ def under(names: set[str], *prefixes: str) -> set[str]:
     return {n for n in names if n.startswith(prefixes)}
 
 
+def test_trunk_pretraining_trains_the_trunk_and_its_label_head_only():
+    recipe = recipe_for("pretrain")
+    model = recipe.build_model()
+    batch = batch_for(recipe)
+    objects = [{"color": "red", "shape": "circle", "size": "small"}, {"color": "blue", "shape": "square"}]
+    batch["labels"] = torch.zeros(4, len(recipe.vocab))
+    batch["labels"][:, recipe.labels({"objects": objects})] = 1.0
+    assert sorted(recipe.vocab.itos[i] for i in recipe.labels({"objects": objects})) == [
+        "blue", "circle", "red", "small", "square"]
+    before = snapshot(model)
+    train_steps(recipe, model, batch)
+    moved = changed(before, snapshot(model))
+    assert under(moved, "image_encoder.blocks.0.") and under(moved, "label_head.")
+    assert not under(moved, "image_encoder.local_projection", "image_encoder.global_projection", "text_encoder",
+                     "generator", "discriminators", "captioner"), moved
+    # the next phase takes the trunk and leaves the head behind
+    vta = recipe_for("vta").build_model()
+    state = {k: v for k, v in model.state_dict().items()}
+    missing, unexpected = vta.load_state_dict(state, strict=False)
+    assert not missing and set(unexpected) == {"label_head.weight", "label_head.bias"}
+
+
 def test_phase_1_trains_the_text_encoder_and_the_image_projections_only():
     recipe = recipe_for("vta")
     model = recipe.build_model()
@@ -141,35 +163,39 @@ def test_discriminator_and_generator_updates_step_only_their_own_parameters(phas
 
 
 def test_stages_chain_the_phases_from_each_best_checkpoint():
-    config = load_config("laviter", ["output.dir=runs/x", "model.vta_epochs=2", "model.assist_epochs=1",
-                                     "model.joint_epochs=3"])
+    config = load_config("laviter", ["output.dir=runs/x", "model.pretrain_epochs=4", "model.vta_epochs=2",
+                                     "model.assist_epochs=1", "model.joint_epochs=3"])
     stages = LAViTeRRecipe.stages(config)
-    assert [name for name, _ in stages] == ["vta", "assist", "joint"]
-    vta, assist, joint = (stage for _, stage in stages)
-    assert [s.model.phase for s in (vta, assist, joint)] == ["vta", "assist", "joint"]
-    assert [s.train.epochs for s in (vta, assist, joint)] == [2, 1, 3]
-    assert [s.train.lr for s in (vta, assist, joint)] == [config.model.vta_lr, config.model.assist_lr,
-                                                          config.model.joint_lr]
-    assert vta.model.init_from is None
-    assert assist.model.init_from == "runs/x/vta"  # its best checkpoint, else its last
+    assert [name for name, _ in stages] == ["pretrain", "vta", "assist", "joint"]
+    pretrain, vta, assist, joint = (stage for _, stage in stages)
+    assert [s.model.phase for s in (pretrain, vta, assist, joint)] == ["pretrain", "vta", "assist", "joint"]
+    assert [s.train.epochs for s in (pretrain, vta, assist, joint)] == [4, 2, 1, 3]
+    m = config.model
+    assert [s.train.lr for s in (pretrain, vta, assist, joint)] == [m.pretrain_lr, m.vta_lr, m.assist_lr, m.joint_lr]
+    assert pretrain.model.init_from is None
+    assert vta.model.init_from == "runs/x/pretrain"  # its best checkpoint, else its last
+    assert assist.model.init_from == "runs/x/vta"
     assert joint.model.init_from == "runs/x/assist"
-    assert [s.eval.baseline for s in (vta, assist, joint)] == [True, False, False]  # one untrained row
+    assert [s.eval.baseline for s in (pretrain, vta, assist, joint)] == [True, False, False, False]  # one untrained row
+    # a trunk with weights of its own (the paper's Inception) is not pretrained again
+    weighted = load_config("laviter", ["model.pretrain_epochs=4", "model.image_weights=x.pt"])
+    assert [name for name, _ in LAViTeRRecipe.stages(weighted)][0] == "vta"
 
 
 def test_stages_leave_out_phases_without_epochs_or_models():
-    vta_only = load_config("laviter", ["model.assist_epochs=0", "model.joint_epochs=0"])
+    vta_only = load_config("laviter", ["model.pretrain_epochs=0", "model.assist_epochs=0", "model.joint_epochs=0"])
     assert [name for name, _ in LAViTeRRecipe.stages(vta_only)] == ["vta"]
     no_assist = load_config("laviter", ["model.tim=false", "model.itm=false"])
-    assert [name for name, _ in LAViTeRRecipe.stages(no_assist)] == ["vta", "joint"]
+    assert [name for name, _ in LAViTeRRecipe.stages(no_assist)] == ["pretrain", "vta", "joint"]
     alone = load_config("laviter", ["model.phase=joint"])
     assert [name for name, _ in LAViTeRRecipe.stages(alone)] == ["joint"]
 
 
 def test_phase_weights():
-    assert recipe_for("vta").weights() == {"damsm": 1.0}
+    assert recipe_for("vta", "model.weight_damsm=7").weights() == {"damsm": 7.0}
     assist = recipe_for("assist").weights()
     assert assist["damsm"] == 0 and assist["fake_text"] == 0 and assist["generator"] > 0 and assist["caption"] > 0
-    joint = recipe_for("joint", "model.weight_damsm=50", "model.itm=false").weights()
+    joint = recipe_for("joint", "model.itm=false").weights()
     assert joint["damsm"] == 50 and joint["caption"] == 0 and joint["fake_text"] == 0 and joint["fake_image"] == 1
 
 
@@ -188,3 +214,31 @@ def test_attribute_texts_of_a_scene_and_of_annotated_data():
                                      "circle"]
     assert attribute_texts({"attributes": ["has wing color blue"], "objects": meta["objects"]}) == ["has wing color blue"]
     assert attribute_texts({"captions": ["x"]}) == []
+
+
+def test_generated_images_leave_the_image_encoders_batch_norm_statistics_alone():
+    from vldist.models.laviter import running_statistics_kept
+
+    encoder = recipe_for("joint").build_model().image_encoder
+    encoder.train()
+    before = snapshot(encoder)
+    with running_statistics_kept(encoder):
+        regions, image = encoder(torch.rand(4, 3, 64, 64) * 2 - 1)
+    (regions.sum() + image.sum()).backward()
+    assert not changed(before, snapshot(encoder))  # no running mean or variance moved
+    assert encoder.blocks[6][0].weight.grad is not None  # the gradient still reaches the encoder
+    assert all(m.training for m in encoder.modules())  # and train mode is back
+    encoder(torch.rand(4, 3, 64, 64) * 2 - 1)
+    assert "blocks.6.1.running_mean" in changed(before, snapshot(encoder))  # real images do move them
+
+
+def test_one_phase_alone_takes_its_own_epochs_and_learning_rate():
+    (name, stage), = LAViTeRRecipe.stages(load_config("laviter", ["model.phase=joint", "model.joint_epochs=3"]))
+    assert name == "joint" and stage.train.epochs == 3 and stage.train.lr == stage.model.joint_lr
+
+
+def test_the_captioner_trains_at_its_own_rate_in_phase_2_with_or_without_the_generator():
+    for overrides, lrs in (([], [None, 0.123]), (["model.tim=false"], [0.123])):  # the generator's group, if any
+        recipe = recipe_for("assist", "model.itm_lr=0.123", *overrides)
+        groups = recipe.optimizer_groups(recipe.build_model())["main"]
+        assert [g.get("lr") for g in groups] == lrs, overrides

@@ -1,10 +1,9 @@
 """LAViTeR's ITM (vldist.models.transformer_captioner): a CATR-style captioner under the step protocol."""
 
-import time
-
 import pytest
 import torch
-from torch import nn
+
+from helpers import decoder_batch, fit_captions, stepwise_logits
 
 from vldist.models.generation import generate
 from vldist.models.transformer_captioner import TransformerCaptioner, sinusoidal_positions
@@ -19,24 +18,11 @@ def _model(dropout=0.0, max_len=16):
 
 
 def _batch(batch=3, regions=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    features = torch.randn(batch, regions, FEATURES, generator=g)
-    mask = torch.ones(batch, regions, dtype=torch.bool)
-    mask[1, 2:] = False
-    mask[2, 3:] = False
-    tokens = torch.randint(3, VOCAB, (batch, 6), generator=g)
-    tokens[:, 0] = START
-    tokens[0, 3], tokens[0, 4:] = END, PAD
-    tokens[2, 5] = END
-    return features, mask, tokens
+    return decoder_batch(VOCAB, FEATURES, batch, regions, seed)
 
 
 def _stepwise(decoder, features, mask, tokens):
-    state, logits = decoder.init_state(features, mask), []
-    for t in range(tokens.shape[1] - 1):
-        step_logits, state = decoder.step(tokens[:, t], state)
-        logits.append(step_logits)
-    return torch.stack(logits, dim=1), state
+    return stepwise_logits(decoder, features, mask, tokens)
 
 
 def test_sinusoidal_positions():
@@ -138,16 +124,8 @@ def test_a_tiny_model_learns_captions_and_generates_them_back():
         [START, 3, 4, 5, 6, END],
         [START, 7, 8, END, PAD, PAD],
     ])
-    optimizer = torch.optim.Adam(decoder.parameters(), lr=3e-3)
-    begin = time.perf_counter()
-    for _ in range(100):
-        logits = decoder(features, mask, tokens)
-        loss = nn.functional.cross_entropy(logits.transpose(1, 2), tokens[:, 1:], ignore_index=PAD)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.05, loss.item()
-    assert time.perf_counter() - begin < 30
+    loss = fit_captions(decoder, features, mask, tokens, lr=3e-3, steps=100)
+    assert loss < 0.05, loss
     for beam_size in (1, 3):
         generated = generate(decoder, features, mask, START, END, max_len=8, beam_size=beam_size)
         assert decoder.training

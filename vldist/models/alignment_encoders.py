@@ -28,6 +28,9 @@ from vldist.models.common import masked_mean
 
 def _conv_bn_relu(cin: int, cout: int, stride: int) -> nn.Sequential:
     conv = nn.Conv2d(cin, cout, kernel_size=3, stride=stride, padding=1, bias=False)  # BN follows: no bias
+    # He init keeps the signal's scale through the ReLUs: phase 1 runs this trunk frozen, its batch
+    # norm in eval mode, and with torch's default init the last block's output is ~1e-3 of its input.
+    nn.init.kaiming_normal_(conv.weight, mode="fan_in", nonlinearity="relu")
     return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
 
 
@@ -41,15 +44,15 @@ class AlignmentImageEncoder(nn.Module):
                  dim: int, input_size: int):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
-        self.local_after, self.input_size = local_after, input_size
+        self.local_after, self.input_size, self.global_channels = local_after, input_size, global_channels
         self.local_projection = nn.Conv2d(local_channels, dim, kernel_size=1, bias=False)  # AttnGAN's emb_features
         self.global_projection = nn.Linear(global_channels, dim)  # AttnGAN's emb_cnn_code
 
     def projections(self) -> list[nn.Module]:
         return [self.local_projection, self.global_projection]
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """images (B, 3, H, W) in [-1, 1] -> (regions (B, R, D), image (B, D))."""
+    def trunk(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images (B, 3, H, W) in [-1, 1] -> (the local map, the last block's map pooled (B, C))."""
         if images.shape[-1] != self.input_size or images.shape[-2] != self.input_size:
             images = F.interpolate(images, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False)
         x = images
@@ -57,8 +60,12 @@ class AlignmentImageEncoder(nn.Module):
             if i == self.local_after:
                 local = x
             x = block(x)
-        regions = self.local_projection(local).flatten(2).transpose(1, 2)
-        return regions, self.global_projection(x.mean(dim=(2, 3)))
+        return local, x.mean(dim=(2, 3))
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """images (B, 3, H, W) in [-1, 1] -> (regions (B, R, D), image (B, D))."""
+        local, pooled = self.trunk(images)
+        return self.local_projection(local).flatten(2).transpose(1, 2), self.global_projection(pooled)
 
 
 def small_image_encoder(dim: int = 256, input_size: int = 64) -> AlignmentImageEncoder:
@@ -86,7 +93,11 @@ def inception_image_encoder(dim: int = 256, weights: str | None = None) -> Align
                                           transform_input=False)  # inputs are already in [-1, 1]
     if local:
         state = torch.load(weights, map_location="cpu", weights_only=True)
-        net.load_state_dict(state, strict=False)
+        missing, unexpected = net.load_state_dict(state, strict=False)
+        wrong = [k for k in [*missing, *unexpected] if not k.startswith(("fc.", "AuxLogits."))]
+        if wrong:
+            raise ValueError(f"{weights} is not a state dict of torchvision's inception_v3 ({len(wrong)} entries "
+                             f"differ, e.g. {wrong[0]}): save model.state_dict() of torchvision.models.inception_v3")
     stem = {"maxpool1": 3, "maxpool2": 6}
     blocks = [getattr(net, name) for name in INCEPTION_BLOCKS]
     # Max-pools sit inside the stem block before them, so `blocks[:5]` are exactly the 5 stem convs.

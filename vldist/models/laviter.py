@@ -13,6 +13,8 @@ its batch-norm statistics do not move either (`freeze`, `train`).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -28,7 +30,7 @@ from vldist.models.text_to_image import (
 )
 from vldist.models.transformer_captioner import TransformerCaptioner
 
-PHASES = ("vta", "assist", "joint")
+PHASES = ("pretrain", "vta", "assist", "joint")
 
 
 def real_words(lengths: torch.Tensor, length: int) -> torch.Tensor:
@@ -54,6 +56,9 @@ class LAViTeRModel(nn.Module):
             self.captioner = TransformerCaptioner(vocab_size, dim, cfg.itm_dim, cfg.itm_heads, cfg.itm_encoder_layers,
                                                   cfg.itm_decoder_layers, cfg.itm_feedforward, cfg.itm_dropout,
                                                   max_len=max_caption_len)
+        # The stand-in for ImageNet pretraining of the embedded job's small trunk (docs/laviter.md):
+        # multi-label classification of the objects' attribute words. Only the pretrain phase has it.
+        self.label_head = nn.Linear(self.image_encoder.global_channels, vocab_size) if cfg.phase == "pretrain" else None
         self.frozen: list[nn.Module] = []
 
     # ------------------------------------------------------------------ phases
@@ -72,11 +77,15 @@ class LAViTeRModel(nn.Module):
         return self
 
     def set_phase(self, phase: str, trunk: str, frozen_blocks: int) -> None:
-        """§4.3: vta trains E_T and E_I's projections (its whole trunk with trunk='trainable');
+        """pretrain trains E_I's trunk on attribute labels (the embedded job's stand-in for ImageNet);
+        §4.3: vta trains E_T and E_I's projections (its whole trunk with trunk='trainable');
         assist trains TIM and ITM on the frozen encoders; joint trains everything but E_I's first
         `frozen_blocks` blocks."""
         encoder = self.image_encoder
-        if phase == "vta":
+        if phase == "pretrain":
+            self.freeze([m for m in (self.text_encoder, self.generator, self.discriminators, self.captioner,
+                                     *encoder.projections()) if m is not None])
+        elif phase == "vta":
             self.freeze([m for m in (self.generator, self.discriminators, self.captioner) if m is not None])
             if trunk == "frozen":
                 self.freeze(list(encoder.blocks))
@@ -104,6 +113,8 @@ class LAViTeRModel(nn.Module):
     def forward(self, images, words, lengths, tokens, update: str, noise: torch.Tensor | None = None,
                 weights: dict | None = None) -> dict:
         weights = weights or {}
+        if self.label_head is not None:  # trunk pretraining: nothing else runs
+            return {"label_logits": self.label_head(self.image_encoder.trunk(images)[1])}
         text_words, sentence = self.encode_text(words, lengths)
         word_mask = real_words(lengths, words.shape[1])
         # The GAN is conditioned on detached text vectors (AttnGAN): E_T learns from DAMSM terms only.
@@ -128,8 +139,10 @@ class LAViTeRModel(nn.Module):
             out["adversarial"] = sum(generator_adversarial_loss(d, fake, condition[0])
                                      for d, fake in zip(self.discriminators, fakes))
             out["kl"] = kl_loss(generated["mu"], generated["logvar"])
-            # L_FI: E_I reads the last (largest) generated image; gradient reaches G through it
-            out["fake_regions"], out["fake_image"] = self.image_encoder(fakes[-1])
+            # L_FI: E_I reads the last (largest) generated image; gradient reaches G through it.
+            # Generated images must not move E_I's batch-norm statistics, which real images use.
+            with running_statistics_kept(self.image_encoder):
+                out["fake_regions"], out["fake_image"] = self.image_encoder(fakes[-1])
         if weights.get("fake_text") and self.trains(self.text_encoder) or weights.get("fake_text") and encoder_trains:
             generated_words, generated_lengths = self.generated_text(out, tokens)
             out["generated_words"], out["generated_sentence"] = self.text_encoder(generated_words, generated_lengths)
@@ -149,11 +162,27 @@ class LAViTeRModel(nn.Module):
                 logits = out.get("caption_logits")
                 if logits is None:
                     logits = self.captioner(out["regions"], self._all_regions(out["regions"]), tokens)
+                logits = logits.clone()
+                logits[..., [0, self.start_id]] = float("-inf")  # never <pad> or <start> mid-caption
                 ids = logits.argmax(dim=-1)
             else:
                 ids = generate(self.captioner, out["regions"].detach(), self._all_regions(out["regions"]),
                                self.start_id, self.end_id, self.cfg.max_words + 1, 1)
         return caption_words(ids, self.end_id, self.cfg.max_words)
+
+
+@contextmanager
+def running_statistics_kept(module: nn.Module):
+    """Batch norms of `module` normalise with their running statistics and leave them as they are
+    (eval mode) for the duration; the rest of the module, and its gradients, are untouched."""
+    norms = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training]
+    for m in norms:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m in norms:
+            m.train()
 
 
 def caption_words(ids: torch.Tensor, end_id: int, max_words: int) -> tuple[torch.Tensor, torch.Tensor]:

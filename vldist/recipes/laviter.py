@@ -2,7 +2,8 @@
 generation (TIM, an AttnGAN) and image captioning (ITM, a transformer), in three phases.
 
 `python -m vldist.train laviter` runs the phases as stages (`stages`), each its own resumable run
-starting from the previous one's best checkpoint:
+starting from the previous one's best checkpoint (the embedded job first pretrains its small CNN
+trunk on attribute labels, standing in for the paper's ImageNet-pretrained Inception):
 
 1. vta:    DAMSM alone; E_I's trunk frozen except its projections.
 2. assist: TIM and ITM trained on the frozen encoders; the discriminators and the rest take
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 import torchvision
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from vldist.checkpoint import find_checkpoint, load_model_state
@@ -47,8 +49,11 @@ LOSS_WEIGHTS = ("generator", "caption", "fake_image", "fake_text", "damsm")  # �
 
 
 class LAViTeRConfig(Section):
-    phase: Literal["all", "vta", "assist", "joint"] = Field(
-        "all", description="all: the three phases as stages of one job; or one phase alone (set model.init_from)")
+    phase: Literal["all", "pretrain", "vta", "assist", "joint"] = Field(
+        "all", description="all: the phases as stages of one job; or one phase alone (set model.init_from)")
+    pretrain_epochs: int = Field(0, ge=0, description="epochs of the small trunk's pretraining on the objects' attribute "
+                                                      "words before phase 1, the stand-in for ImageNet (0: none)")
+    pretrain_lr: float = Field(1e-3, gt=0, description="its learning rate")
     init_from: str | None = Field(None, description="start from this run dir or checkpoint (set by the stages)")
     vta_epochs: int = Field(2, ge=0, description="epochs of phase 1 (VTA alone)")
     assist_epochs: int = Field(2, ge=0, description="epochs of phase 2 (TIM and ITM on the frozen VTA)")
@@ -94,11 +99,19 @@ class LAViTeRConfig(Section):
     weight_caption: float = Field(1.0, ge=0, description="λ2: L_C, the captioner's token NLL")
     weight_fake_image: float = Field(1.0, ge=0, description="λ3: L_FI, DAMSM of generated images and real text")
     weight_fake_text: float = Field(1.0, ge=0, description="λ4: L_FT, DAMSM of real images and generated text")
-    weight_damsm: float = Field(1.0, ge=0, description="λ5: L_DAMSM of real images and real text (code: 50)")
+    weight_damsm: float = Field(50.0, ge=0, description="λ5: L_DAMSM of real images and real text (the authors' code: 50)")
     r_precision_candidates: int = Field(100, ge=2, description="R-precision pool: the own caption and N-1 others (AttnGAN: 100)")
     caption_metrics: bool = Field(True, description="score the captioner with pycocoevalcap at each test evaluation "
                                                     "(the ablation bench turns it off: Table 2 needs none)")
     grid: int = Field(8, ge=0, description="generated images saved as a PNG grid at each evaluation, for the first captions")
+
+    @model_validator(mode="after")
+    def _real_images_as_large_as_generated(self) -> "LAViTeRConfig":
+        largest = 64 * 2 ** (self.tim_stages - 1)
+        if self.tim and self.image_size < largest:  # upsampled real images would tell the discriminator apart
+            raise ValueError(f"model.tim_stages={self.tim_stages} generates {largest}-pixel images, but real images "
+                             f"are read at model.image_size={self.image_size}: set image_size >= {largest}")
+        return self
 
 
 class LAViTeRRecipe(GeneratesCaptions, Recipe):
@@ -124,13 +137,15 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
 
     @classmethod
     def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:
-        """One stage per phase with epochs (assist only with TIM or ITM), each from the one before."""
+        """One stage per phase with epochs (assist only with TIM or ITM; pretrain only for a trunk
+        without weights), each from the one before."""
         cfg = config.model
-        if cfg.phase != "all":
-            return [(cfg.phase, config)]
-        epochs = {"vta": cfg.vta_epochs, "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0,
+        pretrained = cfg.image_weights is not None  # a real trunk brings its own pretraining
+        epochs = {"pretrain": 0 if pretrained else cfg.pretrain_epochs, "vta": cfg.vta_epochs, "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0,
                   "joint": cfg.joint_epochs}
-        lrs = {"vta": cfg.vta_lr, "assist": cfg.assist_lr, "joint": cfg.joint_lr}
+        lrs = {"pretrain": cfg.pretrain_lr, "vta": cfg.vta_lr, "assist": cfg.assist_lr, "joint": cfg.joint_lr}
+        if cfg.phase != "all":  # one phase alone, with that phase's epochs and lr
+            return [(cfg.phase, updated(config, {"train": {"epochs": max(epochs[cfg.phase], 1), "lr": lrs[cfg.phase]}}))]
         stages, previous = [], cfg.init_from
         for phase in PHASES:
             if not epochs[phase]:
@@ -151,30 +166,38 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         return model
 
     def initialize(self, model: LAViTeRModel) -> None:
-        """Phases 2 and 3 start from the previous phase's model (the stage sets model.init_from)."""
+        """Each phase starts from the previous phase's model (the stage sets model.init_from); the
+        pretraining's label head stays behind."""
         if self.cfg.init_from:
-            model.load_state_dict(load_model_state(find_checkpoint(Path(self.cfg.init_from))))
+            state = load_model_state(find_checkpoint(Path(self.cfg.init_from)))
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            wrong = [k for k in [*missing, *unexpected] if not k.startswith("label_head.")]
+            if wrong:
+                raise ValueError(f"model.init_from={self.cfg.init_from} does not fit this model ({len(wrong)} "
+                                 f"entries differ, e.g. {wrong[0]}): use a LAViTeR run of the same model keys")
 
     def optimizer_groups(self, model: LAViTeRModel) -> dict[str, list]:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        if not model.trains(model.discriminators):
-            return {"main": trainable}
-        critic = {id(p) for p in model.discriminators.parameters()}
-        rest = [p for p in trainable if id(p) not in critic]
+        critic = {id(p) for p in model.discriminators.parameters()} if model.trains(model.discriminators) else set()
+        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in critic]
         if self.phase == "assist" and model.trains(model.captioner):  # ITM has its own lr in phase 2
             captioner = {id(p) for p in model.captioner.parameters()}
-            rest = [{"params": [p for p in rest if id(p) not in captioner]},
+            others = [p for p in rest if id(p) not in captioner]
+            rest = [*([{"params": others}] if others else []),
                     {"params": list(model.captioner.parameters()), "lr": self.cfg.itm_lr}]
+        if not critic:
+            return {"main": rest}
         return {"discriminator": list(model.discriminators.parameters()), "main": rest}
 
     def updates(self, step: int) -> tuple[str, ...]:
-        gan = self.cfg.tim and self.phase != "vta"
+        gan = self.cfg.tim and self.phase in ("assist", "joint")
         return ("discriminator", "main") if gan else ("main",)  # AttnGAN: D first, then G
 
     def weights(self) -> dict[str, float]:
         """λ per loss term in this phase: phase 1 trains DAMSM alone, phase 2 the assisting tasks."""
         cfg = self.cfg
         weights = {name: getattr(cfg, f"weight_{name}") for name in LOSS_WEIGHTS}
+        if self.phase == "pretrain":
+            return {"labels": 1.0}
         if self.phase == "vta":
             return {"damsm": weights["damsm"]}
         if self.phase == "assist":  # E_T and E_I frozen: L_FT and L_DAMSM would move nothing
@@ -191,25 +214,39 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         """E_T's input: the caption's word ids without <start>/<end>, at most model.max_words."""
         return self.vocab.encode(caption)[1:-1][: self.cfg.max_words] or [self.vocab.unk_id]
 
+    def labels(self, meta: dict) -> list[int]:
+        """The trunk pretraining's targets: ids of the objects' attribute words (colour, shape, size)."""
+        return sorted({self.vocab.stoi[w] for o in meta.get("objects", []) for w in (o.get("color"), o.get("shape"),
+                                                                                   o.get("size")) if w in self.vocab.stoi})
+
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
-        caption = rng.choice(read_meta(raw)["captions"])  # AttnGAN: one random caption per visit
-        return {"image": read_image(raw, "jpg", self.cfg.image_size, "tanh"), "words": self.words(caption),
-                "tokens": self.vocab.encode(caption, self.config.data.max_caption_len)}
+        meta = read_meta(raw)
+        caption = rng.choice(meta["captions"])  # AttnGAN: one random caption per visit
+        sample = {"image": read_image(raw, "jpg", self.cfg.image_size, "tanh"), "words": self.words(caption),
+                  "tokens": self.vocab.encode(caption, self.config.data.max_caption_len)}
+        if self.phase == "pretrain":
+            sample["labels"] = self.labels(meta)
+            if not sample["labels"]:
+                raise ValueError(f"sample {raw['__key__']} has no objects with attribute words to pretrain on")
+        return sample
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
         captions = meta["captions"][: self.config.eval.max_captions_per_image]
         return {"key": raw["__key__"], "image": read_image(raw, "jpg", self.cfg.image_size, "tanh"),
                 "references": captions, "caption_words": [self.words(c) for c in captions],
-                "attribute_words": [self.words(a) for a in attribute_texts(meta)]}
+                "attribute_words": [self.words(a) for a in attribute_texts(meta)], "labels": self.labels(meta)}
 
     def collate_train(self, samples: list[dict]) -> dict:
         uniform = self.uniform_shapes
         words, lengths = pad_tokens([s["words"] for s in samples], length=self.cfg.max_words if uniform else None)
         tokens, _ = pad_tokens([s["tokens"] for s in samples],
                                length=self.config.data.max_caption_len if uniform else None)
-        return {"images": torch.stack([s["image"] for s in samples]), "words": words, "lengths": lengths,
-                "tokens": tokens}
+        batch = {"images": torch.stack([s["image"] for s in samples]), "words": words, "lengths": lengths,
+                 "tokens": tokens}
+        if "labels" in samples[0]:
+            batch["labels"] = multi_hot([s["labels"] for s in samples], len(self.vocab))
+        return batch
 
     def collate_eval(self, samples: list[dict]) -> dict:
         def flat(key: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -220,12 +257,16 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
 
         captions, attributes = flat("caption_words"), flat("attribute_words")
         return {"keys": [s["key"] for s in samples], "images": torch.stack([s["image"] for s in samples]),
-                "references": [s["references"] for s in samples], "captions": captions, "attributes": attributes}
+                "references": [s["references"] for s in samples], "captions": captions, "attributes": attributes,
+                "labels": [s["labels"] for s in samples]}
 
     # ------------------------------------------------------------------ losses
 
     def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
         images, batch_size = batch["images"], batch["images"].shape[0]
+        if batch_size < 2 and self.cfg.tim and self.phase in ("assist", "joint"):
+            raise ValueError("LAViTeR's GAN needs at least 2 images per rank in a step (batch norm, mismatched "
+                             "captions): raise data.batch_size to 2 x the number of ranks or more")
         noise = torch.randn(batch_size, self.cfg.z_dim, device=images.device)
         weights = self.weights()
         out = model(images, batch["words"], batch["lengths"], batch["tokens"], update=update, noise=noise,
@@ -233,6 +274,10 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         if update == "discriminator":
             loss = cross_rank_mean(out["discriminator"], batch_size)
             return {"loss": loss, "discriminator": loss.detach()}
+        if "label_logits" in out:
+            bce = F.binary_cross_entropy_with_logits(out["label_logits"].float(), batch["labels"])
+            loss = cross_rank_mean(bce, batch_size)
+            return {"loss": loss, "labels": loss.detach()}
         terms: dict[str, torch.Tensor] = {}
         gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
         if weights.get("damsm"):
@@ -269,11 +314,17 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         vectors = {"image": [], "own": [], "captions": [], "attributes": [], "fake": []}
         owners = {"captions": [], "attributes": []}
         references, generated, grid_images, grid_captions, seen = {}, {}, [], [], 0
+        label_hits = label_count = 0
         noise = torch.Generator().manual_seed(self.config.seed)
         for batch in batches:
             images = batch["images"].to(device)
             regions, image = inner.image_encoder(images)
             vectors["image"].append(image.float().cpu())
+            if inner.label_head is not None:  # trunk pretraining: its top-n words against the n true ones
+                scores = inner.label_head(inner.image_encoder.trunk(images)[1]).float().cpu()
+                for row, labels in zip(scores, batch["labels"]):
+                    label_hits += len(set(row.topk(len(labels)).indices.tolist()) & set(labels))
+                    label_count += len(labels)
             for key in ("captions", "attributes"):
                 words, lengths, owner = batch[key]
                 if len(owner):
@@ -286,7 +337,9 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             vectors["own"].append(sentence.float().cpu())
             if inner.generator is not None:
                 z = torch.randn(len(images), self.cfg.z_dim, generator=noise).to(device)
-                fakes = inner.generator(z, sentence, text_words, real_words(own_lengths, own_words.shape[1]))
+                epsilon = torch.randn(len(images), self.cfg.condition_dim, generator=noise).to(device)
+                fakes = inner.generator(z, sentence, text_words, real_words(own_lengths, own_words.shape[1]),
+                                        condition_noise=epsilon)  # the same images for the same weights
                 fake = fakes["images"][-1]
                 vectors["fake"].append(inner.image_encoder(fake)[1].float().cpu())
                 room = self.cfg.grid - len(grid_images)
@@ -302,7 +355,25 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         model.train(was_training)
         if not seen:
             raise RuntimeError("the evaluation split yielded no samples")
-        return self._metrics(vectors, owners, references, generated, grid_images, grid_captions, seen)
+        metrics = self._metrics(vectors, owners, references, generated, grid_images, grid_captions, seen)
+        if label_count:
+            metrics["label_recall"] = 100.0 * label_hits / label_count
+        return metrics
+
+    @torch.no_grad()
+    def caption_pixels(self, model: nn.Module, images: list, device: torch.device) -> list[str]:
+        """`python -m vldist.caption RUN IMAGE ...`: the captioner (ITM) on E_I's regions of PIL images."""
+        from vldist.data.pixels import image_tensor
+
+        inner: LAViTeRModel = unwrap(model)
+        if inner.captioner is None:
+            raise ValueError("this LAViTeR model has no captioner (model.itm=false): it cannot caption images")
+        model.eval()
+        pixels = torch.stack([image_tensor(image, self.cfg.image_size, "tanh") for image in images]).to(device)
+        regions, _ = inner.image_encoder(pixels)
+        ids = generate(inner.captioner, regions, regions.new_ones(regions.shape[:2], dtype=torch.bool),
+                       self.vocab.start_id, self.vocab.end_id, self.max_generated_len, self.config.eval.beam_size)
+        return self.decode(ids)
 
     def _metrics(self, vectors, owners, references, generated, grid_images, grid_captions, seen) -> dict:
         image, own = torch.cat(vectors["image"]), torch.cat(vectors["own"])
@@ -334,6 +405,8 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         """Phases 1 and 3: R-precision@1 of real images. Phase 2 trains only TIM and ITM: AttnGAN's
         R-precision@1 of generated images (no Java needed, so validation stays cheap), or CIDEr-D
         when there is no generator."""
+        if self.phase == "pretrain":
+            return metrics["label_recall"]
         if self.phase == "assist":
             if "generated_r_precision" in metrics:
                 return metrics["generated_r_precision"]["r1"]
@@ -342,6 +415,10 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
 
     def headline(self, metrics: dict) -> dict[str, float]:
         line = {"r_precision1": metrics["r_precision"]["r1"], "rsum": metrics["retrieval"]["rsum"]}
+        if "label_recall" in metrics:
+            line["label_recall"] = metrics["label_recall"]
+        if "generated_r_precision" in metrics:
+            line["generated_r_precision1"] = metrics["generated_r_precision"]["r1"]
         if "aimcos" in metrics:
             line["aimcos"] = metrics["aimcos"]
         if "captions" in metrics:
@@ -350,6 +427,13 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
 
     def report(self, rows: dict[str, dict], split: str) -> str:
         return laviter_report(rows, split)
+
+
+def multi_hot(rows: list[list[int]], size: int) -> torch.Tensor:
+    targets = torch.zeros(len(rows), size)
+    for i, ids in enumerate(rows):
+        targets[i, ids] = 1.0
+    return targets
 
 
 def attribute_texts(meta: dict) -> list[str]:
