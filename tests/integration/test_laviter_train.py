@@ -26,7 +26,7 @@ TINY = ["model.embed_dim=32", "model.text_heads=2", "model.gf_dim=4", "model.df_
 def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid(scene_splits, tmp_path, capsys):
     run = tmp_path / "run"
     argv = ["laviter", f"data.shards={scene_splits}", f"output.dir={run}", "model.vta_epochs=6", "model.assist_epochs=1",
-            "model.joint_epochs=1", "model.vta_trunk=trainable", "model.vta_lr=0.002", *TINY]
+            "model.joint_epochs=1", "model.vta_trunk=trainable", "model.vta_lr=0.002", "model.weight_damsm=1", *TINY]
     assert train_main(argv) == 0
     printed = capsys.readouterr().out
     rows = {line.split()[0] for line in printed.splitlines() if line.split()}
@@ -39,10 +39,12 @@ def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid
         assert results["steps"] == steps and results["config"]["model"]["phase"] == phase
     vta = json.loads((run / "vta" / "metrics.json").read_text())
     history = vta["history"]
-    assert history[-1]["train_loss"] < history[0]["train_loss"] - 0.5  # DAMSM learns (measured: 11.1 -> 8.4)
+    assert history[-1]["train_loss"] < 0.9 * history[0]["train_loss"]  # DAMSM learns
     # R-precision among the 32 test images, AIMCoS over each scene's objects and attribute words
     untrained = json.loads((run / "pretrain" / "metrics.json").read_text())["untrained"]  # the first stage's
-    assert vta["test"]["candidates"] == 32 and vta["test"]["r_precision"]["r1"] > untrained["r_precision"]["r1"]
+    # (32 test images make R-precision coarse; rsum sums six recalls over their 160 captions. Measured:
+    # 121.9 against 100.6 untrained.)
+    assert vta["test"]["candidates"] == 32 and vta["test"]["retrieval"]["rsum"] > untrained["retrieval"]["rsum"]
     assert -1 <= vta["test"]["aimcos"] <= 1
     joint = json.loads((run / "joint" / "metrics.json").read_text())
     assert joint["test"]["captions"]["bleu4"] >= 0 and "generated_r_precision" in joint["test"]
