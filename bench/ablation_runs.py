@@ -3,6 +3,7 @@ mean ± spread over seeds."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -35,3 +36,29 @@ def mean_std(values: list[float], digits: int = 1) -> str:
     if len(values) < 2:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def ablation_parser(doc: str, name: str, row_keys: list[str] | None = None) -> argparse.ArgumentParser:
+    """The options every ablation bench takes: --root (default runs/NAME), --seeds, and --rows
+    when the bench has named rows (default: all of them)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path("runs") / name)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    if row_keys is not None:
+        parser.add_argument("--rows", nargs="+", choices=row_keys, default=list(row_keys))
+    return parser
+
+
+def markdown_table(head: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the header line, its rule, then one line per row of cells."""
+    lines = [head, *rows]
+    text = ["| " + " | ".join(cells) + " |" for cells in lines]
+    text.insert(1, "|" + "---|" * len(head))
+    return "\n".join(text)
+
+
+def report(root: Path, text: str, raw: dict, key: str = "table") -> None:
+    """Print the table(s) and write them, with the raw numbers, to root/ablation.json."""
+    print("\n" + text)
+    (root / "ablation.json").write_text(json.dumps({key: text, **raw}, indent=2) + "\n")
+    print(f"\n{root / 'ablation.json'}")

@@ -18,11 +18,7 @@ writes it with the raw numbers to <root>/ablation.json.
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
-from ablation_runs import mean_std, train_once
+from ablation_runs import ablation_parser, markdown_table, mean_std, report, train_once
 
 ROWS = [("cl-p", "CL(P)", ["model.terms=positive"]), ("cl-n", "CL(N)", ["model.terms=negative"]),
         ("full", "CL", ["model.terms=full"])]
@@ -34,19 +30,16 @@ COLUMNS = [("captions", "cider_d", "CIDEr-D", 3), ("captions", "bleu4", "BLEU-4"
 
 def table(results: dict[str, list[dict]]) -> str:
     head = ["model", *(name for *_, name, _ in COLUMNS), "CIDEr-D per seed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, runs in results.items():
         cells = [mean_std([r[group][key] for r in runs], digits) for group, key, _, digits in COLUMNS]
         per_seed = " / ".join(f"{r['captions']['cider_d']:.3f}" for r in runs)
-        lines.append("| " + " | ".join([label, *cells, per_seed]) + " |")
-    return "\n".join(lines)
+        rows.append([label, *cells, per_seed])
+    return markdown_table(head, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("runs/cl_ablation"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", choices=[key for key, _, _ in ROWS], default=[key for key, _, _ in ROWS])
+    parser = ablation_parser(__doc__, "cl_ablation", [key for key, _, _ in ROWS])
     parser.add_argument("--mle-steps", type=int, help="train.max_steps of the captioner (default: its job's)")
     parser.add_argument("--cl-steps", type=int, help="train.max_steps of CL (default: its job's)")
     parser.add_argument("--shards", help="data.shards (default: the jobs' shards/synth, built on first use)")
@@ -74,10 +67,7 @@ def main() -> None:
             raw["runs"][f"{key}/seed{seed}"] = {"test": metrics["test"], "seconds": seconds, "overrides": overrides}
             print(f"{label}, seed {seed}: CIDEr-D {metrics['test']['captions']['cider_d']:.3f}", flush=True)
 
-    text = table(results)
-    print("\n" + text)
-    (root / "ablation.json").write_text(json.dumps({"table": text, **raw}, indent=2) + "\n")
-    print(f"\n{root / 'ablation.json'}")
+    report(root, table(results), raw)
 
 
 if __name__ == "__main__":

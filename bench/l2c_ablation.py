@@ -21,11 +21,7 @@ sample std over seeds) and writes it with the raw numbers to <root>/ablation.jso
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
-from ablation_runs import mean_std, train_once
+from ablation_runs import ablation_parser, markdown_table, mean_std, report, train_once
 
 ALONE = ["model.single_images=false"]
 ROWS = [
@@ -42,19 +38,16 @@ COLUMNS = [("bleu4", "BLEU-4"), ("rouge_l", "ROUGE-L"), ("cider_d", "CIDEr-D"), 
 def table(results: dict[str, list[dict]]) -> str:
     """Metrics x 100, as the paper prints them."""
     head = ["model", *(name for _, name in COLUMNS), "ROUGE-L per seed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, runs in results.items():
         cells = [mean_std([100 * r["captions"][key] for r in runs]) for key, _ in COLUMNS]
         per_seed = " / ".join(f"{100 * r['captions']['rouge_l']:.1f}" for r in runs)
-        lines.append("| " + " | ".join([label, *cells, per_seed]) + " |")
-    return "\n".join(lines)
+        rows.append([label, *cells, per_seed])
+    return markdown_table(head, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("runs/l2c_ablation"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", choices=[key for key, _, _ in ROWS], default=[key for key, _, _ in ROWS])
+    parser = ablation_parser(__doc__, "l2c_ablation", [key for key, _, _ in ROWS])
     parser.add_argument("--epochs", type=int, help="train.epochs (default: the job's)")
     parser.add_argument("--shards", help="data.shards (default: the job's shards/synth_pairs, built on first use)")
     args = parser.parse_args()
@@ -74,10 +67,7 @@ def main() -> None:
             raw["runs"][f"{key}/seed{seed}"] = {"test": metrics["test"], "seconds": seconds, "overrides": overrides}
             print(f"{label}, seed {seed}: ROUGE-L {100 * metrics['test']['captions']['rouge_l']:.1f}", flush=True)
 
-    text = table(results)
-    print("\n" + text)
-    (root / "ablation.json").write_text(json.dumps({"table": text, **raw}, indent=2) + "\n")
-    print(f"\n{root / 'ablation.json'}")
+    report(root, table(results), raw)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """LAViTeR's Table 2 in miniature, on the embedded scenes: R-precision and AIMCoS per variant.
 
-    python bench/laviter_ablation.py [--root runs/laviter_ablation] [--seeds 0 1 2] [--samples 2000]
+    python bench/laviter_ablation.py [--root runs/laviter_ablation] [--seeds 0 1 2] [--samples 1500]
                                      [--rows full vta-frozen]
 
 Each row is one run per seed of jobs/laviter.yaml with the overrides below (its phases as stages,
@@ -24,11 +24,7 @@ a markdown table (mean ± sample std over seeds) and writes it with the raw numb
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
-from ablation_runs import mean_std, train_once
+from ablation_runs import ablation_parser, markdown_table, mean_std, report, train_once
 
 VTA_ONLY = ["model.tim=false", "model.itm=false"]
 ROWS = [
@@ -44,21 +40,18 @@ FROZEN_THROUGHOUT = ("damsm-bilstm", "vta-frozen")
 
 def table(results: dict[str, list[dict]]) -> str:
     head = ["model", "R-precision@1 (%)", "R-precision@3 (%)", "AIMCoS", "rsum", "R@1 per seed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, runs in results.items():
         cells = [mean_std([r["r_precision"]["r1"] for r in runs]), mean_std([r["r_precision"]["r3"] for r in runs]),
                  mean_std([r["aimcos"] for r in runs], digits=3), mean_std([r["retrieval"]["rsum"] for r in runs])]
         per_seed = " / ".join(f"{r['r_precision']['r1']:.1f}" for r in runs)
-        lines.append("| " + " | ".join([label, *cells, per_seed]) + " |")
-    return "\n".join(lines)
+        rows.append([label, *cells, per_seed])
+    return markdown_table(head, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("runs/laviter_ablation"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", choices=[key for key, _, _ in ROWS], default=[key for key, _, _ in ROWS])
-    parser.add_argument("--samples", type=int, default=2000, help="train.samples_per_epoch (the set has 5,000)")
+    parser = ablation_parser(__doc__, "laviter_ablation", [key for key, _, _ in ROWS])
+    parser.add_argument("--samples", type=int, default=1500, help="train.samples_per_epoch (the set has 5,000)")
     parser.add_argument("--vta-epochs", type=int, default=2)
     parser.add_argument("--assist-epochs", type=int, default=1)
     parser.add_argument("--joint-epochs", type=int, default=1)
@@ -86,10 +79,7 @@ def main() -> None:
             print(f"{label}, seed {seed}: R-precision@1 {metrics['test']['r_precision']['r1']:.1f}, "
                   f"AIMCoS {metrics['test']['aimcos']:.3f}", flush=True)
 
-    text = table(results)
-    print("\n" + text)
-    (root / "ablation.json").write_text(json.dumps({"table": text, **raw}, indent=2) + "\n")
-    print(f"\n{root / 'ablation.json'}")
+    report(root, table(results), raw)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,7 @@ A run whose metrics.json exists is kept, so an interrupted bench resumes. Prints
 
 from __future__ import annotations
 
-import argparse
-import json
-from pathlib import Path
-
-from ablation_runs import mean_std, train_once
+from ablation_runs import ablation_parser, markdown_table, mean_std, report, train_once
 
 RETRIEVAL = ["model.tasks=[retrieval]"]
 SINGLE = ["model.lambda_image=0", "model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
@@ -61,18 +57,16 @@ PHRASE_COLUMNS = [("phrases", "r1", "R@1"), ("phrases", "r5", "R@5"), ("phrases"
 
 def table(results: dict[str, list[dict]], columns) -> str:
     head = ["model", *(name for *_, name in columns)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, runs in results.items():
         cells = [mean_std([r[group][key] for r in runs]) if all(group in r for r in runs) else "n/a"
                  for group, key, _ in columns]
-        lines.append("| " + " | ".join([label, *cells]) + " |")
-    return "\n".join(lines)
+        rows.append([label, *cells])
+    return markdown_table(head, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("runs/two_branch_ablation"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser = ablation_parser(__doc__, "two_branch_ablation")
     parser.add_argument("--epochs", type=int, default=8, help="train.epochs of every run (default 8)")
     parser.add_argument("--shards", help="data.shards (default: the jobs' shards/synth, built on first use)")
     args = parser.parse_args()
@@ -96,10 +90,7 @@ def main() -> None:
                     if group in metrics["test"]), flush=True)
         tables.append(f"{title}:\n\n" + table(results, columns))
 
-    text = "\n\n".join(tables)
-    print("\n" + text)
-    (root / "ablation.json").write_text(json.dumps({"tables": text, **raw}, indent=2) + "\n")
-    print(f"\n{root / 'ablation.json'}")
+    report(root, "\n\n".join(tables), raw, key="tables")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ablation_runs import mean_std, train_once
+from ablation_runs import ablation_parser, markdown_table, mean_std, train_once
 
 # (key, label, overrides): in the paper's order, weakest first
 ROWS = [
@@ -49,19 +49,16 @@ def run(run_dir: Path, overrides: list[str], seed: int, args: argparse.Namespace
 
 def table(results: dict, seeds: list[int]) -> str:
     head = ["row", *(name for _, name in COLUMNS), "rsum per seed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, runs in results.items():
         cells = [mean_std([runs[s]["test"][key] for s in seeds]) for key, _ in COLUMNS]
         per_seed = " / ".join(f"{runs[s]['test']['rsum']:.1f}" for s in seeds)
-        lines.append("| " + " | ".join([label, *cells, per_seed]) + " |")
-    return "\n".join(lines)
+        rows.append([label, *cells, per_seed])
+    return markdown_table(head, rows)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("runs/vsrn_ablation"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--rows", nargs="+", choices=[key for key, _, _ in ROWS], default=[key for key, _, _ in ROWS])
+    parser = ablation_parser(__doc__, "vsrn_ablation", [key for key, _, _ in ROWS])
     parser.add_argument("--steps", type=int, help="train.max_steps (default: the job's 600), for a smoke run")
     parser.add_argument("--shards", help="data.shards (default: the job's shards/synth, built on first use)")
     args = parser.parse_args()

@@ -7,6 +7,7 @@ names the three words. Region features and captions therefore agree, so retrieva
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -147,6 +148,12 @@ PREEMPT_JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim
                "train.log_every=1", "train.keep_last=10", "metrics.enabled=false", "engine.sync_batchnorm=true"]
 PREEMPT_STEPS, PREEMPT_EPOCH_STEPS = 50, 25
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def run_on_two_ranks(script: Path, *args, timeout: float = 300) -> None:
+    """`torchrun --nproc_per_node 2 SCRIPT ARGS...` (gloo); a failure shows the ranks' stderr."""
+    proc = subprocess.run([*TORCHRUN, str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def wait_for_step(out: Path, step: int, proc=None, timeout: float = 240) -> None:

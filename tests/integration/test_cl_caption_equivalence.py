@@ -9,7 +9,6 @@ both give G = 0 everywhere, so the loss is exactly 2 ln 2; step 1 is the one wit
 """
 
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,9 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import cl_caption_step as worker  # noqa: E402
-from helpers import TORCHRUN  # noqa: E402
+from helpers import run_on_two_ranks  # noqa: E402
 
 from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +31,14 @@ def captioner(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def two_ranks(captioner, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("cl_equivalence") / "two.pt"
-    proc = subprocess.run([*TORCHRUN, str(Path(worker.__file__)), str(captioner), str(out)],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_on_two_ranks(Path(worker.__file__), captioner, out, timeout=240)
     return torch.load(out, weights_only=True)
 
 
 @pytest.fixture(scope="module")
 def one_process(captioner) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():  # as each torchrun rank (OMP_NUM_THREADS=1): the same float sums
         return worker.run(AccelerateEngine("cpu"), worker.make_recipe(captioner), "even")
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("split", list(worker.SPLITS))

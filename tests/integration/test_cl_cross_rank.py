@@ -7,7 +7,6 @@ off by 2x or more). The captions gathered across ranks, and the negatives drawn 
 rank, must equal those of one process holding every caption.
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import cl_cross_rank_step as worker  # noqa: E402
-from helpers import TORCHRUN  # noqa: E402
+from helpers import run_on_two_ranks  # noqa: E402
 
 from vldist.losses import contrastive_captioning_loss  # noqa: E402
 from vldist.losses.negatives import draw_negatives  # noqa: E402
@@ -25,9 +24,7 @@ from vldist.losses.negatives import draw_negatives  # noqa: E402
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("cl_cross_rank")
-    proc = subprocess.run([*TORCHRUN, str(Path(worker.__file__)), str(out)],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_on_two_ranks(Path(worker.__file__), out, timeout=120)
     return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(2)]
 
 

@@ -3,7 +3,6 @@ rank's captions meet every rank's images and its images every rank's captions, t
 the one-process loss (each of the four terms too), and the gradients and weights after each SGD
 step match. Splits 4 + 4, 5 + 3 and 8 + 0; the ranks pad their words to different widths."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,29 +11,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import damsm_step as worker  # noqa: E402
-from helpers import TORCHRUN  # noqa: E402
+from helpers import run_on_two_ranks  # noqa: E402
 
 from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from vldist.shards.convert.images import one_thread  # noqa: E402
 from vldist.losses.damsm import PARTS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("damsm") / "two.pt"
-    proc = subprocess.run([*TORCHRUN, str(Path(worker.__file__)), str(out)], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_on_two_ranks(Path(worker.__file__), out)
     return torch.load(out, weights_only=False)
 
 
 @pytest.fixture(scope="module")
 def one_process() -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():  # as each torchrun rank (OMP_NUM_THREADS=1): the same float sums
         return worker.run(AccelerateEngine("cpu"), "even")
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_ranks_pad_to_different_widths(two_ranks):

@@ -2,7 +2,6 @@
 whole batch: the top-K violators, the neighbourhood pairs and the similarity network's negative
 sentences all come from the global batch."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,28 +10,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import two_branch_step as worker  # noqa: E402
-from helpers import TORCHRUN  # noqa: E402
+from helpers import run_on_two_ranks  # noqa: E402
 
 from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("two_branch") / "two.pt"
-    proc = subprocess.run([*TORCHRUN, str(Path(worker.__file__)), str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_on_two_ranks(Path(worker.__file__), out)
     return torch.load(out, weights_only=False)
 
 
 @pytest.fixture(scope="module")
 def one_process() -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():  # as each torchrun rank (OMP_NUM_THREADS=1): the same float sums
         engine = AccelerateEngine("cpu")
         return {job: worker.run(engine, job, "even") for job in worker.JOBS}
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("split", list(worker.SPLITS))

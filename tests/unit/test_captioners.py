@@ -1,10 +1,12 @@
-"""The CL base captioners (AdaptiveAttention, Neuraltalk2) and VSRN's decoder under the step protocol."""
+"""The CL base captioners (AdaptiveAttention, Neuraltalk2), VSRN's decoder and LAViTeR's transformer captioner
+under the step protocol (the transformer's own tests: test_transformer_captioner.py)."""
 
 import pytest
 import torch
 
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
+from vldist.models.transformer_captioner import TransformerCaptioner
 from helpers import decoder_batch, fit_captions, stepwise_logits
 
 from vldist.models.generation import generate
@@ -16,6 +18,11 @@ DECODERS = {
     "adaptive": lambda dropout=0.0: AdaptiveAttentionDecoder(VOCAB, FEATURES, hidden=24, embed=16, dropout=dropout),
     "showtell": lambda dropout=0.0: ShowTellDecoder(VOCAB, FEATURES, hidden=24, embed=16, dropout=dropout),
     "vsrn": lambda dropout=0.0: AttentionCaptionDecoder(VOCAB, FEATURES, word_dim=16, hidden=24, dropout=dropout),
+}
+WITH_TRANSFORMER = {
+    **DECODERS,
+    "transformer": lambda dropout=0.0: TransformerCaptioner(VOCAB, FEATURES, d_model=32, heads=2, encoder_layers=1,
+                                                            decoder_layers=1, feedforward=64, dropout=dropout),
 }
 
 
@@ -37,10 +44,10 @@ def test_teacher_forcing_equals_stepping(name):
     assert torch.allclose(forward, _stepwise(decoder, features, mask, tokens), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", DECODERS)
+@pytest.mark.parametrize("name", WITH_TRANSFORMER)
 def test_padded_regions_change_nothing(name):
     torch.manual_seed(0)
-    decoder = DECODERS[name]().eval()
+    decoder = WITH_TRANSFORMER[name]().eval()
     features, mask, tokens = _batch()
     garbage = features.clone()
     garbage[~mask] = 1e3 * torch.randn(int((~mask).sum()), FEATURES)
@@ -49,6 +56,10 @@ def test_padded_regions_change_nothing(name):
     expected = decoder(features, mask, tokens)
     assert torch.allclose(decoder(garbage, mask, tokens), expected, atol=1e-5)
     assert torch.allclose(decoder(extra, extra_mask, tokens), expected, atol=1e-5)
+    # ... while a real region does change it.
+    moved = features.clone()
+    moved[:, 0] += 1.0
+    assert not torch.allclose(decoder(moved, mask, tokens), expected)
 
 
 def test_adaptive_attention_weights_and_the_sentinel():

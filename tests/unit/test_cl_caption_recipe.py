@@ -15,6 +15,7 @@ from vldist.losses import contrastive_captioning_loss
 from vldist.recipes import get_recipe
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionConfig, CLCaptionModel, CLCaptionRecipe
+from vldist.shards.convert.images import one_thread
 from vldist.train import load_config
 from vldist.trainer import build_optimizers
 
@@ -40,13 +41,11 @@ def _started(recipe):
 
 
 @pytest.fixture(autouse=True, scope="module")
-def one_thread():
+def single_thread():
     """Tiny models gain nothing from threads, and on a busy 2-core machine two threads wait on each
     other (measured: 60x slower); the caller's setting comes back after the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

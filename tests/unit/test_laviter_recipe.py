@@ -62,6 +62,13 @@ def under(names: set[str], *prefixes: str) -> set[str]:
     return {n for n in names if n.startswith(prefixes)}
 
 
+def moved_by_training(recipe: LAViTeRRecipe, model, batch: dict | None = None) -> set[str]:
+    """The floating-point state entries (weights and batch-norm statistics) that two training steps change."""
+    before = snapshot(model)
+    train_steps(recipe, model, batch if batch is not None else batch_for(recipe))
+    return changed(before, snapshot(model))
+
+
 def test_trunk_pretraining_trains_the_trunk_and_its_label_head_only():
     recipe = recipe_for("pretrain")
     model = recipe.build_model()
@@ -71,9 +78,7 @@ def test_trunk_pretraining_trains_the_trunk_and_its_label_head_only():
     batch["labels"][:, recipe.labels({"objects": objects})] = 1.0
     assert sorted(recipe.vocab.itos[i] for i in recipe.labels({"objects": objects})) == [
         "blue", "circle", "red", "small", "square"]
-    before = snapshot(model)
-    train_steps(recipe, model, batch)
-    moved = changed(before, snapshot(model))
+    moved = moved_by_training(recipe, model, batch)
     assert under(moved, "image_encoder.blocks.0.") and under(moved, "label_head.")
     assert not under(moved, "image_encoder.local_projection", "image_encoder.global_projection", "text_encoder",
                      "generator", "discriminators", "captioner"), moved
@@ -87,9 +92,7 @@ def test_trunk_pretraining_trains_the_trunk_and_its_label_head_only():
 def test_phase_1_trains_the_text_encoder_and_the_image_projections_only():
     recipe = recipe_for("vta")
     model = recipe.build_model()
-    before = snapshot(model)
-    train_steps(recipe, model, batch_for(recipe))
-    moved = changed(before, snapshot(model))
+    moved = moved_by_training(recipe, model)
     # the trunk, its batch-norm statistics included, and the assisting models stay as they were
     assert not under(moved, "image_encoder.blocks", "generator", "discriminators", "captioner"), moved
     assert under(moved, "image_encoder.local_projection") and under(moved, "image_encoder.global_projection")
@@ -100,18 +103,14 @@ def test_phase_1_trains_the_text_encoder_and_the_image_projections_only():
 def test_phase_1_with_a_trainable_trunk_moves_it():
     recipe = recipe_for("vta", "model.vta_trunk=trainable")
     model = recipe.build_model()
-    before = snapshot(model)
-    train_steps(recipe, model, batch_for(recipe))
-    moved = changed(before, snapshot(model))
+    moved = moved_by_training(recipe, model)
     assert "image_encoder.blocks.0.1.running_mean" in moved and "image_encoder.blocks.0.0.weight" in moved
 
 
 def test_phase_2_trains_generation_and_captioning_on_frozen_encoders():
     recipe = recipe_for("assist")
     model = recipe.build_model()
-    before = snapshot(model)
-    train_steps(recipe, model, batch_for(recipe))
-    moved = changed(before, snapshot(model))
+    moved = moved_by_training(recipe, model)
     assert not under(moved, "image_encoder", "text_encoder"), moved
     for module in ("generator.", "discriminators.", "captioner."):
         assert under(moved, module), module
@@ -122,9 +121,7 @@ def test_phase_3_freezes_the_first_blocks_and_their_batch_norm_only():
     recipe = recipe_for("joint")
     model = recipe.build_model()
     blocks = len(model.image_encoder.blocks)
-    before = snapshot(model)
-    train_steps(recipe, model, batch_for(recipe))
-    moved = changed(before, snapshot(model))
+    moved = moved_by_training(recipe, model)
     frozen = tuple(f"image_encoder.blocks.{i}." for i in range(5))
     assert not under(moved, *frozen), under(moved, *frozen)
     for i in range(5, blocks):  # weights and running statistics of the later blocks move

@@ -135,7 +135,7 @@ def test_memory_stays_at_a_few_chunks():
     (np.zeros((3, 4)), [0, 0, 1], r"square \(M x M\)"),
     (np.zeros(3), [0, 0, 1], r"square \(M x M\)"),
     (np.zeros((0, 0)), [], r"M >= 1"),
-    (np.zeros((3, 3)), [0, 0], r"one image id per sentence \(M = 3.*got shape \(2,\)"),
+    (np.zeros((3, 3)), [0, 0], r"one image id per sentence \(sims.shape\[0\] = 3\), got shape \(2,\)"),
     (np.zeros((3, 3)), [[0, 0, 1]], r"1-D"),
     (np.zeros((3, 3)), [0.0, 0.0, 1.0], r"integer image ids"),
     (np.zeros((3, 3)), [True, True, False], r"integer image ids"),

@@ -42,6 +42,8 @@ import math
 import numpy as np
 import torch
 
+from vldist.metrics.indices import image_indices
+
 # Images whose pools are drawn at a time: 256 x N float64 keys (256 x 25000 is ~50 MB).
 _POOL_CHUNK = 256
 # Images scored at a time: 64 x candidates x D float64 (64 x 100 x 512 is ~26 MB).
@@ -131,24 +133,6 @@ def r_precision(image, text, candidates=100, seed=0, k=1) -> float:
     return 100.0 * hits / n
 
 
-def _owners(owners, m: int, n: int) -> torch.Tensor:
-    if hasattr(owners, "detach"):
-        owners = owners.detach().cpu().numpy()
-    idx = np.asarray(owners)
-    if idx.ndim != 1 or idx.shape[0] != m:
-        raise ValueError(f"owners must be 1-D with one image index per attribute text (M = {m}, "
-                         f"attributes.shape[0]), got shape {idx.shape}")
-    if not np.issubdtype(idx.dtype, np.integer) or idx.dtype == np.bool_:
-        raise ValueError(f"owners must hold integer image indices, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64, copy=False)
-    bad = np.flatnonzero((idx < 0) | (idx >= n))
-    if bad.size:
-        j = int(bad[0])
-        raise ValueError(f"owners[{j}] = {idx[j]} is out of range: image indices must be in "
-                         f"0..{n - 1} for {n} images (image.shape[0]); {bad.size} owner(s) bad")
-    return torch.from_numpy(idx)
-
-
 def aimcos(image, attributes, owners) -> float:
     """AIMCoS (LAViTeR Eq. 17): mean over images with >= 1 attribute text of the mean cosine
     between the image vector and its attribute texts' sentence vectors.
@@ -168,7 +152,8 @@ def aimcos(image, attributes, owners) -> float:
         raise ValueError(f"image and attributes must have the same width D; got image "
                          f"{tuple(image.shape)} and attributes {tuple(attributes.shape)}")
     m = attributes.shape[0]
-    owners = _owners(owners, m, n)
+    owners = torch.from_numpy(image_indices(owners, "owners", m, "attributes.shape[0]", "attribute text",
+                                           n, "image.shape[0]"))
     cos = torch.empty(m, dtype=torch.float64)
     for lo in range(0, m, _ATTR_CHUNK):
         hi = min(lo + _ATTR_CHUNK, m)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from vldist.metrics.indices import image_indices
+
 RECALL_KS = (1, 5, 10)
 # Image rows scored at a time: 256 x 25000 float64 is ~50 MB per chunk.
 _CHUNK = 256
@@ -60,22 +62,8 @@ def _regular_layout(sims, captions_per_image) -> tuple[np.ndarray, np.ndarray]:
 
 def _check_caption_images(caption_images, n_images: int, n_captions: int) -> np.ndarray:
     """`caption_images` as an int64 array, checked against (n_images x n_captions) sims."""
-    idx = np.asarray(_to_numpy(caption_images))
-    if idx.ndim != 1 or idx.shape[0] != n_captions:
-        raise ValueError(
-            f"caption_images must be 1-D with one image index per caption (sims.shape[1] = "
-            f"{n_captions}), got shape {idx.shape}")
-    if idx.size == 0:
-        idx = idx.astype(np.int64)  # np.asarray([]) is float; the empty-image check below reports it
-    if not np.issubdtype(idx.dtype, np.integer):
-        raise ValueError(f"caption_images must hold integer image indices, got dtype {idx.dtype}")
-    bad = np.flatnonzero((idx < 0) | (idx >= n_images))
-    if bad.size:
-        j = int(bad[0])
-        raise ValueError(
-            f"caption_images[{j}] = {idx[j]} is out of range: image indices must be in "
-            f"0..{n_images - 1} for {n_images} images (sims.shape[0]); {bad.size} caption(s) bad")
-    idx = idx.astype(np.int64, copy=False)
+    idx = image_indices(caption_images, "caption_images", n_captions, "sims.shape[1]", "caption",
+                        n_images, "sims.shape[0]")
     missing = np.flatnonzero(np.bincount(idx, minlength=n_images) == 0)
     if missing.size:
         raise ValueError(

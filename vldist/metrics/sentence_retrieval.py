@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vldist.metrics.indices import image_indices
 from vldist.metrics.ks import check_ks
 
 SENTENCE_RETRIEVAL_KS = (1, 5, 10)
@@ -51,25 +52,12 @@ def _rows(sims, lo: int, hi: int) -> np.ndarray:
     return np.array(block, dtype=np.float64)
 
 
-def _check_sentence_images(sentence_images, m: int) -> np.ndarray:
-    if hasattr(sentence_images, "detach"):
-        sentence_images = sentence_images.detach().cpu().numpy()
-    idx = np.asarray(sentence_images)
-    if idx.ndim != 1 or idx.shape[0] != m:
-        raise ValueError(f"sentence_images must be 1-D with one image id per sentence (M = {m}, "
-                         f"sims.shape[0]), got shape {idx.shape}")
-    # bool is an integer dtype to numpy but surely not an image id.
-    if not np.issubdtype(idx.dtype, np.integer) or idx.dtype == np.bool_:
-        raise ValueError(f"sentence_images must hold integer image ids, got dtype {idx.dtype}")
-    return idx.astype(np.int64, copy=False)
-
-
 def sentence_to_sentence_ranks(sims, sentence_images) -> np.ndarray:
     """Per sentence, the 1-based rank of its best same-image sentence among all other sentences
     (pessimistic ties); 0 for a sentence whose image has no other sentence."""
     sims = _check_sims(sims)
     m = sims.shape[0]
-    images = _check_sentence_images(sentence_images, m)
+    images = image_indices(sentence_images, "sentence_images", m, "sims.shape[0]", "sentence", what="image id")
     ranks = np.zeros(m, dtype=np.int64)
     for lo in range(0, m, _CHUNK):
         hi = min(lo + _CHUNK, m)
