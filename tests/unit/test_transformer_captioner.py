@@ -6,7 +6,8 @@ import torch
 from helpers import decoder_batch, fit_captions, stepwise_logits
 
 from vldist.models.generation import generate
-from vldist.models.transformer_captioner import TransformerCaptioner, sinusoidal_positions
+from vldist.models.common import sinusoidal_positions
+from vldist.models.transformer_captioner import TransformerCaptioner
 
 PAD, START, END = 0, 1, 2
 VOCAB, FEATURES = 12, 6

@@ -84,6 +84,17 @@ def global_sum(x: Tensor) -> Tensor:
     return x
 
 
+def global_max(n: int, device: torch.device) -> int:
+    """The largest n over ranks (e.g. the widest padding), n itself in one process."""
+    if world()[1] == 1:
+        return n
+    x = torch.tensor([n], device=device)
+    if dist.get_backend() == "nccl" and x.device.type != "cuda":
+        x = x.cuda()  # NCCL reduces CUDA tensors only
+    dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return int(x)
+
+
 def gather_objects(obj) -> list:
     """[obj of rank 0, obj of rank 1, ...] on every rank."""
     size = world()[1]

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vldist.distributed.collectives import global_sum
+from vldist.losses.precision import loss_dtype
 
 Terms = Literal["full", "positive", "negative"]
 TERMS = ("full", "positive", "negative")
@@ -54,19 +55,11 @@ def _check_inputs(pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor,
                          f"{tuple(neg_target.shape)} (only terms='positive' may pass K = 0)")
 
 
-def _compute_dtype(*xs: Tensor) -> torch.dtype:
-    """float32 at least: bf16/fp16 log-probabilities are upcast, float64 stays float64."""
-    dtype = torch.float32
-    for x in xs:
-        dtype = torch.promote_types(dtype, x.dtype)
-    return dtype
-
-
 def _objective_sums(pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor, neg_reference: Tensor,
                     nu: float, terms: str) -> tuple[Tensor, Tensor]:
     """(Σ_t ln h(pos_t), Σ_{k,t} ln[1 − h(neg_{k,t})]) over the given pairs, each 0 when excluded."""
     _check_inputs(pos_target, pos_reference, neg_target, neg_reference, nu, terms)
-    dtype = _compute_dtype(pos_target, pos_reference, neg_target, neg_reference)
+    dtype = loss_dtype(pos_target, pos_reference, neg_target, neg_reference)
     log_nu = math.log(nu)
 
     def shifted_log_ratio(target: Tensor, reference: Tensor) -> Tensor:

@@ -38,30 +38,17 @@ concatenated batch and gradients flow back to the rank that produced each embedd
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad, world
+from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad, global_max, world
+from vldist.losses.precision import loss_dtype, no_autocast
 
 PARTS = ("words_t2i", "words_i2t", "sentence_t2i", "sentence_i2t")
 _EPS = 1e-8
 # Largest intermediate (captions x images x T x max(R, D) values) computed at once; larger
 # caption sets are scored in chunks of captions.
 _CHUNK_ELEMENTS = 2**24
-
-
-def _compute_dtype(*xs: Tensor) -> torch.dtype:
-    """float32 at least: bf16/fp16 embeddings are upcast, float64 stays float64."""
-    dtype = torch.float32
-    for x in xs:
-        dtype = torch.promote_types(dtype, x.dtype)
-    return dtype
-
-
-def _no_autocast(x: Tensor):
-    """Autocast off on x's device: it would run the matmuls in bf16/fp16 again."""
-    return torch.autocast(device_type=x.device.type, enabled=False)
 
 
 def _check_words(words: Tensor, lengths: Tensor) -> None:
@@ -123,8 +110,8 @@ def word_region_scores(words: Tensor, lengths: Tensor, regions: Tensor, gamma1: 
     _check_regions(regions, words)
     n_captions, t, d = words.shape
     n_images, r = regions.shape[:2]
-    dtype = _compute_dtype(words, regions)
-    with _no_autocast(words):
+    dtype = loss_dtype(words, regions)
+    with no_autocast(words):
         words, regions = words.to(dtype), regions.to(dtype)
         real = torch.arange(t, device=words.device)[None, :] < lengths.to(words.device)[:, None]  # (Nc, T)
         words = torch.where(real[..., None], words, 0.0)  # padding content never enters, not even NaN
@@ -151,8 +138,8 @@ def damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tenso
     b = words.shape[0]
     if b == 0:
         raise ValueError("damsm_parts needs a batch of at least one caption-image pair")
-    dtype = _compute_dtype(words, regions, sentence, image)
-    with _no_autocast(words):
+    dtype = loss_dtype(words, regions, sentence, image)
+    with no_autocast(words):
         word_logits = gamma3 * word_region_scores(words, lengths, regions, gamma1, gamma2)  # (captions, images)
         sentence_logits = gamma3 * cosine_matrix(sentence.to(dtype), image.to(dtype))
         return {"words_t2i": _ce_share(word_logits, 0, b), "words_i2t": _ce_share(word_logits.T, 0, b),
@@ -167,15 +154,6 @@ def damsm_loss(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor
     region vectors; sentence and image (B, D) global vectors. γ1, γ2, γ3 as AttnGAN (4, 5, 10).
     """
     return sum(damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3).values())
-
-
-def _global_max(n: int, device: torch.device) -> int:
-    """The largest n over ranks."""
-    x = torch.tensor([n], device=device)
-    if dist.get_backend() == "nccl" and x.device.type != "cuda":
-        x = x.cuda()  # NCCL reduces CUDA tensors only
-    dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    return int(x)
 
 
 def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
@@ -193,10 +171,10 @@ def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sent
     if world()[1] == 1 or not gather:
         return damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3)
     _check_batch(words, lengths, regions, sentence, image)
-    dtype = _compute_dtype(words, regions, sentence, image)
-    with _no_autocast(words):
+    dtype = loss_dtype(words, regions, sentence, image)
+    with no_autocast(words):
         words, regions, sentence, image = (x.to(dtype) for x in (words, regions, sentence, image))
-        t = _global_max(words.shape[1], words.device)
+        t = global_max(words.shape[1], words.device)
         all_words, offset = all_gather_with_grad(F.pad(words, (0, 0, 0, t - words.shape[1])))
         all_lengths, _ = all_gather_rows(lengths)
         all_regions, _ = all_gather_with_grad(regions)

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vldist.distributed.collectives import all_gather_rows, world
+from vldist.distributed.collectives import all_gather_rows, global_max, world
 
 
 def step_generator(seed: int, step: int, micro: int = 0) -> torch.Generator:
@@ -88,7 +88,7 @@ def gather_captions(tokens: Tensor, lengths: Tensor, image_ids: Tensor) -> tuple
                          f"{tuple(tokens.shape)}, {tuple(lengths.shape)} and {tuple(image_ids.shape)}")
     if world()[1] == 1:
         return tokens, lengths, image_ids, 0
-    width = int(all_gather_rows(torch.tensor([tokens.shape[1]], device=tokens.device))[0].max())
+    width = global_max(tokens.shape[1], tokens.device)
     # One gather for everything: rows of [length, image id, tokens padded to the global width].
     rows = torch.cat([lengths[:, None].long(), image_ids[:, None].long(),
                       F.pad(tokens.long(), (0, width - tokens.shape[1]))], dim=1)

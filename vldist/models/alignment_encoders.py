@@ -15,7 +15,6 @@ encoder) and are resized to the encoder's input size, as AttnGAN's encoder resiz
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from vldist.models.common import masked_mean
+from vldist.models.common import length_mask, masked_mean, sinusoidal_positions
 
 
 def _conv_bn_relu(cin: int, cout: int, stride: int) -> nn.Sequential:
@@ -62,10 +61,13 @@ class AlignmentImageEncoder(nn.Module):
             x = block(x)
         return local, x.mean(dim=(2, 3))
 
+    def project(self, local: torch.Tensor, pooled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trunk's outputs -> (regions (B, R, D), image (B, D))."""
+        return self.local_projection(local).flatten(2).transpose(1, 2), self.global_projection(pooled)
+
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """images (B, 3, H, W) in [-1, 1] -> (regions (B, R, D), image (B, D))."""
-        local, pooled = self.trunk(images)
-        return self.local_projection(local).flatten(2).transpose(1, 2), self.global_projection(pooled)
+        return self.project(*self.trunk(images))
 
 
 def small_image_encoder(dim: int = 256, input_size: int = 64) -> AlignmentImageEncoder:
@@ -112,16 +114,6 @@ def inception_image_encoder(dim: int = 256, weights: str | None = None) -> Align
                                  input_size=299)
 
 
-def sinusoidal_positions(length: int, dim: int) -> torch.Tensor:
-    """The transformer's fixed positional encoding (Vaswani et al.), (length, dim)."""
-    position = torch.arange(length, dtype=torch.float32)[:, None]
-    frequency = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency[: dim // 2])
-    return table
-
-
 class TransformerSentenceEncoder(nn.Module):
     """E_T (Eqs. 1-3): word embedding + positions, post-LN transformer layers with a padding mask,
     sentence = mean of the real words' vectors. The official code has no padding mask and averages
@@ -137,7 +129,7 @@ class TransformerSentenceEncoder(nn.Module):
 
     def forward(self, words: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """words (B, T) ids without <start>/<end>, lengths (B,) -> (words (B, T, D), sentence (B, D))."""
-        real = torch.arange(words.shape[1], device=words.device)[None] < lengths[:, None]
+        real = length_mask(lengths, words.shape[1])
         x = self.embed(words) + self.positions[: words.shape[1]]
         x = self.layers(x, src_key_padding_mask=~real)
         return x, masked_mean(x, real)

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     return x / x.norm(dim=dim, keepdim=True).clamp(min=eps)
+
+
+def length_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, length) True at each sequence's first lengths[b] positions (its real tokens)."""
+    return torch.arange(length, device=lengths.device)[None] < lengths[:, None]
+
+
+def all_real(features: torch.Tensor) -> torch.Tensor:
+    """The region mask (B, R) of features (B, R, F) without padding: a CNN grid's or a node set's."""
+    return features.new_ones(features.shape[:2], dtype=torch.bool)
+
+
+def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> torch.Tensor:
+    """The (length, dim) sinusoidal encodings of Vaswani et al.: sin on even, cos on odd channels."""
+    position = torch.arange(length, device=device, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, device=device)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)[:, : dim // 2]
+    return table if dtype is None else table.to(dtype)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vldist.models.alignment_encoders import build_image_encoder, build_text_encoder
+from vldist.models.common import all_real, length_mask
 from vldist.models.generation import generate
 from vldist.models.text_to_image import (
     Discriminator,
@@ -31,11 +32,6 @@ from vldist.models.text_to_image import (
 from vldist.models.transformer_captioner import TransformerCaptioner
 
 PHASES = ("pretrain", "vta", "assist", "joint")
-
-
-def real_words(lengths: torch.Tensor, length: int) -> torch.Tensor:
-    """(B, T) True at a caption's real words."""
-    return torch.arange(length, device=lengths.device)[None] < lengths[:, None]
 
 
 class LAViTeRModel(nn.Module):
@@ -116,7 +112,7 @@ class LAViTeRModel(nn.Module):
         if self.label_head is not None:  # trunk pretraining: nothing else runs
             return {"label_logits": self.label_head(self.image_encoder.trunk(images)[1])}
         text_words, sentence = self.encode_text(words, lengths)
-        word_mask = real_words(lengths, words.shape[1])
+        word_mask = length_mask(lengths, words.shape[1])
         # The GAN is conditioned on detached text vectors (AttnGAN): E_T learns from DAMSM terms only.
         condition = (sentence.detach(), text_words.detach(), word_mask)
         out: dict = {"words": text_words, "lengths": lengths, "sentence": sentence}
@@ -132,7 +128,7 @@ class LAViTeRModel(nn.Module):
             with torch.set_grad_enabled(torch.is_grad_enabled() and encoder_trains):
                 out["regions"], out["image"] = self.image_encoder(images)
         if weights.get("caption") and self.trains(self.captioner):
-            out["caption_logits"] = self.captioner(out["regions"], self._all_regions(out["regions"]), tokens)
+            out["caption_logits"] = self.captioner(out["regions"], all_real(out["regions"]), tokens)
         if (weights.get("generator") or weights.get("fake_image")) and self.trains(self.generator):
             generated = self.generator(noise, *condition)
             fakes = generated["images"]
@@ -143,15 +139,11 @@ class LAViTeRModel(nn.Module):
             # Generated images must not move E_I's batch-norm statistics, which real images use.
             with running_statistics_kept(self.image_encoder):
                 out["fake_regions"], out["fake_image"] = self.image_encoder(fakes[-1])
-        if weights.get("fake_text") and self.trains(self.text_encoder) or weights.get("fake_text") and encoder_trains:
+        if weights.get("fake_text") and (self.trains(self.text_encoder) or encoder_trains):
             generated_words, generated_lengths = self.generated_text(out, tokens)
             out["generated_words"], out["generated_sentence"] = self.text_encoder(generated_words, generated_lengths)
             out["generated_lengths"] = generated_lengths
         return out
-
-    @staticmethod
-    def _all_regions(regions: torch.Tensor) -> torch.Tensor:
-        return regions.new_ones(regions.shape[:2], dtype=torch.bool)
 
     def generated_text(self, out: dict, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The captioner's text for L_FT as E_T's input (word ids, lengths), never differentiable:
@@ -161,12 +153,12 @@ class LAViTeRModel(nn.Module):
             if self.cfg.generated_text == "teacher_forced":
                 logits = out.get("caption_logits")
                 if logits is None:
-                    logits = self.captioner(out["regions"], self._all_regions(out["regions"]), tokens)
+                    logits = self.captioner(out["regions"], all_real(out["regions"]), tokens)
                 logits = logits.clone()
                 logits[..., [0, self.start_id]] = float("-inf")  # never <pad> or <start> mid-caption
                 ids = logits.argmax(dim=-1)
             else:
-                ids = generate(self.captioner, out["regions"].detach(), self._all_regions(out["regions"]),
+                ids = generate(self.captioner, out["regions"].detach(), all_real(out["regions"]),
                                self.start_id, self.end_id, self.cfg.max_words + 1, 1)
         return caption_words(ids, self.end_id, self.cfg.max_words)
 

@@ -21,22 +21,11 @@ so greedy decoding and beam search come from there. The loss is not here: the re
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
+from vldist.models.common import sinusoidal_positions
 from vldist.models.generation import State
-
-
-def sinusoidal_positions(length: int, dim: int, device=None, dtype=None) -> torch.Tensor:
-    """The (length, dim) sinusoidal encodings of Vaswani et al.: sin on even, cos on odd channels."""
-    position = torch.arange(length, device=device, dtype=torch.float32)[:, None]
-    frequency = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim, device=device)
-    table[:, 0::2] = torch.sin(position * frequency)
-    table[:, 1::2] = torch.cos(position * frequency)[:, : dim // 2]
-    return table if dtype is None else table.to(dtype)
 
 
 class TransformerCaptioner(nn.Module):

@@ -26,6 +26,7 @@ from vldist.metrics import caption_scores, self_retrieval_recall
 from vldist.metrics.captions import require_java
 from vldist.models.caption_scoring import caption_image_logprobs
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
+from vldist.models.common import all_real
 from vldist.models.generation import generate
 from vldist.recipes.base import Recipe
 from vldist.report import caption_report
@@ -70,6 +71,12 @@ class GeneratesCaptions:
 
     def preflight(self) -> None:
         require_java()  # the metrics need it: fail before training, not after
+
+    def generate_captions(self, decoder: nn.Module, features: torch.Tensor) -> list[str]:
+        """The decoder's captions of region features without padding (`eval` length and beam)."""
+        ids = generate(decoder, features, all_real(features), self.vocab.start_id, self.vocab.end_id,
+                       self.max_generated_len, self.config.eval.beam_size)
+        return self.decode(ids)
 
     def decode(self, ids: torch.Tensor) -> list[str]:
         # "<unk>" would reach the PTB tokenizer as "< unk >"

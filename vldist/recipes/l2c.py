@@ -30,7 +30,7 @@ from vldist.data.samples import read_meta
 from vldist.losses import cross_rank_mean, cross_rank_token_nll, total_variation_loss
 from vldist.metrics import caption_scores
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
-from vldist.models.generation import generate
+from vldist.models.common import all_real
 from vldist.models.l2c import L2CEncoder, build_trunk
 from vldist.recipes.base import Recipe, StreamSource
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
@@ -111,8 +111,7 @@ class L2CModel(nn.Module):
     def forward(self, images, second, tokens, rows) -> tuple[torch.Tensor, dict]:
         """Teacher-forced logits (N, T-1, V) of the caption rows (row n describes sample rows[n])."""
         features, aux = self.features(images, second)
-        mask = features.new_ones(features.shape[:2], dtype=torch.bool)
-        return self.decoder(features[rows], mask[rows], tokens), aux
+        return self.decoder(features[rows], all_real(features[rows]), tokens), aux
 
 
 class L2CRecipe(GeneratesCaptions, Recipe):
@@ -232,10 +231,7 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         encoder's outputs (confidence maps and the predicted masks, never the stored ones)."""
         inner = unwrap(model)
         features, aux = inner.features(images, second)
-        mask = features.new_ones(features.shape[:2], dtype=torch.bool)
-        ids = generate(inner.decoder, features, mask, self.vocab.start_id, self.vocab.end_id, self.max_generated_len,
-                       self.config.eval.beam_size)
-        return self.decode(ids), aux
+        return self.generate_captions(inner.decoder, features), aux
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,

@@ -35,11 +35,10 @@ from vldist.config import JobConfig, Section, updated
 from vldist.data.collate import pad_tokens
 from vldist.data.pixels import read_image
 from vldist.data.samples import read_meta
-from vldist.losses import cross_rank_damsm_parts, cross_rank_mean, cross_rank_token_nll
+from vldist.losses import cross_rank_damsm_loss, cross_rank_mean, cross_rank_token_nll
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
-from vldist.models.common import l2norm
-from vldist.models.generation import generate
-from vldist.models.laviter import PHASES, LAViTeRModel, real_words
+from vldist.models.common import l2norm, length_mask
+from vldist.models.laviter import PHASES, LAViTeRModel
 from vldist.recipes.base import Recipe
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
 from vldist.report import laviter_report
@@ -141,8 +140,8 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         without weights), each from the one before."""
         cfg = config.model
         pretrained = cfg.image_weights is not None  # a real trunk brings its own pretraining
-        epochs = {"pretrain": 0 if pretrained else cfg.pretrain_epochs, "vta": cfg.vta_epochs, "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0,
-                  "joint": cfg.joint_epochs}
+        epochs = {"pretrain": 0 if pretrained else cfg.pretrain_epochs, "vta": cfg.vta_epochs,
+                  "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0, "joint": cfg.joint_epochs}
         lrs = {"pretrain": cfg.pretrain_lr, "vta": cfg.vta_lr, "assist": cfg.assist_lr, "joint": cfg.joint_lr}
         if cfg.phase != "all":  # one phase alone, with that phase's epochs and lr
             return [(cfg.phase, updated(config, {"train": {"epochs": max(epochs[cfg.phase], 1), "lr": lrs[cfg.phase]}}))]
@@ -281,25 +280,20 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         terms: dict[str, torch.Tensor] = {}
         gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
         if weights.get("damsm"):
-            terms["damsm"] = self._damsm(out["words"], out["lengths"], out["regions"], out["sentence"], out["image"],
-                                         gammas)
+            terms["damsm"] = cross_rank_damsm_loss(out["words"], out["lengths"], out["regions"], out["sentence"],
+                                                   out["image"], *gammas)
         if "caption_logits" in out:
             terms["caption"] = cross_rank_token_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
         if "adversarial" in out:
             terms["generator"] = cross_rank_mean(out["adversarial"] + out["kl"], batch_size)
             if weights.get("fake_image"):
-                terms["fake_image"] = self._damsm(out["words"], out["lengths"], out["fake_regions"], out["sentence"],
-                                                  out["fake_image"], gammas)
+                terms["fake_image"] = cross_rank_damsm_loss(out["words"], out["lengths"], out["fake_regions"],
+                                                            out["sentence"], out["fake_image"], *gammas)
         if "generated_words" in out:
-            terms["fake_text"] = self._damsm(out["generated_words"], out["generated_lengths"], out["regions"],
-                                             out["generated_sentence"], out["image"], gammas)
+            terms["fake_text"] = cross_rank_damsm_loss(out["generated_words"], out["generated_lengths"], out["regions"],
+                                                       out["generated_sentence"], out["image"], *gammas)
         loss = sum(weights[name] * value for name, value in terms.items())
         return {"loss": loss, **{name: value.detach() for name, value in terms.items()}}
-
-    @staticmethod
-    def _damsm(words, lengths, regions, sentence, image, gammas) -> torch.Tensor:
-        """The rank's share of DAMSM over the global batch (negatives from every rank)."""
-        return sum(cross_rank_damsm_parts(words, lengths, regions, sentence, image, *gammas).values())
 
     # ------------------------------------------------------------------ evaluation
 
@@ -318,27 +312,31 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         noise = torch.Generator().manual_seed(self.config.seed)
         for batch in batches:
             images = batch["images"].to(device)
-            regions, image = inner.image_encoder(images)
+            local, pooled = inner.image_encoder.trunk(images)
+            regions, image = inner.image_encoder.project(local, pooled)
             vectors["image"].append(image.float().cpu())
             if inner.label_head is not None:  # trunk pretraining: its top-n words against the n true ones
-                scores = inner.label_head(inner.image_encoder.trunk(images)[1]).float().cpu()
+                scores = inner.label_head(pooled).float().cpu()
                 for row, labels in zip(scores, batch["labels"]):
                     label_hits += len(set(row.topk(len(labels)).indices.tolist()) & set(labels))
                     label_count += len(labels)
+            encoded = {}
             for key in ("captions", "attributes"):
                 words, lengths, owner = batch[key]
                 if len(owner):
-                    vectors[key].append(inner.text_encoder(words.to(device), lengths.to(device))[1].float().cpu())
+                    encoded[key] = inner.text_encoder(words.to(device), lengths.to(device))
+                    vectors[key].append(encoded[key][1].float().cpu())
                     owners[key].append(owner + seen)
-            words, lengths, owner = batch["captions"]
-            first = torch.tensor([int((owner == i).nonzero()[0]) for i in range(len(images))])
-            own_words, own_lengths = words[first].to(device), lengths[first].to(device)
-            text_words, sentence = inner.text_encoder(own_words, own_lengths)
+            # Each image's own (first) caption, for R-precision and the generator: rows of the encoding above.
+            owner = batch["captions"][2]
+            first = torch.tensor([int((owner == i).nonzero()[0]) for i in range(len(images))], device=device)
+            text_words, sentence = (x.index_select(0, first) for x in encoded["captions"])
+            own_lengths = batch["captions"][1].to(device).index_select(0, first)
             vectors["own"].append(sentence.float().cpu())
             if inner.generator is not None:
                 z = torch.randn(len(images), self.cfg.z_dim, generator=noise).to(device)
                 epsilon = torch.randn(len(images), self.cfg.condition_dim, generator=noise).to(device)
-                fakes = inner.generator(z, sentence, text_words, real_words(own_lengths, own_words.shape[1]),
+                fakes = inner.generator(z, sentence, text_words, length_mask(own_lengths, text_words.shape[1]),
                                         condition_noise=epsilon)  # the same images for the same weights
                 fake = fakes["images"][-1]
                 vectors["fake"].append(inner.image_encoder(fake)[1].float().cpu())
@@ -346,10 +344,8 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
                 grid_images += list(fake[:room].float().cpu())
                 grid_captions += [refs[0] for refs in batch["references"][:room]]
             if captioning:
-                ids = generate(inner.captioner, regions, regions.new_ones(regions.shape[:2], dtype=torch.bool),
-                               self.vocab.start_id, self.vocab.end_id, self.max_generated_len,
-                               self.config.eval.beam_size)
-                for key, refs, text in zip(batch["keys"], batch["references"], self.decode(ids)):
+                texts = self.generate_captions(inner.captioner, regions)
+                for key, refs, text in zip(batch["keys"], batch["references"], texts):
                     references[key], generated[key] = refs, text
             seen += len(images)
         model.train(was_training)
@@ -371,9 +367,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         model.eval()
         pixels = torch.stack([image_tensor(image, self.cfg.image_size, "tanh") for image in images]).to(device)
         regions, _ = inner.image_encoder(pixels)
-        ids = generate(inner.captioner, regions, regions.new_ones(regions.shape[:2], dtype=torch.bool),
-                       self.vocab.start_id, self.vocab.end_id, self.max_generated_len, self.config.eval.beam_size)
-        return self.decode(ids)
+        return self.generate_captions(inner.captioner, regions)
 
     def _metrics(self, vectors, owners, references, generated, grid_images, grid_captions, seen) -> dict:
         image, own = torch.cat(vectors["image"]), torch.cat(vectors["own"])
