@@ -1,7 +1,8 @@
 """LAViTeR's Table 2 in miniature, on the embedded scenes: R-precision and AIMCoS per variant.
 
     python bench/laviter_ablation.py [--root runs/laviter_ablation] [--seeds 0 1 2] [--samples 1500]
-                                     [--rows full vta-frozen]
+                                     [--rows full vta-frozen] [--results docs/results/laviter_ablation.json]
+    python bench/laviter_ablation.py --from docs/results/laviter_ablation.json    # the table, no training
 
 Each row is one run per seed of jobs/laviter.yaml with the overrides below (its phases as stages,
 each its own process's stage), scored on the 1,000 test images. Every row trains the alignment
@@ -17,69 +18,88 @@ trains only their generator and/or captioner on the frozen encoders:
 
 The paper (COCO, R-precision % / AIMCoS): DAMSM 89.97 / 0.44; VTA frozen 89.81 / 0.501; VTA
 trainable 90.37 / 0.5059; + image-to-text 90.14 / 0.506; + text-to-image 90.43 / 0.504; full
-90.71 / 0.5063. A run whose metrics.json exists is kept, so an interrupted bench resumes. Prints
-a markdown table (mean ± sample std over seeds) and writes it with the raw numbers to
-<root>/ablation.json.
+90.71 / 0.5063. A run whose metrics.json exists is kept, so an interrupted bench resumes and a
+second invocation with the same seeds regenerates the results without training. Writes each
+run's numbers to --results (committed as docs/results/laviter_ablation.json) and prints a markdown
+table (mean ± sample std over seeds, each seed's R-precision@1, the paper's numbers; see
+bench/ablation_runs.py), also written with the numbers to <root>/ablation.json.
 """
 
 from __future__ import annotations
 
-from ablation_runs import ablation_parser, markdown_table, mean_std, report, train_once
+import argparse
+from pathlib import Path
+
+from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks, pick, spread_line, train_once
 
 VTA_ONLY = ["model.tim=false", "model.itm=false"]
 ROWS = [
-    ("damsm-bilstm", "DAMSM (bi-LSTM text encoder), trunk frozen", ["model.text_encoder=bilstm", *VTA_ONLY]),
-    ("vta-frozen", "VTA only, trunk frozen", VTA_ONLY),
-    ("vta-trainable", "VTA only, trunk trainable (phase 3)", VTA_ONLY),
-    ("itm", "+ image-to-text", ["model.tim=false"]),
-    ("tim", "+ text-to-image", ["model.itm=false"]),
-    ("full", "LAViTeR (full)", []),
+    Row("damsm-bilstm", "DAMSM (bi-LSTM text encoder), trunk frozen", "laviter",
+        ["model.text_encoder=bilstm", *VTA_ONLY]),
+    Row("vta-frozen", "VTA only, trunk frozen", "laviter", VTA_ONLY),
+    Row("vta-trainable", "VTA only, trunk trainable (phase 3)", "laviter", VTA_ONLY),
+    Row("itm", "+ image-to-text", "laviter", ["model.tim=false"]),
+    Row("tim", "+ text-to-image", "laviter", ["model.itm=false"]),
+    Row("full", "LAViTeR (full)", "laviter", []),
 ]
 FROZEN_THROUGHOUT = ("damsm-bilstm", "vta-frozen")
+METRICS = {"rp_r1": ("test", "r_precision", "r1"), "rp_r3": ("test", "r_precision", "r3"), "aimcos": ("test", "aimcos"),
+           "rsum": ("test", "retrieval", "rsum")}
+
+# The paper's Table 2: ablations on COCO, R-precision (%) and AIMCoS: AttnGAN/MirrorGAN (DAMSM),
+# LAViTeR-(F) (VTA only, backbone frozen), LAViTeR-(T) (trainable), LAViTeR-Img2Txt (keeps the
+# captioner), LAViTeR-Txt2Img (keeps the generator), LAViTeR.
+PAPER = {key: {"rp_r1": rp, "aimcos": aimcos} for key, (rp, aimcos) in {
+    "damsm-bilstm": ("89.97", "0.44"), "vta-frozen": ("89.81", "0.501"), "vta-trainable": ("90.37", "0.5059"),
+    "itm": ("90.14", "0.506"), "tim": ("90.43", "0.504"), "full": ("90.71", "0.5063"),
+}.items()}
+
+RP1 = Col("rp_r1", "R-precision@1 (%)")
+AIMCOS = Col("aimcos", "AIMCoS", 3)
+COLUMNS = [RP1, Col("rp_r3", "R-precision@3 (%)"), AIMCOS, Col("rsum", "rsum")]
+PAPER_COLUMNS = [Col("rp_r1", "paper R-precision (%)"), Col("aimcos", "paper AIMCoS")]
 
 
-def table(results: dict[str, list[dict]]) -> str:
-    head = ["model", "R-precision@1 (%)", "R-precision@3 (%)", "AIMCoS", "rsum", "R@1 per seed"]
-    rows = []
-    for label, runs in results.items():
-        cells = [mean_std([r["r_precision"]["r1"] for r in runs]), mean_std([r["r_precision"]["r3"] for r in runs]),
-                 mean_std([r["aimcos"] for r in runs], digits=3), mean_std([r["retrieval"]["rsum"] for r in runs])]
-        per_seed = " / ".join(f"{r['r_precision']['r1']:.1f}" for r in runs)
-        rows.append([label, *cells, per_seed])
-    return markdown_table(head, rows)
+def tables(data: dict) -> str:
+    return blocks(
+        ablation_table(data, ROWS, COLUMNS, per_seed=Col("rp_r1", "R-precision@1"), paper=PAPER,
+                       paper_cols=PAPER_COLUMNS, first="model"),
+        spread_line(data, ROWS, RP1, [("damsm-bilstm", "vta-frozen"), ("vta-frozen", "vta-trainable"),
+                                      ("vta-trainable", "itm"), ("vta-trainable", "tim"), ("vta-trainable", "full"),
+                                      ("itm", "full"), ("tim", "full")]),
+        spread_line(data, ROWS, AIMCOS, [("damsm-bilstm", "vta-frozen"), ("vta-frozen", "vta-trainable"),
+                                         ("vta-trainable", "full")]),
+    )
 
 
-def main() -> None:
-    parser = ablation_parser(__doc__, "laviter_ablation", [key for key, _, _ in ROWS])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=1500, help="train.samples_per_epoch (the set has 5,000)")
     parser.add_argument("--vta-epochs", type=int, default=2)
     parser.add_argument("--assist-epochs", type=int, default=1)
     parser.add_argument("--joint-epochs", type=int, default=1)
-    args = parser.parse_args()
-    root = args.root.resolve()
+
+
+def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
     common = ["metrics.enabled=false", "eval.baseline=false", "model.caption_metrics=false", "model.grid=0",
               f"train.samples_per_epoch={args.samples}", f"model.assist_epochs={args.assist_epochs}"]
-
-    results: dict[str, list[dict]] = {}
-    raw: dict = {"seeds": args.seeds, "samples_per_epoch": args.samples, "runs": {}}
     for seed in args.seeds:
-        for key, label, overrides in ROWS:
-            if key not in args.rows:
+        for row in ROWS:
+            if row.key not in args.rows:
                 continue
-            if key in FROZEN_THROUGHOUT:  # the same DAMSM epochs, all in phase 1
+            if row.key in FROZEN_THROUGHOUT:  # the same DAMSM epochs, all in phase 1
                 epochs = [f"model.vta_epochs={args.vta_epochs + args.joint_epochs}", "model.joint_epochs=0"]
                 last = "vta"
             else:
                 epochs = [f"model.vta_epochs={args.vta_epochs}", f"model.joint_epochs={args.joint_epochs}"]
                 last = "joint"
-            metrics, seconds = train_once("laviter", root / key / f"seed{seed}",
-                                          [*overrides, *epochs, f"seed={seed}", *common], f"{last}/metrics.json")
-            results.setdefault(label, []).append(metrics["test"])
-            raw["runs"][f"{key}/seed{seed}"] = {"test": metrics["test"], "seconds": seconds, "overrides": overrides}
-            print(f"{label}, seed {seed}: R-precision@1 {metrics['test']['r_precision']['r1']:.1f}, "
-                  f"AIMCoS {metrics['test']['aimcos']:.3f}", flush=True)
+            argv = [*row.overrides, *epochs, f"seed={seed}", *common]
+            run = train_once(row.job, root / row.key / f"seed{seed}", argv, f"{last}/metrics.json")
+            record(row, seed, run, pick(run.metrics, METRICS), [*row.overrides, *epochs])
+    return common
 
-    report(root, table(results), raw)
+
+def main() -> None:
+    bench_main(__doc__, "laviter", "laviter_ablation.py", ROWS, [RP1, AIMCOS], train, tables, options)
 
 
 if __name__ == "__main__":

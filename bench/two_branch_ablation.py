@@ -1,96 +1,147 @@
 """The two-branch networks' ablations in miniature (the paper's Tables 1-4), on the embedded scenes.
 
     python bench/two_branch_ablation.py [--root runs/two_branch_ablation] [--seeds 0 1 2] [--epochs 8]
+                                        [--rows linear-single constraints]
+                                        [--results docs/results/two_branch_ablation.json]
+    python bench/two_branch_ablation.py --from docs/results/two_branch_ablation.json   # the tables, no training
 
 Each row is one run per seed of jobs/two_branch_embed.yaml or jobs/two_branch_sim.yaml with the
 overrides below, on one task, no validation (the last model is tested), each its own process:
 
 retrieval (Tables 2-4: i2t / t2i R@1, rsum, sentence-to-sentence R@1)
-    linear, single-dir       one linear layer per branch, sentence anchors only
-    linear, bi-dir           + image anchors
-    nonlinear, single-dir    two layers per branch
-    nonlinear, bi-dir
-    + neighbourhood sampling two sentences of each image in every batch
-    + constraints            the neighbourhood term, lambda 0.2
-    similarity network
+    linear-single       linear, single-dir       one linear layer per branch, sentence anchors only
+    linear-bi           linear, bi-dir           + image anchors
+    nonlinear-single    nonlinear, single-dir    two layers per branch
+    nonlinear-bi        nonlinear, bi-dir
+    sampling            + neighbourhood sampling two sentences of each image in every batch
+    constraints         + constraints            the neighbourhood term, lambda 0.2
+    similarity          similarity network
 phrase localisation (Table 1: R@1, R@5, R@10)
-    embedding, single positive      the phrase box's own region
-    embedding, augmented positives  a random proposal of IoU >= 0.7 at each visit
-    similarity, single positive
-    similarity, augmented positives
+    embed-single        embedding, single positive      the phrase box's own region
+    embed-augmented     embedding, augmented positives  a random proposal of IoU >= 0.7 at each visit
+    sim-single          similarity, single positive
+    sim-augmented       similarity, augmented positives
 
-A run whose metrics.json exists is kept, so an interrupted bench resumes. Prints markdown tables
-(mean ± sample std over seeds) and writes them with the raw numbers to <root>/ablation.json.
+A run whose metrics.json exists is kept, so an interrupted bench resumes and a second invocation
+with the same seeds regenerates the results without training. Writes each run's numbers to
+--results (committed as docs/results/two_branch_ablation.json) and prints markdown tables (mean ±
+sample std over seeds, each seed's value, the paper's numbers; see bench/ablation_runs.py), also
+written with the numbers to <root>/ablation.json.
 """
 
 from __future__ import annotations
 
-from ablation_runs import ablation_parser, markdown_table, mean_std, report, train_once
+import argparse
+from pathlib import Path
+
+from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks, paper_columns, paper_sum, pick, \
+    spread_line, train_once
 
 RETRIEVAL = ["model.tasks=[retrieval]"]
 SINGLE = ["model.lambda_image=0", "model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
 BI = ["model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
 RETRIEVAL_ROWS = [
-    ("linear-single", "linear, single-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *SINGLE]),
-    ("linear-bi", "linear, bi-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *BI]),
-    ("nonlinear-single", "nonlinear, single-dir", "two_branch_embed", [*RETRIEVAL, *SINGLE]),
-    ("nonlinear-bi", "nonlinear, bi-dir", "two_branch_embed", [*RETRIEVAL, *BI]),
-    ("sampling", "+ neighbourhood sampling", "two_branch_embed",
-     [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0"]),
-    ("constraints", "+ constraints", "two_branch_embed",
-     [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2"]),
-    ("similarity", "similarity network", "two_branch_sim", [*RETRIEVAL]),
+    Row("linear-single", "linear, single-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *SINGLE]),
+    Row("linear-bi", "linear, bi-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *BI]),
+    Row("nonlinear-single", "nonlinear, single-dir", "two_branch_embed", [*RETRIEVAL, *SINGLE]),
+    Row("nonlinear-bi", "nonlinear, bi-dir", "two_branch_embed", [*RETRIEVAL, *BI]),
+    Row("sampling", "+ neighbourhood sampling", "two_branch_embed",
+        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0"]),
+    Row("constraints", "+ constraints", "two_branch_embed",
+        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2"]),
+    Row("similarity", "similarity network", "two_branch_sim", [*RETRIEVAL]),
 ]
 PHRASES = ["model.tasks=[phrases]"]
 PHRASE_ROWS = [
-    ("embed-single", "embedding, single positive", "two_branch_embed", [*PHRASES, "model.augmented_positives=false"]),
-    ("embed-augmented", "embedding, augmented positives", "two_branch_embed",
-     [*PHRASES, "model.augmented_positives=true"]),
-    ("sim-single", "similarity, single positive", "two_branch_sim", [*PHRASES, "model.augmented_positives=false"]),
-    ("sim-augmented", "similarity, augmented positives", "two_branch_sim",
-     [*PHRASES, "model.augmented_positives=true"]),
+    Row("embed-single", "embedding, single positive", "two_branch_embed",
+        [*PHRASES, "model.augmented_positives=false"]),
+    Row("embed-augmented", "embedding, augmented positives", "two_branch_embed",
+        [*PHRASES, "model.augmented_positives=true"]),
+    Row("sim-single", "similarity, single positive", "two_branch_sim", [*PHRASES, "model.augmented_positives=false"]),
+    Row("sim-augmented", "similarity, augmented positives", "two_branch_sim",
+        [*PHRASES, "model.augmented_positives=true"]),
 ]
-RETRIEVAL_COLUMNS = [("full", "i2t_r1", "i2t R@1"), ("full", "t2i_r1", "t2i R@1"), ("full", "rsum", "rsum"),
-                     ("sentence_to_sentence", "r1", "s2s R@1")]
-PHRASE_COLUMNS = [("phrases", "r1", "R@1"), ("phrases", "r5", "R@5"), ("phrases", "r10", "R@10")]
+ROWS = [*RETRIEVAL_ROWS, *PHRASE_ROWS]
+METRICS = {"i2t_r1": ("test", "full", "i2t_r1"), "t2i_r1": ("test", "full", "t2i_r1"), "rsum": ("test", "full", "rsum"),
+           "s2s_r1": ("test", "sentence_to_sentence", "r1"),  # the similarity network has none
+           "phrase_r1": ("test", "phrases", "r1"), "phrase_r5": ("test", "phrases", "r5"),
+           "phrase_r10": ("test", "phrases", "r10")}
+
+# The paper's Table 2(b-c): bi-directional retrieval on Flickr30K, i2t R@1/5/10 then t2i R@1/5/10;
+# rsum is the sum of the six. Rows 3-6 of 2(b) are the nonlinear ones.
+_TABLE_2 = {
+    "linear-single": ("33.5", "61.7", "73.6", "21.0", "47.4", "60.5"),
+    "linear-bi": ("34.6", "64.3", "74.9", "24.2", "52.0", "64.2"),
+    "nonlinear-single": ("37.5", "65.6", "76.9", "22.4", "50.9", "63.3"),
+    "nonlinear-bi": ("39.0", "67.0", "77.6", "27.2", "57.0", "69.2"),
+    "sampling": ("40.5", "68.8", "78.7", "28.9", "59.0", "71.3"),
+    "constraints": ("40.7", "69.7", "79.2", "29.2", "59.6", "71.7"),
+    "similarity": ("15.2", "39.7", "46.2", "11.0", "29.2", "41.6"),
+}
+# The paper's Table 4 (Flickr30K part): sentence-to-sentence R@1 of the (nonlinear, bi-directional)
+# embedding network without neighbourhood sampling, with it, and with the constraints added.
+_TABLE_4 = {"nonlinear-bi": "57.7", "sampling": "60.0", "constraints": "61.2"}
+# The paper's Table 1(b-c): phrase localisation on Flickr30K Entities, R@1/5/10 (200 EdgeBox
+# proposals). Nonlinear branches; the embedding rows are the bi-directional ones without
+# neighbourhood sampling (the pair that differs only in the positives).
+_TABLE_1 = {
+    "embed-single": ("44.53", "67.46", "73.12"),
+    "embed-augmented": ("49.09", "69.46", "74.80"),
+    "sim-single": ("45.19", "67.14", "72.13"),
+    "sim-augmented": ("51.05", "70.30", "75.04"),
+}
+PAPER = {
+    **{key: {"i2t_r1": r[0], "t2i_r1": r[3], "rsum": paper_sum(r),
+             **({"s2s_r1": _TABLE_4[key]} if key in _TABLE_4 else {})}
+       for key, r in _TABLE_2.items()},
+    **{key: dict(zip(["phrase_r1", "phrase_r5", "phrase_r10"], r)) for key, r in _TABLE_1.items()},
+}
+
+RETRIEVAL_COLUMNS = [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), Col("rsum", "rsum"), Col("s2s_r1", "s2s R@1")]
+PHRASE_COLUMNS = [Col("phrase_r1", "R@1"), Col("phrase_r5", "R@5"), Col("phrase_r10", "R@10")]
+RSUM, S2S, PHRASE_R1 = RETRIEVAL_COLUMNS[2], RETRIEVAL_COLUMNS[3], PHRASE_COLUMNS[0]
 
 
-def table(results: dict[str, list[dict]], columns) -> str:
-    head = ["model", *(name for *_, name in columns)]
-    rows = []
-    for label, runs in results.items():
-        cells = [mean_std([r[group][key] for r in runs]) if all(group in r for r in runs) else "n/a"
-                 for group, key, _ in columns]
-        rows.append([label, *cells])
-    return markdown_table(head, rows)
+def tables(data: dict) -> str:
+    """Retrieval (rsum per seed; Tables 2 and 4 beside it) and phrase localisation (R@1 per seed;
+    Table 1), each with the comparisons the paper's claims rest on."""
+    return blocks(
+        ablation_table(data, RETRIEVAL_ROWS, RETRIEVAL_COLUMNS, per_seed=RSUM, paper=PAPER,
+                       paper_cols=paper_columns(RETRIEVAL_COLUMNS), first="retrieval"),
+        spread_line(data, ROWS, RSUM, [("linear-single", "linear-bi"), ("nonlinear-single", "nonlinear-bi"),
+                                       ("linear-single", "nonlinear-single"), ("linear-bi", "nonlinear-bi"),
+                                       ("nonlinear-bi", "sampling"), ("sampling", "constraints"),
+                                       ("constraints", "similarity")]),
+        spread_line(data, ROWS, S2S, [("nonlinear-bi", "sampling"), ("sampling", "constraints")]),
+        ablation_table(data, PHRASE_ROWS, PHRASE_COLUMNS, per_seed=PHRASE_R1, paper=PAPER,
+                       paper_cols=paper_columns(PHRASE_COLUMNS), first="phrase localisation"),
+        spread_line(data, ROWS, PHRASE_R1, [("embed-single", "embed-augmented"), ("sim-single", "sim-augmented"),
+                                            ("embed-augmented", "sim-augmented")]),
+    )
+
+
+def options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--epochs", type=int, default=8, help="train.epochs of every run (default 8)")
+    parser.add_argument("--shards", help="data.shards (default: the jobs' shards/synth, built on first use)")
+
+
+def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
+    common = ["metrics.enabled=false", "eval.baseline=false", "train.validate_every=0", f"train.epochs={args.epochs}",
+              *([f"data.shards={args.shards}"] if args.shards else [])]
+    for rows in (RETRIEVAL_ROWS, PHRASE_ROWS):
+        for row in rows:
+            if row.key not in args.rows:
+                continue
+            for seed in args.seeds:
+                run = train_once(row.job, root / row.key / f"seed{seed}", [*row.overrides, f"seed={seed}", *common])
+                record(row, seed, run, pick(run.metrics, METRICS))
+    return common
 
 
 def main() -> None:
-    parser = ablation_parser(__doc__, "two_branch_ablation")
-    parser.add_argument("--epochs", type=int, default=8, help="train.epochs of every run (default 8)")
-    parser.add_argument("--shards", help="data.shards (default: the jobs' shards/synth, built on first use)")
-    args = parser.parse_args()
-    root = args.root.resolve()
-    common = ["metrics.enabled=false", "eval.baseline=false", "train.validate_every=0", f"train.epochs={args.epochs}",
-              *([f"data.shards={args.shards}"] if args.shards else [])]
-
-    raw: dict = {"seeds": args.seeds, "epochs": args.epochs, "runs": {}}
-    tables = []
-    for title, rows, columns in (("retrieval", RETRIEVAL_ROWS, RETRIEVAL_COLUMNS),
-                                 ("phrase localisation", PHRASE_ROWS, PHRASE_COLUMNS)):
-        results: dict[str, list[dict]] = {}
-        for key, label, job, overrides in rows:
-            for seed in args.seeds:
-                metrics, seconds = train_once(job, root / key / f"seed{seed}", [*overrides, f"seed={seed}", *common])
-                results.setdefault(label, []).append(metrics["test"])
-                raw["runs"][f"{key}/seed{seed}"] = {"test": metrics["test"], "seconds": seconds, "job": job,
-                                                    "overrides": overrides}
-                print(f"{label}, seed {seed}: " + ", ".join(
-                    f"{name} {metrics['test'][group][k]:.1f}" for group, k, name in columns
-                    if group in metrics["test"]), flush=True)
-        tables.append(f"{title}:\n\n" + table(results, columns))
-
-    report(root, "\n\n".join(tables), raw, key="tables")
+    bench_main(__doc__, "two_branch", "two_branch_ablation.py", ROWS,
+               [*RETRIEVAL_COLUMNS, *(Col(c.metric, "phrase " + c.head) for c in PHRASE_COLUMNS)],
+               train, tables, options)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from vldist.data.identity import sample_identity
 from vldist.data.skips import skipped
 from vldist.preemption import ignore_in_worker, interrupts_deferred
 
@@ -56,6 +57,15 @@ def _raw(spec: StreamSpec, urls) -> Iterator[dict]:
     return wds.tarfile_samples(({"url": u} for u in urls), handler=skipped, select_files=lambda n: n.endswith(wanted))
 
 
+def _prepared(spec: StreamSpec, sample: dict, rng: random.Random) -> dict | None:
+    """The recipe's sample of a raw one, with the raw sample's identity (data/identity.py) under
+    "identity"; raises on corrupt input."""
+    out = spec.sample_fn(sample, rng)
+    if out is not None:
+        out["identity"] = sample_identity(sample)
+    return out
+
+
 def _decoded(spec: StreamSpec, urls: Iterator[str], rng: random.Random) -> Iterator[dict]:
     """Samples of the given shards, corrupt ones skipped and counted."""
     for sample in _raw(spec, urls):
@@ -63,7 +73,7 @@ def _decoded(spec: StreamSpec, urls: Iterator[str], rng: random.Random) -> Itera
             missing = [k for k in spec.keep if k not in sample]
             if missing:
                 raise KeyError(f"sample {sample.get('__key__')} in {sample.get('__url__')} lacks {missing}")
-            out = spec.sample_fn(sample, rng)
+            out = _prepared(spec, sample, rng)
         except Exception as exn:  # noqa: BLE001 - any decode failure means a corrupt sample
             skipped(exn)
             continue
@@ -90,6 +100,9 @@ def _batches(spec: StreamSpec, samples: Iterator[dict], limit: int | None, parti
 
 def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
     batch = spec.collate_fn(samples)
+    # One identity per sample, in sample order: the losses never take two rows of one image as
+    # each other's negatives (data/identity.py).
+    batch["identity"] = torch.tensor([s["identity"] for s in samples], dtype=torch.long)
     batch["skipped"], batch["skip_reasons"] = skipped.take()
     return batch
 
@@ -185,7 +198,9 @@ class ExactEpochStream(IterableDataset):
             if batch % workers != worker or row not in self._my_rows(batch):
                 continue
             try:
-                pending.append(self.spec.sample_fn(sample, sample_rng))
+                prepared = _prepared(self.spec, sample, sample_rng)
+                if prepared is not None:
+                    pending.append(prepared)
             except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
                 skipped(exn)
             if row == self._my_rows(batch)[-1]:

@@ -22,7 +22,8 @@ Choices, as AttnGAN's and MMRL's code (not the paper's text):
 - no 1/γ2 exponent: R = log Σ_t exp(γ2 cos), not (log Σ_t exp(γ2 cos))^(1/γ2);
 - each cross-entropy is a mean over the batch, not a sum;
 - no class masking: AttnGAN on CUB masks negatives of the same bird class; here every other
-  pair of the batch is a negative (AttnGAN on COCO).
+  pair of the batch is a negative (AttnGAN on COCO), except pairs of one image (`identity`: a
+  batch drawn with replacement can hold an image twice), which are left out of the softmax.
 - cosine = x·y / max(|x| |y|, 1e-8), AttnGAN's eps; padding words (positions >= length) never
   enter: they are zeroed before anything else and masked out of both word-wise reductions.
 - math in float32 at least (bf16/fp16 inputs are upcast, autocast is switched off inside), float64
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad, global_max, world
+from vldist.losses.not_negative import gather_identities, same_identity
 from vldist.losses.precision import loss_dtype, no_autocast
 
 PARTS = ("words_t2i", "words_i2t", "sentence_t2i", "sentence_i2t")
@@ -122,43 +124,55 @@ def word_region_scores(words: Tensor, lengths: Tensor, regions: Tensor, gamma1: 
                           for c in range(0, max(n_captions, 1), step)])
 
 
-def _ce_share(logits: Tensor, offset: int, total: int) -> Tensor:
+def _ce_share(logits: Tensor, offset: int, total: int, same: Tensor | None = None) -> Tensor:
     """Sum over the rows of `logits` (local rows x global columns) of the cross-entropy with the
-    matching column `offset + row`, divided by the global batch size: the rows' share of the mean."""
+    matching column `offset + row`, divided by the global batch size: the rows' share of the mean.
+    same: (rows x columns) bool, pairs of one image; those other than the label are left out of
+    the softmax, as if the copy were not in the batch."""
     labels = torch.arange(logits.shape[0], device=logits.device) + offset
+    if same is not None:
+        others = same.to(logits.device).clone()
+        others[torch.arange(logits.shape[0], device=logits.device), labels] = False
+        logits = logits.masked_fill(others, float("-inf"))
     return F.cross_entropy(logits, labels, reduction="sum") / total
 
 
 def damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
-                gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0) -> dict[str, Tensor]:
+                gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
+                identity: Tensor | None = None) -> dict[str, Tensor]:
     """The four DAMSM terms of one batch (module docstring): {"words_t2i" (L1_w, captions over
     images), "words_i2t" (L2_w, images over captions), "sentence_t2i", "sentence_i2t"}, float32
-    scalars at least. Their sum is `damsm_loss`."""
+    scalars at least. Their sum is `damsm_loss`. identity: optional (B,) image ids; a caption
+    and an image of one id are never a negative pair."""
     _check_batch(words, lengths, regions, sentence, image)
     b = words.shape[0]
     if b == 0:
         raise ValueError("damsm_parts needs a batch of at least one caption-image pair")
+    same = same_identity(identity, identity) if identity is not None else None  # symmetric
     dtype = loss_dtype(words, regions, sentence, image)
     with no_autocast(words):
         word_logits = gamma3 * word_region_scores(words, lengths, regions, gamma1, gamma2)  # (captions, images)
         sentence_logits = gamma3 * cosine_matrix(sentence.to(dtype), image.to(dtype))
-        return {"words_t2i": _ce_share(word_logits, 0, b), "words_i2t": _ce_share(word_logits.T, 0, b),
-                "sentence_t2i": _ce_share(sentence_logits, 0, b), "sentence_i2t": _ce_share(sentence_logits.T, 0, b)}
+        return {"words_t2i": _ce_share(word_logits, 0, b, same), "words_i2t": _ce_share(word_logits.T, 0, b, same),
+                "sentence_t2i": _ce_share(sentence_logits, 0, b, same),
+                "sentence_i2t": _ce_share(sentence_logits.T, 0, b, same)}
 
 
 def damsm_loss(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
-               gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0) -> Tensor:
+               gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
+               identity: Tensor | None = None) -> Tensor:
     """L_DAMSM = L1_w + L2_w + L1_s + L2_s of one batch of B caption-image pairs (pair i matches).
 
     words (B, T, D) word vectors with lengths (B,) real words per caption; regions (B, R, D)
     region vectors; sentence and image (B, D) global vectors. γ1, γ2, γ3 as AttnGAN (4, 5, 10).
+    identity: optional (B,) image ids; pairs of one image are never negatives.
     """
-    return sum(damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3).values())
+    return sum(damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3, identity).values())
 
 
 def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
                            gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
-                           gather: bool = True) -> dict[str, Tensor]:
+                           gather: bool = True, identity: Tensor | None = None) -> dict[str, Tensor]:
     """This rank's shares of the four DAMSM terms of the global batch (`damsm_parts`' keys).
 
     With gather, the rank's captions are scored against every rank's images and its images
@@ -166,10 +180,11 @@ def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sent
     global batch size, so the shares summed over ranks equal `damsm_parts` of the concatenated
     batch. Ranks may hold different numbers of pairs and pad their words to different T; R and D
     must agree. Memory: the global batch's embeddings and 2 x (B_local x B) scores per rank.
-    Without gather (or in one process), `damsm_parts` of the local batch.
+    Without gather (or in one process), `damsm_parts` of the local batch. identity: optional
+    (B_local,) image ids (batch["identity"]), gathered: pairs of one image are never negatives.
     """
     if world()[1] == 1 or not gather:
-        return damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3)
+        return damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3, identity)
     _check_batch(words, lengths, regions, sentence, image)
     dtype = loss_dtype(words, regions, sentence, image)
     with no_autocast(words):
@@ -183,19 +198,21 @@ def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sent
         total = all_image.shape[0]
         if total == 0:
             raise ValueError("cross_rank_damsm_parts needs at least one caption-image pair over all ranks")
+        mine, everyone = gather_identities(identity, words.shape[0], words.device)
+        same = same_identity(mine, everyone)  # caption j and image j share an identity
         t2i = gamma3 * word_region_scores(words, lengths, all_regions, gamma1, gamma2)  # my captions x all images
         i2t = gamma3 * word_region_scores(all_words, all_lengths, regions, gamma1, gamma2).T  # my images x all captions
-        return {"words_t2i": _ce_share(t2i, offset, total), "words_i2t": _ce_share(i2t, offset, total),
-                "sentence_t2i": _ce_share(gamma3 * cosine_matrix(sentence, all_image), offset, total),
-                "sentence_i2t": _ce_share(gamma3 * cosine_matrix(image, all_sentence), offset, total)}
+        return {"words_t2i": _ce_share(t2i, offset, total, same), "words_i2t": _ce_share(i2t, offset, total, same),
+                "sentence_t2i": _ce_share(gamma3 * cosine_matrix(sentence, all_image), offset, total, same),
+                "sentence_i2t": _ce_share(gamma3 * cosine_matrix(image, all_sentence), offset, total, same)}
 
 
 def cross_rank_damsm_loss(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
                           gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
-                          gather: bool = True) -> Tensor:
+                          gather: bool = True, identity: Tensor | None = None) -> Tensor:
     """This rank's share of `damsm_loss` of the global batch: the sum of `cross_rank_damsm_parts`.
     The shares summed over ranks equal `damsm_loss` of the concatenated batch (the engine
     multiplies by the world size before backward). Without gather (or in one process),
     `damsm_loss` of the local batch, its negatives from the local slice only."""
     return sum(cross_rank_damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3,
-                                      gather).values())
+                                      gather, identity).values())

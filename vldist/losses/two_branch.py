@@ -11,7 +11,8 @@ there are fewer than K), d the Euclidean distance:
                            sentences negative (the neighbourhood constraint, lambda_4)
 
 Sentences of the same image are never each other's negatives (the official code treats them as
-such; the paper does not). The paper sums the hinges; the official code averages them.
+such; the paper does not), nor are two copies of one image that a batch drawn with replacement
+holds (rows of equal `identity`). The paper sums the hinges; the official code averages them.
 
 Written by hand: no library has this loss. Each term is a sum over anchors, so a rank scores its
 own anchors against the all-gathered candidates of every rank, and the ranks' shares add up to
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad, world
+from vldist.losses.not_negative import gather_identities
 
 # Inside the square root: the distance's gradient at d = 0 would be infinite (the official code
 # adds 1e-4; this is smaller so that d stays within 1e-4 of the true distance).
@@ -52,22 +54,24 @@ def top_k_hinge_sum(anchor: Tensor, positive: Tensor, candidates: Tensor, negati
 
 
 def _ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, all_image: Tensor, all_text: Tensor,
-                  all_text_image: Tensor, image_offset: int, margin: float, top_k: int, lambda_image: float,
-                  lambda_text: float, lambda_text_neighbors: float) -> Tensor:
+                  all_text_image: Tensor, all_identity: Tensor, image_offset: int, margin: float, top_k: int,
+                  lambda_image: float, lambda_text: float, lambda_text_neighbors: float) -> Tensor:
     """Local anchors (image, text; text_image indexes `image`) against global candidates (all_*;
-    all_text_image indexes `all_image`; this rank's images start at row `image_offset`)."""
+    all_text_image indexes `all_image`; this rank's images start at row `image_offset`).
+    all_identity: each global image row's identity; rows of one identity are one image, never
+    each other's negatives (a batch drawn with replacement can hold an image twice)."""
     own = text_image + image_offset  # each local sentence's image, as a global row
-    other_image_text = own[:, None] != all_text_image[None, :]  # (M_local, M_global)
+    own_identity = all_identity[own]
+    other_image_text = own_identity[:, None] != all_identity[all_text_image][None, :]  # (M_local, M_global)
     total = image.sum() * 0
     if lambda_image:
         total = total + lambda_image * top_k_hinge_sum(
             all_image[own], text, all_text, other_image_text, margin, top_k)
     if lambda_text:
-        images = torch.arange(all_image.shape[0], device=image.device)
         total = total + lambda_text * top_k_hinge_sum(
-            text, all_image[own], all_image, own[:, None] != images[None, :], margin, top_k)
+            text, all_image[own], all_image, own_identity[:, None] != all_identity[None, :], margin, top_k)
     if lambda_text_neighbors:
-        # (anchor, positive): every ordered pair of distinct sentences of one image. The sentences
+        # (anchor, positive): every ordered pair of distinct sentences of one sample. The sentences
         # of a sample travel together, so a local anchor's neighbours are local too.
         same = text_image[:, None] == text_image[None, :]
         same.fill_diagonal_(False)
@@ -91,28 +95,33 @@ def _check(image: Tensor, text: Tensor, text_image: Tensor) -> None:
 
 def two_branch_ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, margin: float = 0.1,
                             top_k: int = 50, lambda_image: float = 1.0, lambda_text: float = 2.0,
-                            lambda_text_neighbors: float = 0.0) -> Tensor:
+                            lambda_text_neighbors: float = 0.0, identity: Tensor | None = None) -> Tensor:
     """The loss of one batch in one process: `image` (N, D) and `text` (M, D) normalised
-    embeddings, `text_image` (M,) the image row of each sentence. Returns the weighted sum of the
-    three terms' top-K hinges (module docstring)."""
+    embeddings, `text_image` (M,) the image row of each sentence, `identity` (N,) optional image
+    ids (rows of one id are never each other's negatives). Returns the weighted sum of the three
+    terms' top-K hinges (module docstring)."""
     _check(image, text, text_image)
-    return _ranking_loss(image, text, text_image, image, text, text_image, 0, margin, top_k, lambda_image,
-                         lambda_text, lambda_text_neighbors)
+    identity = torch.arange(image.shape[0], device=image.device) if identity is None else identity.to(image.device)
+    return _ranking_loss(image, text, text_image, image, text, text_image, identity, 0, margin, top_k,
+                         lambda_image, lambda_text, lambda_text_neighbors)
 
 
 def cross_rank_two_branch_ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, margin: float = 0.1,
                                        top_k: int = 50, lambda_image: float = 1.0, lambda_text: float = 2.0,
-                                       lambda_text_neighbors: float = 0.0, gather: bool = True) -> Tensor:
+                                       lambda_text_neighbors: float = 0.0, gather: bool = True,
+                                       identity: Tensor | None = None) -> Tensor:
     """This rank's share of `two_branch_ranking_loss` of the global batch: its anchors, with the
     top-K violators chosen among every rank's images and sentences (gathered with gradient). The
     shares sum to the loss of the ranks' batches concatenated. Without `gather`, each rank's slice
-    is its own batch (cheaper, and a different loss)."""
+    is its own batch (cheaper, and a different loss). identity: (N,) image ids of this rank's
+    image rows (batch["identity"]), gathered with them."""
     _check(image, text, text_image)
     if world()[1] == 1 or not gather:
         return two_branch_ranking_loss(image, text, text_image, margin, top_k, lambda_image, lambda_text,
-                                       lambda_text_neighbors)
+                                       lambda_text_neighbors, identity)
     all_image, image_offset = all_gather_with_grad(image)
     all_text, _ = all_gather_with_grad(text)
     all_text_image = all_gather_rows(text_image + image_offset)[0]  # global image rows
-    return _ranking_loss(image, text, text_image, all_image, all_text, all_text_image, image_offset, margin,
-                         top_k, lambda_image, lambda_text, lambda_text_neighbors)
+    all_identity = gather_identities(identity, image.shape[0], image.device)[1]
+    return _ranking_loss(image, text, text_image, all_image, all_text, all_text_image, all_identity, image_offset,
+                         margin, top_k, lambda_image, lambda_text, lambda_text_neighbors)

@@ -107,7 +107,9 @@ class LAViTeRModel(nn.Module):
                                                                      align_corners=False) for s in sizes]
 
     def forward(self, images, words, lengths, tokens, update: str, noise: torch.Tensor | None = None,
-                weights: dict | None = None) -> dict:
+                weights: dict | None = None, mismatched: torch.Tensor | None = None) -> dict:
+        """mismatched: (B,) for each real image the row of another image's caption, for the
+        discriminator's mismatched-text term (default: the next row)."""
         weights = weights or {}
         if self.label_head is not None:  # trunk pretraining: nothing else runs
             return {"label_logits": self.label_head(self.image_encoder.trunk(images)[1])}
@@ -119,7 +121,8 @@ class LAViTeRModel(nn.Module):
         if update == "discriminator":
             with torch.no_grad():
                 fakes = self.generator(noise, *condition)["images"]
-            wrong = condition[0].roll(1, dims=0)  # each real image with another image's caption
+            # each real image with another image's caption (never a caption of a copy of itself)
+            wrong = condition[0][mismatched] if mismatched is not None else condition[0].roll(1, dims=0)
             out["discriminator"] = sum(discriminator_loss(d, real, fake, condition[0], wrong) for d, real, fake
                                        in zip(self.discriminators, self.real_pyramid(images), fakes))
             return out

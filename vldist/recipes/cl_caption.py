@@ -37,9 +37,10 @@ from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError, JobConfig, updated
 from vldist.data.samples import require_region_features
 from vldist.data.vocab import Vocab
-from vldist.distributed.collectives import all_gather_rows, global_sum
+from vldist.distributed.collectives import global_sum
 from vldist.losses import cross_rank_contrastive_captioning_loss
 from vldist.losses.negatives import draw_negatives, gather_captions, step_generator
+from vldist.losses.not_negative import local_identities
 from vldist.models.generation import sequence_logprob
 from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe, unwrap
 
@@ -264,9 +265,10 @@ class CLCaptionRecipe(CaptionerRecipe):
         captions: gathered, drawn alike on every rank (same global ids, same generator), this
         rank's columns taken."""
         tokens, rows = batch["tokens"], batch["caption_images"]
-        # global image ids: this rank's image index + the number of images on lower ranks
-        counts, first = all_gather_rows(torch.tensor([batch["regions"].shape[0]], device=tokens.device))
-        image_ids = rows + int(counts[:first].sum())
+        # Each caption's image identity, global across ranks: a caption of another copy of the same
+        # image (a batch drawn with replacement can hold one twice) is never its negative.
+        identity = local_identities(batch.get("identity"), batch["regions"].shape[0], tokens.device)
+        image_ids = identity[rows.to(tokens.device)]
         lengths = (tokens != self.vocab.pad_id).sum(dim=1)
         all_tokens, _, all_ids, offset = gather_captions(tokens, lengths, image_ids)
         draw = draw_negatives(all_ids, self.cfg.negatives, self._generator())[:, offset:offset + tokens.shape[0]]

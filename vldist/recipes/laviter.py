@@ -36,6 +36,7 @@ from vldist.data.collate import pad_tokens
 from vldist.data.pixels import read_image
 from vldist.data.samples import read_meta
 from vldist.losses import cross_rank_damsm_loss, cross_rank_mean, cross_rank_token_nll
+from vldist.losses.not_negative import other_image_rows
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
@@ -268,8 +269,12 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
                              "captions): raise data.batch_size to 2 x the number of ranks or more")
         noise = torch.randn(batch_size, self.cfg.z_dim, device=images.device)
         weights = self.weights()
+        identity = batch.get("identity")  # pairs of one image are never negatives (data/identity.py)
+        mismatched = None
+        if update == "discriminator" and identity is not None:
+            mismatched = other_image_rows(identity.to(images.device))
         out = model(images, batch["words"], batch["lengths"], batch["tokens"], update=update, noise=noise,
-                    weights=weights)
+                    weights=weights, mismatched=mismatched)
         if update == "discriminator":
             loss = cross_rank_mean(out["discriminator"], batch_size)
             return {"loss": loss, "discriminator": loss.detach()}
@@ -281,17 +286,19 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
         if weights.get("damsm"):
             terms["damsm"] = cross_rank_damsm_loss(out["words"], out["lengths"], out["regions"], out["sentence"],
-                                                   out["image"], *gammas)
+                                                   out["image"], *gammas, identity=identity)
         if "caption_logits" in out:
             terms["caption"] = cross_rank_token_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
         if "adversarial" in out:
             terms["generator"] = cross_rank_mean(out["adversarial"] + out["kl"], batch_size)
             if weights.get("fake_image"):
                 terms["fake_image"] = cross_rank_damsm_loss(out["words"], out["lengths"], out["fake_regions"],
-                                                            out["sentence"], out["fake_image"], *gammas)
+                                                            out["sentence"], out["fake_image"], *gammas,
+                                                            identity=identity)
         if "generated_words" in out:
             terms["fake_text"] = cross_rank_damsm_loss(out["generated_words"], out["generated_lengths"], out["regions"],
-                                                       out["generated_sentence"], out["image"], *gammas)
+                                                       out["generated_sentence"], out["image"], *gammas,
+                                                       identity=identity)
         loss = sum(weights[name] * value for name, value in terms.items())
         return {"loss": loss, **{name: value.detach() for name, value in terms.items()}}
 

@@ -39,6 +39,7 @@ from vldist.data.samples import read_meta, read_regions, require_region_features
 from vldist.data.shardset import ShardSet, ShardsUnfitError
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad
 from vldist.losses.negatives import draw_negatives, step_generator
+from vldist.losses.not_negative import local_identities
 from vldist.losses.two_branch import cross_rank_two_branch_ranking_loss
 from vldist.metrics import phrase_localization_recall, retrieval_protocols, sentence_to_sentence_recall
 from vldist.models.two_branch import TwoBranchModel
@@ -334,7 +335,7 @@ class TwoBranchEmbedRecipe(TwoBranchRecipe):
         cfg = self.cfg
         loss = cross_rank_two_branch_ranking_loss(
             out["image"], out["text"], batch["text_image"], cfg.margin, cfg.top_k, cfg.lambda_image,
-            cfg.lambda_text, cfg.lambda_text_neighbors, cfg.gather_negatives)
+            cfg.lambda_text, cfg.lambda_text_neighbors, cfg.gather_negatives, batch.get("identity"))
         return {"loss": loss}
 
     def phrase_loss(self, model, out, batch) -> torch.Tensor:
@@ -366,13 +367,15 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
 
     def retrieval_loss(self, model, out, batch) -> dict[str, torch.Tensor]:
         """Eq. 7, sum of log(1 + exp(-z p)): each sentence with its image (z = +1) and with
-        `negatives_per_positive` sentences of other images drawn from the global batch (z = -1).
+        `negatives_per_positive` sentences of other images drawn from the global batch (z = -1;
+        never a sentence of another copy of the same image).
         This rank's share: its own pairs; the draw is the same on every rank (same seed, same
         global ids), so W ranks sum to one process on the whole batch."""
         image, text, rows = out["image"], out["text"], batch["text_image"].to(out["image"].device)
         all_text, offset = all_gather_with_grad(text)
-        counts, first = all_gather_rows(torch.tensor([image.shape[0]], device=image.device))
-        all_ids = all_gather_rows(rows + int(counts[:first].sum()))[0]
+        # each sentence's image identity: a copy of its image elsewhere in the batch is no negative
+        identity = local_identities(batch.get("identity"), image.shape[0], image.device)
+        all_ids = all_gather_rows(identity[rows])[0]
         generator = step_generator(self.config.seed, self._step, self._micro)
         self._micro += 1
         draw = draw_negatives(all_ids, self.cfg.negatives_per_positive, generator)[:, offset:offset + len(rows)]

@@ -19,7 +19,7 @@ from torch import nn
 from vldist.config import Section
 from vldist.data.collate import pad_regions, pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
-from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
+from vldist.losses import cross_rank_caption_nll, cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.metrics import retrieval_protocols
 from vldist.report import chance_recall, retrieval_report
 from vldist.models.caption_decoder import AttentionCaptionDecoder
@@ -42,6 +42,10 @@ class VSRNConfig(Section):
     )
     caption_loss: bool = Field(True, description="add the generation loss L_G (False: the paper's 4RRR+GSR*)")
     caption_loss_weight: float = Field(1.0, ge=0)
+    caption_loss_reduction: Literal["caption", "token"] = Field(
+        "caption", description="L_G per caption: its token NLLs summed, averaged over captions (the official code's "
+                               "LanguageModelCriterion); token: the mean over all real tokens (about 1/12 as strong on COCO)"
+    )
     decoder_hidden: int = Field(512, ge=1)
     margin: float = Field(0.2, ge=0, description="hinge margin alpha (Eq. 8)")
     max_violation: bool = Field(True, description="hardest negative (VSE++) instead of the sum over negatives")
@@ -160,12 +164,14 @@ class VSRNRecipe(Recipe):
         out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
         # Each term is this rank's share of the global batch's loss (see losses/distributed.py).
         matching = cross_rank_vse_hinge_loss(
-            out["image"], out["text"], self.cfg.margin, self.hardest_negatives, self.cfg.gather_negatives
+            out["image"], out["text"], self.cfg.margin, self.hardest_negatives, self.cfg.gather_negatives,
+            batch.get("identity"),
         )
         parts = {"matching": matching}
         total = matching
         if "caption_logits" in out:
-            caption = cross_rank_token_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
+            nll = cross_rank_caption_nll if self.cfg.caption_loss_reduction == "caption" else cross_rank_token_nll
+            caption = nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
             parts["caption"] = caption
             total = total + self.cfg.caption_loss_weight * caption
         return {"loss": total, **{k: v.detach() for k, v in parts.items()}}
