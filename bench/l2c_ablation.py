@@ -9,9 +9,11 @@ model selection by validation ROUGE-L (the paper's), scored on the test pairs:
 
     cnn-lstm         Table 1's CNN+LSTM: both images' pooled trunk features into an LSTM
     full             L2C, pairs + single-image captions (the paper's L2C [CUB+B2W])
+    full-no-mask     the same without the mask head's loss (a control: CNN+LSTM has none; not in the paper)
     pairs-only       L2C on pairs alone (L2C [B2W])
     no-pooling       - semantic pooling: masked average pooling, one node (pairs alone, as Table 3)
     no-tv            - TV loss (pairs alone)
+    tv-sum           TV as Eq. 2's plain sum over the batch, λ = 1 (pairs alone; not in the paper)
     no-gcn           - GCN (pairs alone)
 
 The paper (Birds-to-Words validation, BLEU-4 / ROUGE-L / CIDEr-D): full 31.9 / 45.7 / 15.2;
@@ -36,9 +38,13 @@ ALONE = ["model.single_images=false"]
 ROWS = [
     Row("cnn-lstm", "CNN+LSTM", "l2c", ["model.architecture=cnn_lstm"]),
     Row("full", "L2C (pairs + single images)", "l2c", []),
+    # not in the paper: the control for the mask loss, which only the L2C rows have (CNN+LSTM has no mask head)
+    Row("full-no-mask", "L2C (pairs + single images), no mask loss", "l2c", ["model.mask_weight=0"]),
     Row("pairs-only", "L2C (pairs alone)", "l2c", ALONE),
     Row("no-pooling", "− semantic pooling", "l2c", [*ALONE, "model.pooling=average"]),
     Row("no-tv", "− TV loss", "l2c", [*ALONE, "model.tv_weight=0"]),
+    # not in the paper: Eq. 2 as its plain sum over the batch (λ = 1 then weighs it B·K·H·W = 73,728 times more)
+    Row("tv-sum", "TV as a plain sum (pairs alone)", "l2c", [*ALONE, "model.tv_reduction=sum"]),
     Row("no-gcn", "− GCN", "l2c", [*ALONE, "model.gcn_layers=0"]),
 ]
 METRICS = {k: ("test", "captions", k) for k in ("bleu4", "rouge_l", "cider_d", "meteor")}
@@ -66,8 +72,9 @@ def tables(data: dict) -> str:
     return blocks(
         ablation_table(data, ROWS, COLUMNS, per_seed=ROUGE, paper=PAPER, paper_cols=paper_columns(COLUMNS[:3]),
                        first="model"),
-        spread_line(data, ROWS, ROUGE, [("cnn-lstm", "full"), ("pairs-only", "full"), ("no-pooling", "pairs-only"),
-                                        ("no-tv", "pairs-only"), ("no-gcn", "pairs-only")]),
+        spread_line(data, ROWS, ROUGE, [("cnn-lstm", "full"), ("full-no-mask", "full"), ("cnn-lstm", "full-no-mask"),
+                                        ("pairs-only", "full"), ("no-pooling", "pairs-only"), ("no-tv", "pairs-only"),
+                                        ("tv-sum", "pairs-only"), ("no-gcn", "pairs-only")]),
     )
 
 

@@ -41,3 +41,8 @@ def test_gradient_flows_to_the_maps():
     maps = torch.rand(1, 2, 3, 3, generator=torch.Generator().manual_seed(1)).requires_grad_(True)
     total_variation_loss(maps).backward()
     assert maps.grad is not None and maps.grad.abs().sum() > 0
+
+
+def test_the_plain_sum_is_eq2_over_the_whole_batch():
+    maps = torch.rand(2, 3, 4, 5, generator=torch.Generator().manual_seed(1))
+    assert abs(total_variation_loss(maps, "sum").item() - _loop_total_variation(maps) * maps.numel()) < 1e-4

@@ -71,6 +71,9 @@ class L2CConfig(Section):
     embed: int = Field(512, ge=1, description="word embedding size")
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout before the word classifier")
     tv_weight: float = Field(1.0, ge=0, description="λ of the TV loss (paper: 1; 0: Table 3's '- TV loss')")
+    tv_reduction: Literal["mean", "sum"] = Field(
+        "mean", description="TV per pixel, class and image (mean), or Eq. 2's plain sum over the global batch (sum: "
+                            "B·K·H·W, about 7e4, times stronger at the same λ)")
     mask_weight: float = Field(1.0, ge=0, description="weight of the mask head's BCE on stored masks")
     single_images: bool = Field(True, description="train on single-image captions too, taking turns with pairs (paper: CUB+B2W)")
     single_shards: str = Field("shards/synth", description="shard set of the single-image captions (paper: CUB)")
@@ -204,7 +207,11 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         name = "single" if batch["second"] is None else "diff"
         loss, parts = nll, {name: nll.detach()}
         if aux.get("confidence") is not None and self.cfg.tv_weight:
-            tv = cross_rank_mean(total_variation_loss(aux["confidence"]), aux["confidence"].shape[0])  # Eq. 2
+            confidence = aux["confidence"]
+            if self.cfg.tv_reduction == "mean":
+                tv = cross_rank_mean(total_variation_loss(confidence), confidence.shape[0])  # Eq. 2 per pixel
+            else:  # the ranks' sums add up to the global batch's sum (losses/distributed.py's convention)
+                tv = total_variation_loss(confidence, "sum")
             loss = loss + self.cfg.tv_weight * tv
             parts["tv"] = tv.detach()
         if aux and self.cfg.mask_weight:
