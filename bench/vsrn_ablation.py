@@ -37,7 +37,7 @@ ROWS = [
     Row("gsr", "GSR", "vsrn", ["model.rrr_layers=0"]),
     Row("gsr-star", "4RRR + GSR*", "vsrn", ["model.caption_loss=false"]),
     Row("full", "4RRR + GSR", "vsrn", []),
-    # not in the paper: L_G as a mean over tokens (vldist before issue 23), ~1/8 of the official weight here
+    # not in the paper: L_G as a mean over tokens (vldist before issue 23), 1/12.6 of the official weight here
     Row("full-token", "4RRR + GSR, L_G per token", "vsrn", ["model.caption_loss_reduction=token"]),
 ]
 RECALLS = ["i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10"]
