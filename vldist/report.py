@@ -88,7 +88,9 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
     then the last model's example captions beside their references."""
     last = list(rows.values())[-1]
     retrieval = "self_retrieval" in last  # captioners; L2C's pair descriptions have none
-    ks = [k for k in last["self_retrieval"] if k.startswith("r")] if retrieval else []
+    # R@K from K = the pool on is 100 by construction: not shown (metrics of older runs may hold it)
+    pool = last["self_retrieval"]["n_images"] if retrieval else 0
+    ks = [k for k in last["self_retrieval"] if k.startswith("r") and int(k[1:]) < pool] if retrieval else []
     header = f"{'':<12}" + "".join(f"{name:>9}" for name in CAPTION_COLUMNS.values())
     lines = [header + ("  self-retrieval " + "".join(f"{'R@' + k[1:]:>8}" for k in ks) if retrieval else "")]
     for name, m in rows.items():

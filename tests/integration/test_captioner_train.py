@@ -24,7 +24,8 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     run = tmp_path / "run"
     assert train_main(["captioner", f"data.shards={planted_shards}", f"output.dir={run}", *TINY]) == 0
     printed = capsys.readouterr().out
-    for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1", "R@500"):
+    assert "R@50" not in printed and "R@500" not in printed  # K >= the pool of 40: 100 by construction, not shown
+    for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1", "R@5"):
         assert column in printed
     assert "untrained" in printed and "generated:" in printed and "reference:" in printed
 
@@ -34,7 +35,7 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     assert trained["captions"]["bleu1"] > 0.5 > untrained["captions"]["bleu1"] + 0.3, (trained, untrained)
     assert trained["captions"]["cider_d"] > untrained["captions"]["cider_d"] + 1.0
     assert trained["self_retrieval"]["r1"] > 50 > untrained["self_retrieval"]["r1"]
-    assert trained["self_retrieval"]["n_images"] == 40 and trained["self_retrieval"]["r500"] == 100.0
+    assert trained["self_retrieval"]["n_images"] == 40 and set(trained["self_retrieval"]) == {"r1", "r5", "n_images"}
     assert trained["n_images"] == 60 and trained["n_captions"] == 300
     assert [e["event"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())].count("validation") == 2
     assert "self_retrieval" not in results["history"][-1]["val"]  # validation selects by CIDEr-D only

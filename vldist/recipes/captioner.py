@@ -24,6 +24,7 @@ from vldist.data.vocab import Vocab
 from vldist.losses import cross_rank_token_nll
 from vldist.metrics import caption_scores, self_retrieval_recall
 from vldist.metrics.captions import require_java
+from vldist.metrics.self_retrieval import SELF_RETRIEVAL_KS
 from vldist.models.caption_scoring import caption_image_logprobs
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
@@ -32,7 +33,6 @@ from vldist.recipes.base import Recipe
 from vldist.report import caption_report
 
 DECODERS = {"adaptive_attention": AdaptiveAttentionDecoder, "show_tell": ShowTellDecoder}
-SELF_RETRIEVAL_KS = (1, 5, 50, 500)
 
 
 class CaptionerConfig(Section):
@@ -175,7 +175,10 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
             tokens, _ = pad_tokens(pool_captions, self.vocab.pad_id)
             logp = caption_image_logprobs(decoder, torch.cat(pool_regions).to(device),
                                           torch.cat(pool_masks).to(device), tokens.to(device), self.vocab.pad_id)
-            result["self_retrieval"] = self_retrieval_recall(logp, SELF_RETRIEVAL_KS)
+            # R@K with K >= the pool counts every caption (100 by construction): only K below it
+            ks = [k for k in SELF_RETRIEVAL_KS if k < logp.shape[0]]
+            if ks:
+                result["self_retrieval"] = self_retrieval_recall(logp, ks)
         model.train(was_training)
         keys = list(generated)[: self.config.eval.examples]
         return {
