@@ -14,11 +14,16 @@ retrieval (Tables 2-4: i2t / t2i R@1, rsum, sentence-to-sentence R@1)
     nonlinear-single    nonlinear, single-dir    two layers per branch
     nonlinear-bi        nonlinear, bi-dir
     sampling            + neighbourhood sampling two sentences of each image in every batch
+    sampling-equal      (control) the same with half the images a step and an epoch: nonlinear-bi's
+                        steps and sentences (not in the paper)
     constraints         + constraints            the neighbourhood term, lambda 0.2
+    mean-words          constraints with a learned mean of word vectors for tf-idf (not in the paper)
     similarity          similarity network
 phrase localisation (Table 1: R@1, R@5, R@10)
     embed-single        embedding, single positive      the phrase box's own region
     embed-augmented     embedding, augmented positives  a random proposal of IoU >= 0.7 at each visit
+    embed-augmented-batch   the same, every region of the batch's other images a negative too
+                        (not in the paper; near vldist's loss before issue 23)
     sim-single          similarity, single positive
     sim-augmented       similarity, augmented positives
 
@@ -47,8 +52,17 @@ RETRIEVAL_ROWS = [
     Row("nonlinear-bi", "nonlinear, bi-dir", "two_branch_embed", [*RETRIEVAL, *BI]),
     Row("sampling", "+ neighbourhood sampling", "two_branch_embed",
         [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0"]),
+    # not in the paper: the control for sampling's doubled sentences per step. Two sentences from
+    # half as many images a step and half as many images an epoch: the steps, and the sentences
+    # of each step and of the run, are nonlinear-bi's
+    Row("sampling-equal", "+ sampling, equal sentences", "two_branch_embed",
+        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0", "data.batch_size=125",
+         "train.samples_per_epoch=2500"]),
     Row("constraints", "+ constraints", "two_branch_embed",
         [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2"]),
+    # not in the paper: sentences as a learned mean of word vectors instead of tf-idf
+    Row("mean-words", "+ constraints, mean of word vectors", "two_branch_embed",
+        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2", "model.text_features=mean_words"]),
     Row("similarity", "similarity network", "two_branch_sim", [*RETRIEVAL]),
 ]
 PHRASES = ["model.tasks=[phrases]"]
@@ -57,6 +71,11 @@ PHRASE_ROWS = [
         [*PHRASES, "model.augmented_positives=false"]),
     Row("embed-augmented", "embedding, augmented positives", "two_branch_embed",
         [*PHRASES, "model.augmented_positives=true"]),
+    # not in the paper: every region of the batch's other images as negatives too, one drawn region
+    # of its own image a phrase (close to vldist's loss before issue 23, which also took a phrase's
+    # own coreference chain as negatives)
+    Row("embed-augmented-batch", "embedding, augmented, other images' regions too", "two_branch_embed",
+        [*PHRASES, "model.augmented_positives=true", "model.phrase_negatives_from=batch", "model.phrase_negatives=1"]),
     Row("sim-single", "similarity, single positive", "two_branch_sim", [*PHRASES, "model.augmented_positives=false"]),
     Row("sim-augmented", "similarity, augmented positives", "two_branch_sim",
         [*PHRASES, "model.augmented_positives=true"]),
@@ -110,13 +129,16 @@ def tables(data: dict) -> str:
                        paper_cols=paper_columns(RETRIEVAL_COLUMNS), first="retrieval"),
         spread_line(data, ROWS, RSUM, [("linear-single", "linear-bi"), ("nonlinear-single", "nonlinear-bi"),
                                        ("linear-single", "nonlinear-single"), ("linear-bi", "nonlinear-bi"),
-                                       ("nonlinear-bi", "sampling"), ("sampling", "constraints"),
-                                       ("constraints", "similarity")]),
-        spread_line(data, ROWS, S2S, [("nonlinear-bi", "sampling"), ("sampling", "constraints")]),
+                                       ("nonlinear-bi", "sampling"), ("nonlinear-bi", "sampling-equal"),
+                                       ("sampling-equal", "sampling"), ("sampling", "constraints"),
+                                       ("constraints", "mean-words"), ("constraints", "similarity")]),
+        spread_line(data, ROWS, S2S, [("nonlinear-bi", "sampling"), ("nonlinear-bi", "sampling-equal"),
+                                      ("sampling", "constraints")]),
         ablation_table(data, PHRASE_ROWS, PHRASE_COLUMNS, per_seed=PHRASE_R1, paper=PAPER,
                        paper_cols=paper_columns(PHRASE_COLUMNS), first="phrase localisation"),
         spread_line(data, ROWS, PHRASE_R1, [("embed-single", "embed-augmented"), ("sim-single", "sim-augmented"),
-                                            ("embed-augmented", "sim-augmented")]),
+                                            ("embed-augmented", "sim-augmented"),
+                                            ("embed-augmented-batch", "embed-augmented")]),
     )
 
 

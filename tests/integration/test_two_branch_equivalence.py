@@ -1,6 +1,8 @@
 """Both two-branch recipes on W = 2 gloo ranks (DDP) take the same steps as one process on the
 whole batch: the top-K violators, the neighbourhood pairs and the similarity network's negative
-sentences all come from the global batch."""
+sentences all come from the global batch; in phrase batches, each phrase's negative regions from
+its own image (or, "batch", every rank's), its region's negative phrases from every rank, never a
+copy of its image held by the other rank."""
 
 import sys
 from pathlib import Path

@@ -1,5 +1,5 @@
-"""Phrase localisation samples: training pairs by overlap, proposals read back, and the recall of
-a random ranking."""
+"""Phrase localisation samples: training rows by overlap and coreference chain (the paper's
+Algorithm 1), proposals read back, and the recall of a random ranking."""
 
 import io
 import itertools
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from vldist.data.phrases import random_ranking_recall, read_proposals, training_pairs
+from vldist.data.phrases import chains, random_ranking_recall, read_proposals, training_image
 from vldist.data.shardset import ShardsUnfitError
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe
 from vldist.train import load_config
@@ -19,42 +19,110 @@ OBJECTS = [{"phrase": "a red circle", "box": [0, 0, 10, 10], "region": 1},
 PROPOSALS = np.array([
     [0, 0, 10, 10],     # 0: object 0 itself (IoU 1)
     [0, 0, 10, 9],      # 1: object 0, IoU 0.9
-    [0, 0, 10, 6],      # 2: object 0, IoU 0.6: neither positive nor negative
+    [0, 0, 10, 6],      # 2: object 0, IoU 0.6: neither positive nor negative of it
     [20, 20, 30, 29],   # 3: object 1, IoU 0.9
-    [40, 40, 50, 50],   # 4: no overlap: a negative
-    [5, 5, 25, 25],     # 5: IoU 0.0625 with each: a negative
-    [8, 0, 30, 10],     # 6: IoU 2/22 with object 0: a negative
-    [22, 22, 40, 40],   # 7: IoU 64/360 with object 1: a negative
+    [40, 40, 50, 50],   # 4: no overlap: a negative of both
+    [5, 5, 25, 25],     # 5: IoU 0.0625 with each: a negative of both
+    [8, 0, 30, 10],     # 6: IoU 2/22 with object 0: a negative of both
+    [22, 22, 40, 40],   # 7: IoU 64/360 with object 1: a negative of both
 ], dtype=np.float32)
 FEATURES = np.arange(len(PROPOSALS), dtype=np.float32)[:, None].repeat(3, 1)
 REGIONS = np.array([[-1.0] * 3, [-2.0] * 3, [-3.0] * 3], dtype=np.float32)
+# Algorithm 1, 3.b: a phrase's negatives are the proposals of IoU < 0.3 with its own box; the
+# other object's proposals are among them (the paper's "IoU < 0.3 with the ground truth")
+OWN_NEGATIVES = {0: {3, 4, 5, 6, 7}, 1: {0, 1, 2, 4, 5, 6, 7}}
 
 
-def test_positives_overlap_at_least_0_7_and_negatives_less_than_0_3_with_every_object():
-    seen_positive = {0: set(), 1: set()}
+def image(objects=OBJECTS, seed=0, augmented=True, negatives=3, proposals=PROPOSALS):
+    features = np.arange(len(proposals), dtype=np.float32)[:, None].repeat(3, 1)
+    return training_image({"objects": objects}, REGIONS, features, proposals, random.Random(seed), augmented,
+                          negatives)
+
+
+def drawn_for(rows: dict, phrase: int) -> set[int]:
+    """The proposals drawn for a phrase (pool rows carry their proposal index as features)."""
+    return {int(rows["negatives"][n][0]) for m, n in rows["drawn"] if m == phrase}
+
+
+def listed_for(rows: dict, phrase: int) -> set[int]:
+    return {int(rows["negatives"][n][0]) for m, n in rows["region_negatives"] if m == phrase}
+
+
+def test_positives_overlap_at_least_0_7_and_negatives_less_than_0_3_with_the_phrase_box():
+    seen_positive, seen_negative = {0: set(), 1: set()}, {0: set(), 1: set()}
     for seed in range(40):
-        pairs = training_pairs({"objects": OBJECTS}, REGIONS, FEATURES, PROPOSALS, random.Random(seed),
-                               augmented=True, negatives=3)
-        assert [p["phrase"] for p in pairs] == ["a red circle", "a blue square"]
-        for i, pair in enumerate(pairs):
-            seen_positive[i].add(int(pair["positive"][0]))
-            negatives = {int(row[0]) for row in pair["negatives"]}
-            assert len(negatives) == 3 and negatives <= {4, 5, 6, 7}
+        rows = image(seed=seed)
+        assert rows["phrases"] == ["a red circle", "a blue square"] and rows["entity"].tolist() == [0, 1]
+        assert rows["box"].tolist() == [o["box"] for o in OBJECTS]
+        for i in range(2):
+            seen_positive[i].add(int(rows["positive"][i][0]))
+            assert rows["positive_box"][i].tolist() == PROPOSALS[int(rows["positive"][i][0])].tolist()
+            drawn = drawn_for(rows, i)
+            assert len(drawn) == 3 and drawn <= OWN_NEGATIVES[i]
+            seen_negative[i] |= drawn
+            # the pool is every draw of the image; each phrase may take all of it that is its negative
+            pool = {int(f[0]) for f in rows["negatives"]}
+            assert listed_for(rows, i) == pool & OWN_NEGATIVES[i]
+        assert rows["negative_box"].tolist() == PROPOSALS[rows["negatives"][:, 0].astype(int)].tolist()
     assert seen_positive == {0: {0, 1}, 1: {3}}  # a random positive at each visit (augmented)
+    assert seen_negative == OWN_NEGATIVES  # every one of them is drawn in time
+
+
+def test_all_takes_every_negative_of_each_phrase():
+    rows = image(negatives="all")
+    assert {int(f[0]) for f in rows["negatives"]} == set(range(8))  # 2 is object 1's negative, 0 and 1 too
+    for i in range(2):
+        assert drawn_for(rows, i) == listed_for(rows, i) == OWN_NEGATIVES[i]
+
+
+def test_a_region_positive_for_a_phrase_of_the_same_chain_is_no_negative():
+    """One entity, two phrases with two boxes (an entity Flickr30K Entities would box twice, kept
+    apart here): a proposal on either box is a negative of neither phrase; another entity's are."""
+    objects = [{**OBJECTS[0], "entity": "7"}, {**OBJECTS[1], "entity": "7"},
+               {"phrase": "a green star", "box": [40, 40, 50, 50], "entity": "8"}]
+    assert chains(objects) == [0, 0, 1]
+    rows = image(objects, negatives="all")
+    assert rows["entity"].tolist() == [0, 0, 1]
+    for i in (0, 1):
+        # 0-3 overlap one of the two boxes; 4 is the star's own box
+        assert listed_for(rows, i) == drawn_for(rows, i) == {4, 5, 6, 7}
+    assert listed_for(rows, 2) == {0, 1, 2, 3, 5, 6, 7}
+    # phrases: 0 and 1 are one chain, so neither is the other's negative; the star is both's
+    assert sorted(map(tuple, rows["phrase_negatives"].tolist())) == [(0, 2), (1, 2), (2, 0), (2, 1)]
+
+
+def test_two_entities_of_one_box_are_not_each_other_negatives():
+    """Flickr30K Entities can name two entities in one box ("the stairs", "the steps"): a region
+    positive for one is positive for the other, so the other phrase is no negative of it (3.a:
+    "not both associated with the same ground truth region"). Their regions are negatives of
+    neither either: IoU 1 with the box."""
+    objects = [{"phrase": "the stairs", "box": [0, 0, 10, 10], "entity": "21"},
+               {"phrase": "the steps", "box": [0, 0, 10, 10], "entity": "22"}, {**OBJECTS[1], "entity": "9"}]
+    rows = image(objects, negatives="all")
+    assert rows["entity"].tolist() == [0, 1, 2]
+    assert sorted(map(tuple, rows["phrase_negatives"].tolist())) == [(0, 2), (1, 2), (2, 0), (2, 1)]
+    assert listed_for(rows, 0) == listed_for(rows, 1) == OWN_NEGATIVES[0]
+
+
+def test_objects_without_an_entity_are_chains_of_their_own():
+    assert chains([{"phrase": "a"}, {"phrase": "b"}, {"phrase": "c", "entity": "3"}, {"phrase": "d", "entity": 3},
+                   {"phrase": "e"}]) == [0, 1, 2, 2, 3]
 
 
 def test_without_augmentation_the_positive_is_the_box_own_region():
-    pairs = training_pairs({"objects": OBJECTS}, REGIONS, FEATURES, PROPOSALS, random.Random(0),
-                           augmented=False, negatives=10)
-    assert [float(p["positive"][0]) for p in pairs] == [-2.0, -3.0]
-    assert all(len(p["negatives"]) == 4 for p in pairs)  # all there are, when fewer than asked
+    rows = image(augmented=False, negatives=10)
+    assert rows["positive"][:, 0].tolist() == [-2.0, -3.0]
+    assert rows["positive_box"].tolist() == [o["box"] for o in OBJECTS]
+    assert [len(drawn_for(rows, i)) for i in (0, 1)] == [5, 7]  # all there are, when fewer than asked
 
 
 def test_a_phrase_without_positive_or_region_is_left_out():
     far = [{"phrase": "a green star", "box": [60, 60, 70, 70]}]
-    assert training_pairs({"objects": OBJECTS[:1] + far}, REGIONS, FEATURES, PROPOSALS, random.Random(0),
-                          augmented=True, negatives=1)[0]["phrase"] == "a red circle"
-    assert len(training_pairs({"objects": far}, REGIONS, FEATURES, PROPOSALS, random.Random(0), True, 1)) == 0
+    rows = image(OBJECTS[:1] + far, negatives=1)
+    assert rows["phrases"] == ["a red circle"] and len(rows["positive"]) == 1
+    assert rows["phrase_negatives"].shape == (0, 2)
+    empty = image(far, negatives=1)
+    assert empty["phrases"] == [] and empty["negatives"].shape == (0, 3) and empty["drawn"].shape == (0, 2)
 
 
 def test_random_ranking_recall_equals_the_count_over_every_order():

@@ -57,11 +57,27 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+# Where kernel=auto takes the Triton kernel, measured on an H100 (docs/benchmarks.md, `python
+# bench/gcn_kernel.py [--dtype bf16]`): in bf16/fp16 it beat eager PyTorch 1.3-3.2x forward+backward
+# at every shape; in fp32 only with few regions (K = 9: 1.5-2.2x), not at K = 36 (0.6-0.8x), where
+# cuBLAS's fp32 GEMMs win.
+HALF_PRECISION = (torch.bfloat16, torch.float16)
+FP32_MAX_REGIONS = 16
+MAX_REGIONS = 128  # one program holds an image's K x K affinity
+
+
+def auto_kernel(device_type: str, dtype: torch.dtype, regions: int, triton_installed: bool) -> str:
+    """The kernel kernel=auto runs: 'triton' on CUDA where it was measured faster, else 'torch'."""
+    if device_type != "cuda" or not triton_installed or regions > MAX_REGIONS:
+        return "torch"
+    return "triton" if dtype in HALF_PRECISION or regions <= FP32_MAX_REGIONS else "torch"
+
+
 def region_affinity(theta, phi, g, normalize: Normalize = "count", mask=None, kernel: Kernel = "auto"):
-    """The fused Triton kernel on CUDA (kernel=auto) or when asked (kernel=triton; on CPU only
-    under TRITON_INTERPRET=1), else the PyTorch reference."""
+    """The fused Triton kernel on CUDA where it is faster (kernel=auto, `auto_kernel`) or when
+    asked (kernel=triton; on CPU only under TRITON_INTERPRET=1), else the PyTorch reference."""
     if kernel == "auto":
-        kernel = "triton" if theta.is_cuda and triton_available() and theta.shape[1] <= 128 else "torch"
+        kernel = auto_kernel(theta.device.type, theta.dtype, theta.shape[1], triton_available())
     if kernel == "torch":
         return region_affinity_torch(theta, phi, g, normalize, mask)
     if kernel != "triton":

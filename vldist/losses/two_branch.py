@@ -17,15 +17,32 @@ holds (rows of equal `identity`). The paper sums the hinges; the official code a
 Written by hand: no library has this loss. Each term is a sum over anchors, so a rank scores its
 own anchors against the all-gathered candidates of every rank, and the ranks' shares add up to
 the loss of the whole global batch (losses/distributed.py's convention).
+
+Phrase localisation (`phrase_ranking_loss`, Algorithm 1 of the paper) pairs each phrase with its
+positive region; the same bi-directional top-K hinges, two terms:
+
+    lambda_image  region anchor (a phrase's positive region), the phrase positive; negatives: the
+                  phrases of the global batch other than its chain's, and other than those the
+                  region is a positive of (3.a: "a phrase from this mini-batch not in the same
+                  coreference chain")
+    lambda_text   phrase anchor, its positive region positive; negatives: the regions of its own
+                  image with IoU < 0.3 with its chain's boxes (3.b), nothing else (`negatives_from`
+                  "image", the paper); "batch" adds every region of the other images of the
+                  global batch
+
+What is a negative within an image comes from the boxes (data/phrases.py: `training_image`); a
+copy of the image elsewhere in the batch (equal `identity`) gives no negative in either term.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 from torch import Tensor
 
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad, world
-from vldist.losses.not_negative import gather_identities
+from vldist.losses.not_negative import gather_identities, local_identities
 
 # Inside the square root: the distance's gradient at d = 0 would be infinite (the official code
 # adds 1e-4; this is smaller so that d stays within 1e-4 of the true distance).
@@ -125,3 +142,153 @@ def cross_rank_two_branch_ranking_loss(image: Tensor, text: Tensor, text_image: 
     all_identity = gather_identities(identity, image.shape[0], image.device)[1]
     return _ranking_loss(image, text, text_image, all_image, all_text, all_text_image, all_identity, image_offset,
                          margin, top_k, lambda_image, lambda_text, lambda_text_neighbors)
+
+
+# ---------------------------------------------------------------------------- phrase localisation
+
+def top_k_pair_hinge_sum(anchor: Tensor, positive: Tensor, candidates: Tensor, pairs: Tensor, margin: float,
+                         top_k: int) -> Tensor:
+    """`top_k_hinge_sum` with each anchor's negatives listed as (anchor row, candidate row) pairs,
+    (2, Q): only the listed distances are computed (a phrase against its own image's regions)."""
+    if pairs.shape[1] == 0:
+        return anchor.sum() * 0 + positive.sum() * 0
+    rows, columns = pairs
+    d_pos = (((anchor - positive) ** 2).sum(1) + _EPS).sqrt()
+    cost = margin + d_pos[rows] - (((anchor[rows] - candidates[columns]) ** 2).sum(1) + _EPS).sqrt()
+    # one row per anchor, its costs side by side, -inf where it has fewer than the widest
+    order = torch.argsort(rows, stable=True)
+    rows = rows[order]
+    counts = torch.bincount(rows, minlength=anchor.shape[0])
+    slot = torch.arange(len(rows), device=rows.device) - (counts.cumsum(0) - counts)[rows]
+    table = cost.new_full((anchor.shape[0], int(counts.max())), float("-inf")).index_put((rows, slot), cost[order])
+    return table.topk(min(top_k, table.shape[1]), dim=1).values.clamp(min=0).sum()
+
+
+def _scatter(mask: Tensor, pairs: Tensor, column_offset: int) -> Tensor:
+    """mask with True at each (row, column + column_offset) of pairs (2, Q)."""
+    if pairs.shape[1]:
+        mask = mask.index_put((pairs[0], pairs[1] + column_offset), torch.ones_like(pairs[0], dtype=torch.bool))
+    return mask
+
+
+def _phrase_loss(region: Tensor, phrase: Tensor, positive: Tensor, region_negatives: Tensor,
+                 phrase_negatives: Tensor, phrase_identity: Tensor, all_phrase: Tensor,
+                 all_phrase_identity: Tensor, phrase_offset: int, all_region: Tensor | None,
+                 all_region_identity: Tensor | None, region_offset: int, margin: float, top_k: int,
+                 lambda_image: float, lambda_text: float) -> Tensor:
+    """Local anchors against the candidates: phrases of the global batch (all_phrase, this rank's
+    from row phrase_offset), regions of their own image (region_negatives) and, with all_region,
+    every region of the global batch (this rank's from row region_offset) of another identity."""
+    anchor_region = region[positive]
+    total = phrase.sum() * 0 + region.sum() * 0
+    if lambda_image:
+        # 3.a: every phrase of another image, and those of its own image that phrase_negatives lists
+        negative = phrase_identity[:, None] != all_phrase_identity[None, :]
+        negative = _scatter(negative, phrase_negatives, phrase_offset)
+        total = total + lambda_image * top_k_hinge_sum(anchor_region, phrase, all_phrase, negative, margin, top_k)
+    if lambda_text:
+        if all_region is None:  # 3.b: the regions of its own image, each phrase's listed ones
+            hinges = top_k_pair_hinge_sum(phrase, anchor_region, region, region_negatives, margin, top_k)
+        else:  # "batch": and every region of another image
+            negative = phrase_identity[:, None] != all_region_identity[None, :]
+            negative = _scatter(negative, region_negatives, region_offset)
+            hinges = top_k_hinge_sum(phrase, anchor_region, all_region, negative, margin, top_k)
+        total = total + lambda_text * hinges
+    return total
+
+
+def _check_phrases(region: Tensor, phrase: Tensor, positive: Tensor, phrase_sample: Tensor, region_sample: Tensor,
+                   region_negatives: Tensor, phrase_negatives: Tensor, samples: int) -> None:
+    if region.dim() != 2 or phrase.dim() != 2 or region.shape[1] != phrase.shape[1]:
+        raise ValueError(f"region (R, D) and phrase (M, D) must be 2-D with the same D, got {tuple(region.shape)} "
+                         f"and {tuple(phrase.shape)}")
+    m, r = phrase.shape[0], region.shape[0]
+    checks = [("positive", positive, (m,), r), ("phrase_sample", phrase_sample, (m,), samples),
+              ("region_sample", region_sample, (r,), samples)]
+    for name, value, shape, bound in checks:
+        if value.shape != shape or value.dtype != torch.long:
+            raise ValueError(f"{name} must be a long tensor of shape {shape}, got {value.dtype} {tuple(value.shape)}")
+        if value.numel() and (int(value.min()) < 0 or int(value.max()) >= bound):
+            raise ValueError(f"{name} must index {bound} rows, got values in [{int(value.min())}, {int(value.max())}]")
+    for name, pairs, bound, sample in (("region_negatives", region_negatives, r, region_sample),
+                                       ("phrase_negatives", phrase_negatives, m, phrase_sample)):
+        if pairs.dim() != 2 or pairs.shape[0] != 2 or pairs.dtype != torch.long:
+            raise ValueError(f"{name} must be a (2, Q) long tensor of (phrase, candidate) pairs, got {pairs.dtype} "
+                             f"{tuple(pairs.shape)}")
+        if not pairs.numel():
+            continue
+        if int(pairs.min()) < 0 or int(pairs[0].max()) >= m or int(pairs[1].max()) >= bound:
+            raise ValueError(f"{name} must index {m} phrases and {bound} candidates")
+        if bool((phrase_sample[pairs[0]] != sample[pairs[1]]).any()):
+            raise ValueError(f"{name} pairs a phrase with a candidate of another image: it lists the negatives within "
+                             "an image only (those of other images are the identities')")
+
+
+NegativesFrom = Literal["image", "batch"]
+
+
+def _sample_count(identity: Tensor | None, phrase_sample: Tensor, region_sample: Tensor) -> int:
+    if identity is not None:
+        return int(identity.shape[0])
+    return max([int(x.max()) + 1 for x in (phrase_sample, region_sample) if x.numel()], default=0)
+
+
+def phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Tensor, phrase_sample: Tensor,
+                        region_sample: Tensor, region_negatives: Tensor, phrase_negatives: Tensor,
+                        identity: Tensor | None = None, margin: float = 0.1, top_k: int = 30,
+                        lambda_image: float = 1.0, lambda_text: float = 4.0,
+                        negatives_from: NegativesFrom = "image") -> Tensor:
+    """The phrase-localisation loss of one batch in one process (module docstring; the paper's
+    settings: margin 0.1, K = 30, lambdas 1 and 4).
+
+    region (R, D), phrase (M, D): normalised embeddings. positive (M,): each phrase's positive
+    region row. phrase_sample (M,), region_sample (R,): each row's sample (image), indexing
+    identity (S,), the samples' image ids (default: each sample an image of its own).
+    region_negatives (2, Q): (phrase, region) pairs, the regions of its own image that are
+    negatives of the phrase; phrase_negatives (2, Q'): (phrase m, phrase k) pairs of one image,
+    k a negative of m's positive region (collate_phrases lists both, from the boxes)."""
+    return cross_rank_phrase_ranking_loss(region, phrase, positive, phrase_sample, region_sample, region_negatives,
+                                          phrase_negatives, identity, margin, top_k, lambda_image, lambda_text,
+                                          negatives_from, gather=False)
+
+
+def cross_rank_phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Tensor, phrase_sample: Tensor,
+                                   region_sample: Tensor, region_negatives: Tensor, phrase_negatives: Tensor,
+                                   identity: Tensor | None = None, margin: float = 0.1, top_k: int = 30,
+                                   lambda_image: float = 1.0, lambda_text: float = 4.0,
+                                   negatives_from: NegativesFrom = "image", gather: bool = True) -> Tensor:
+    """This rank's share of `phrase_ranking_loss` of the global batch: its phrases and their
+    positive regions as anchors. A phrase's regions are its own image's, which travel in its
+    sample, so the phrase-anchor term needs no gather ("image"); the region-anchor term ranks
+    every rank's phrases (gathered with gradient), as "batch" does every rank's regions. The
+    shares sum to the loss of the ranks' batches concatenated. Without `gather`, each rank's
+    slice is its own batch (cheaper, and a different loss). identity: (S,) the image ids of this
+    rank's samples (batch["identity"]), gathered with the rows."""
+    if negatives_from not in ("image", "batch"):
+        raise ValueError(f"negatives_from must be 'image' or 'batch', got {negatives_from!r}")
+    device = region.device
+    positive, phrase_sample, region_sample, region_negatives, phrase_negatives = (
+        x.to(device) for x in (positive, phrase_sample, region_sample, region_negatives, phrase_negatives))
+    samples = _sample_count(identity, phrase_sample, region_sample)
+    _check_phrases(region, phrase, positive, phrase_sample, region_sample, region_negatives, phrase_negatives, samples)
+    single = world()[1] == 1 or not gather
+    if single:
+        identity = torch.arange(samples, device=device) if identity is None else identity.to(device)
+    else:
+        identity = local_identities(identity, samples, device)
+    phrase_identity, region_identity = identity[phrase_sample], identity[region_sample]
+    all_region = all_region_identity = None
+    region_offset = 0
+    if single:
+        all_phrase, phrase_offset, all_phrase_identity = phrase, 0, phrase_identity
+        if negatives_from == "batch":
+            all_region, all_region_identity = region, region_identity
+    else:
+        all_phrase, phrase_offset = all_gather_with_grad(phrase)
+        all_phrase_identity = all_gather_rows(phrase_identity)[0]
+        if negatives_from == "batch":
+            all_region, region_offset = all_gather_with_grad(region)
+            all_region_identity = all_gather_rows(region_identity)[0]
+    return _phrase_loss(region, phrase, positive, region_negatives, phrase_negatives, phrase_identity,
+                        all_phrase, all_phrase_identity, phrase_offset, all_region,
+                        all_region_identity, region_offset, margin, top_k, lambda_image, lambda_text)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from math import comb
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from vldist.data.shardset import ShardSet, ShardsUnfitError
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad
 from vldist.losses.negatives import draw_negatives, step_generator
 from vldist.losses.not_negative import local_identities
-from vldist.losses.two_branch import cross_rank_two_branch_ranking_loss
+from vldist.losses.two_branch import cross_rank_phrase_ranking_loss, cross_rank_two_branch_ranking_loss
 from vldist.metrics import phrase_localization_recall, retrieval_protocols, sentence_to_sentence_recall
 from vldist.models.two_branch import TwoBranchModel
 from vldist.recipes.base import Recipe
@@ -68,8 +68,9 @@ class TwoBranchConfig(Section):
         ["retrieval"], min_length=1, description="retrieval, phrases (phrase localisation) or both: a model each")
     augmented_positives: bool = Field(
         True, description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region")
-    phrase_negatives: int = Field(
-        1, ge=0, description="phrases: regions of IoU < 0.3 from the same image per phrase, as negatives")
+    phrase_negatives: Annotated[int, Field(ge=0)] | Literal["all"] = Field(
+        1, description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < 0.3 "
+                       "with its box (and its chain's); all: every one (paper, embedding network)")
 
 
 class TwoBranchEmbedConfig(TwoBranchConfig):
@@ -79,9 +80,17 @@ class TwoBranchEmbedConfig(TwoBranchConfig):
     lambda_text: float = Field(2.0, ge=0, description="sentence-anchor term (paper: 2)")
     lambda_text_neighbors: float = Field(0.0, ge=0, description="neighbourhood constraint on sentences (paper: 0.2)")
     gather_negatives: bool = Field(True, description="violators from the global batch (all ranks); False: each rank's slice")
+    phrase_negatives: Annotated[int, Field(ge=0)] | Literal["all"] = Field(
+        "all", description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < "
+                           "0.3 with its box (and its chain's); all: every one, the top-K violators among them (paper)")
+    phrase_negatives_from: Literal["image", "batch"] = Field(
+        "image", description="phrases: a phrase's negative regions are its image's (paper), or also every region of "
+                             "the batch's other images (batch)")
     phrase_top_k: int = Field(30, ge=1, description="phrases: violators per pair (paper: 30)")
-    phrase_lambda_image: float = Field(1.0, ge=0, description="phrases: region-anchor term (paper: 1)")
-    phrase_lambda_text: float = Field(4.0, ge=0, description="phrases: phrase-anchor term (paper: 4)")
+    phrase_lambda_image: float = Field(
+        1.0, ge=0, description="phrases: region-anchor term, the batch's phrases of other chains negative (paper: 1)")
+    phrase_lambda_text: float = Field(
+        4.0, ge=0, description="phrases: phrase-anchor term, its negative regions negative (paper: 4)")
 
 
 class TwoBranchSimConfig(TwoBranchConfig):
@@ -158,9 +167,9 @@ class TwoBranchRecipe(Recipe):
     def phrase_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
         proposals, boxes = phrase_data.read_proposals(raw, meta, self.feature_dim)
-        pairs = phrase_data.training_pairs(meta, read_regions(raw, self.feature_dim), proposals, boxes, rng,
+        image = phrase_data.training_image(meta, read_regions(raw, self.feature_dim), proposals, boxes, rng,
                                            self.cfg.augmented_positives, self.cfg.phrase_negatives)
-        return {"pairs": [{**pair, "phrase": self._tokens(pair["phrase"])} for pair in pairs]}
+        return {**image, "phrases": [self._tokens(p) for p in image["phrases"]]}
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
@@ -187,17 +196,52 @@ class TwoBranchRecipe(Recipe):
         return self._collate(samples)
 
     def collate_phrases(self, samples: list[dict]) -> dict:
-        """images: the positives' rows, then the negatives' rows; text_image: each phrase's positive."""
-        pairs = [pair for s in samples for pair in s["pairs"]]
-        if not pairs:
+        """Samples of data/phrases.py's `training_image`, one per image, as one batch:
+
+        images, tokens     the region rows (each phrase's positive, in phrase order, then each
+                           image's negative pool) and the phrases
+        text_image         (M,) each phrase's positive row (= its own index)
+        phrase_sample      (M,) each phrase's sample (image) in the batch; region_sample (R,)
+        phrase_entity      (M,) its coreference chain, numbered within its image
+        phrase_box, region_box  (M, 4), (R, 4) the boxes
+        negative_rows      (N,) the pool rows, whatever phrase they were drawn for
+        drawn_negatives    (2, D) (phrase, region row): the regions drawn for each phrase
+        region_negatives   (2, Q) (phrase, region row): every region of its image that is a
+                           negative of the phrase (IoU < 0.3 with its chain's boxes)
+        phrase_negatives   (2, Q') (phrase m, phrase k) of one image: k a negative of m's positive
+                           region (another chain, and the region is no positive of k)
+        """
+        phrases = [len(s["phrases"]) for s in samples]
+        pools = [len(s["negatives"]) for s in samples]
+        total = sum(phrases)
+        if not total:
             raise ValueError("a phrase batch without phrases: its images have no objects with a phrase and a box")
-        negatives = [(i, row) for i, pair in enumerate(pairs) for row in pair["negatives"]]
-        rows = [pair["positive"] for pair in pairs] + [row for _, row in negatives]
-        tokens, _ = pad_tokens([pair["phrase"] for pair in pairs], length=self._length())
-        return {"images": torch.from_numpy(np.stack(rows).astype(np.float32)), "tokens": tokens,
-                "text_image": torch.arange(len(pairs)),
-                "negative_rows": torch.arange(len(pairs), len(rows)),
-                "negative_phrase": torch.tensor([i for i, _ in negatives], dtype=torch.long)}
+        phrase_start = np.cumsum([0, *phrases])[:-1]
+        pool_start = total + np.cumsum([0, *pools])[:-1]
+
+        def stack(key: str, width: int) -> torch.Tensor:
+            return torch.from_numpy(np.concatenate([np.asarray(s[key], dtype=np.float32).reshape(-1, width)
+                                                    for s in samples]))
+
+        def pairs(key: str, column_start) -> torch.Tensor:
+            listed = [s[key] + [p, c] for s, p, c in zip(samples, phrase_start, column_start)]
+            return torch.from_numpy(np.concatenate(listed).astype(np.int64).reshape(-1, 2)).T.contiguous()
+
+        dim = samples[0]["positive"].shape[1]
+        sample_index = torch.arange(len(samples))
+        phrase_sample = torch.repeat_interleave(sample_index, torch.tensor(phrases))
+        tokens, _ = pad_tokens([p for s in samples for p in s["phrases"]], length=self._length())
+        return {"images": torch.cat([stack("positive", dim), stack("negatives", dim)]), "tokens": tokens,
+                "text_image": torch.arange(total),
+                "phrase_sample": phrase_sample,
+                "region_sample": torch.cat([phrase_sample, torch.repeat_interleave(sample_index, torch.tensor(pools))]),
+                "phrase_entity": torch.from_numpy(np.concatenate([s["entity"] for s in samples]).astype(np.int64)),
+                "phrase_box": stack("box", 4),
+                "region_box": torch.cat([stack("positive_box", 4), stack("negative_box", 4)]),
+                "negative_rows": torch.arange(total, total + sum(pools)),
+                "drawn_negatives": pairs("drawn", pool_start),
+                "region_negatives": pairs("region_negatives", pool_start),
+                "phrase_negatives": pairs("phrase_negatives", phrase_start)}
 
     def collate_eval(self, samples: list[dict]) -> dict:
         batch = {**self._collate(samples), "keys": [s["key"] for s in samples]}
@@ -339,12 +383,16 @@ class TwoBranchEmbedRecipe(TwoBranchRecipe):
         return {"loss": loss}
 
     def phrase_loss(self, model, out, batch) -> torch.Tensor:
-        """Regions and phrases ranked as images and sentences are (no neighbourhood term); the
-        image rows include each phrase's same-image negatives, which rank against every phrase."""
+        """Algorithm 1 of the paper (losses/two_branch.py, `phrase_ranking_loss`): each phrase's
+        positive region ranks the batch's phrases of other chains, each phrase ranks the negative
+        regions of its image (`phrase_negatives_from=batch`: and every region of the batch's other
+        images); no neighbourhood term."""
         cfg = self.cfg
-        return cross_rank_two_branch_ranking_loss(
-            out["image"], out["text"], batch["text_image"], cfg.margin, cfg.phrase_top_k, cfg.phrase_lambda_image,
-            cfg.phrase_lambda_text, 0.0, cfg.gather_negatives)
+        return cross_rank_phrase_ranking_loss(
+            out["image"], out["text"], batch["text_image"], batch["phrase_sample"], batch["region_sample"],
+            batch["region_negatives"], batch["phrase_negatives"], batch.get("identity"), margin=cfg.margin,
+            top_k=cfg.phrase_top_k, lambda_image=cfg.phrase_lambda_image, lambda_text=cfg.phrase_lambda_text,
+            negatives_from=cfg.phrase_negatives_from, gather=cfg.gather_negatives)
 
     def scores(self, model, images, texts):
         # On normalised embeddings, -|x - y| ranks as x.y does (|x - y|^2 = 2 - 2 x.y).
@@ -386,10 +434,13 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         return {"loss": loss, "positive_logit": positive.detach().mean(), "negative_logit": negative.detach().mean()}
 
     def phrase_loss(self, model, out, batch) -> torch.Tensor:
-        """Eq. 7 on each phrase with its positive region and with its same-image negatives."""
+        """Eq. 7 on each phrase with its positive region (z = +1) and with the negative regions
+        drawn for it (z = -1; Algorithm 1: proposals of its image of IoU < 0.3 with its box, none
+        a positive of a phrase of its chain). Each pair is its rank's: the shares sum exactly."""
         image, text = out["image"], out["text"]
-        rows = torch.cat([batch["text_image"], batch["negative_rows"]]).to(image.device)
-        phrases = torch.cat([torch.arange(text.shape[0]), batch["negative_phrase"]]).to(image.device)
+        drawn = batch["drawn_negatives"].to(image.device)
+        rows = torch.cat([batch["text_image"].to(image.device), drawn[1]])
+        phrases = torch.cat([torch.arange(text.shape[0], device=image.device), drawn[0]])
         logits = unwrap(model).pair_scores(image[rows], text[phrases]).float()
         labels = torch.ones_like(logits)
         labels[text.shape[0]:] = -1
