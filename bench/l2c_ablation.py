@@ -15,6 +15,8 @@ model selection by validation ROUGE-L (the paper's), scored on the test pairs:
     no-tv            - TV loss (pairs alone)
     tv-sum           TV as Eq. 2's plain sum over the batch, λ = 1 (pairs alone; not in the paper)
     no-gcn           - GCN (pairs alone)
+    normalized       pairs alone with nodes normalised by their pooling weight (not in the paper)
+    normalized-no-gcn  the same without the GCN (not in the paper)
 
 The paper (Birds-to-Words validation, BLEU-4 / ROUGE-L / CIDEr-D): full 31.9 / 45.7 / 15.2;
 - semantic pooling 24.5 / 43.2 / 7.2; - TV 29.3 / 44.8 / 13.6; - GCN 30.2 / 43.5 / 10.7 (Table 3,
@@ -46,6 +48,12 @@ ROWS = [
     # not in the paper: Eq. 2 as its plain sum over the batch (λ = 1 then weighs it B·K·H·W = 73,728 times more)
     Row("tv-sum", "TV as a plain sum (pairs alone)", "l2c", [*ALONE, "model.tv_reduction=sum"]),
     Row("no-gcn", "− GCN", "l2c", [*ALONE, "model.gcn_layers=0"]),
+    # not in the paper: nodes normalised by their pooling weight (model.normalize_pool), which puts
+    # them on the scale the GCN's zero-initialised batch norm can leave the identity from (issue 23,
+    # part 5: bench/reasoning_identity.py), with and without the GCN
+    Row("normalized", "L2C (pairs alone), normalised nodes", "l2c", [*ALONE, "model.normalize_pool=true"]),
+    Row("normalized-no-gcn", "− GCN, normalised nodes", "l2c",
+        [*ALONE, "model.normalize_pool=true", "model.gcn_layers=0"]),
 ]
 METRICS = {k: ("test", "captions", k) for k in ("bleu4", "rouge_l", "cider_d", "meteor")}
 
@@ -74,7 +82,8 @@ def tables(data: dict) -> str:
                        first="model"),
         spread_line(data, ROWS, ROUGE, [("cnn-lstm", "full"), ("full-no-mask", "full"), ("cnn-lstm", "full-no-mask"),
                                         ("pairs-only", "full"), ("no-pooling", "pairs-only"), ("no-tv", "pairs-only"),
-                                        ("tv-sum", "pairs-only"), ("no-gcn", "pairs-only")]),
+                                        ("tv-sum", "pairs-only"), ("no-gcn", "pairs-only"),
+                                        ("normalized-no-gcn", "normalized"), ("pairs-only", "normalized")]),
     )
 
 
