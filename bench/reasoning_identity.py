@@ -279,7 +279,11 @@ def probe_run(path: Path, split: str = "test", batches: int = 4, shards: str | N
     ckpt = find_checkpoint(path)
     meta = read_meta(ckpt)
     layers = reasoning_layers(model)
-    result = {"run": str(path), "checkpoint": str(ckpt), "recipe": config.recipe, "split": split,
+    # paths as results files keep them: the run relative to the working directory, the checkpoint to the run
+    run = path.resolve()
+    shown = run.relative_to(Path.cwd()) if run.is_relative_to(Path.cwd()) else Path(run.name)
+    result = {"run": str(shown), "checkpoint": str(ckpt.resolve().relative_to(run)) if ckpt.resolve().is_relative_to(run)
+              else ckpt.name, "recipe": config.recipe, "split": split,
               "step": meta.get("step"), "epoch": meta.get("epoch"),
               "training": training_settings(config, recipe, model, layers)}
     if config.recipe == "l2c":
