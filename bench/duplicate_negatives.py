@@ -16,32 +16,29 @@ import json
 import tempfile
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
-from vldist.data.pipeline import make_loader
+from vldist.data.job_shards import build_missing, open_job_shards
+from vldist.data.streams import TrainingStreams
 from vldist.recipes import get_recipe
-from vldist.train import load_config, open_shards
-from vldist.trainer import Trainer
+from vldist.recipes.jobs import load_config
 
 
 def rank_identities(config, rank: int, world_size: int) -> list[list[int]]:
     """Every training batch's identities on `rank`, in step order, over the job's schedule."""
-    shards = open_shards(config)
+    recipe_cls = get_recipe(config.recipe)
+    build_missing(config, recipe_cls)
+    shards = open_job_shards(config, recipe_cls)
     with tempfile.TemporaryDirectory() as cache:  # the vocabulary shapes no draw; cache it nowhere
-        vocab = shards.vocab(Path(cache), config.data.vocab_min_count)
-    recipe = get_recipe(config.recipe)(config, vocab, shards.feature_dim())
-    # The trainer's own stream construction, without a model or an engine: the same seeds and counts.
-    stub = SimpleNamespace(config=config, recipe=recipe, shards=shards, accumulation=config.train.grad_accumulation,
-                           engine=SimpleNamespace(rank=rank, world_size=world_size))
-    streams, per_epoch = Trainer._build_streams(stub)
+        vocab = shards.main.vocab(Path(cache), config.data.vocab_min_count)
+    recipe = recipe_cls(config, vocab, shards.main.feature_dim())
+    # The trainer's own streams, without a model or an engine: the same seeds and counts.
+    accumulation = config.train.grad_accumulation
+    streams = TrainingStreams(config, recipe, shards, rank, world_size, accumulation)
+    per_epoch = streams.micro_per_epoch // accumulation
     steps = config.train.max_steps or config.train.epochs * per_epoch
     batches: list[list[int]] = []
     for epoch in range(-(-steps // per_epoch)):
-        for stream in streams.values():
-            stream.epoch = epoch
-        for stream in streams.values():  # one stream for the recipes this counts (VSRN, CL, DAMSM...)
-            for batch in make_loader(stream, config.data.workers):
-                batches.append(batch["identity"].tolist())
+        batches += [batch["identity"].tolist() for batch in streams.batches(epoch)]
     return batches[:steps]
 
 

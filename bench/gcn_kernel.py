@@ -91,7 +91,7 @@ def bench_op(device: torch.device, dtype: torch.dtype, repeats: int, normalize: 
 def bench_vsrn_step(device: torch.device, embed: int, repeats: int, dtype: str) -> None:
     from vldist.data.vocab import Vocab
     from vldist.recipes.vsrn import VSRNRecipe
-    from vldist.train import load_config
+    from vldist.recipes.jobs import load_config
 
     vocab = Vocab([f"w{i}" for i in range(1000)])
     print(f"\nwhole VSRN training step: B=128, K=36, regions 2048-d, embed {embed}, on {device_name(device)}")

@@ -6,7 +6,7 @@ Schedulers ask a job to stop with a signal some time before they kill it:
 - torchrun: relays the signal it gets to each rank's process group;
 - Kubernetes: SIGTERM to the container's first process;
 - `ray job stop`: SIGTERM to the driver, which relays the request through a file in the run
-  directory (Ray Train workers are actors: no signal reaches them, see ray_launcher.py).
+  directory (Ray Train workers are actors: no signal reaches them, see launch/ray_train.py).
 
 A handler only records the request. The trainer reads it once per optimizer step, and the ranks
 agree through the all-reduce every step already makes (a signal may reach one rank only), so all

@@ -17,82 +17,31 @@ Exit codes (the whole catalogue of bad input: docs/bad-input.md):
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
 import sys
-from contextlib import contextmanager
-from pathlib import Path
 
 from vldist.checkpoint import CheckpointError, CheckpointWriteError, step_checkpoints
 from vldist.compat import IncompatibleCheckpoint
-from vldist.config import (
-    ConfigError, DataConfig, JobConfig, deep_merge, describe_keys, find_job_file, job_config_class,
-    list_job_files, parse_overrides, read_yaml, validate,
-)
-from vldist.data.shardset import ShardSet, ShardsNotFoundError, ShardsUnfitError
-from vldist import ray_launcher
-from vldist.distributed.collectives import gather_objects
-from vldist.distributed.engine import make_engine
+from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
+from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
 from vldist.eval_split import EmptySplitError
+from vldist.launch import ray_train
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
-from vldist.preemption import EXIT_STOPPED, TrainingStopped, stop_requests
-from vldist.recipes import RECIPES, get_recipe
-from vldist.recipes.base import StreamSource
-from vldist.run_lock import OutputDirInUse, RunLock
-from vldist.telemetry.prometheus import start_rank_metrics
+from vldist.preemption import EXIT_STOPPED, TrainingStopped
+from vldist.recipes import get_recipe, recipe_names
+from vldist.recipes.jobs import load_config
+from vldist.run_lock import OutputDirInUse
+from vldist.runner import run
+from vldist.trainer import NonFiniteLossError
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
-SYNTH_DIR = DataConfig.model_fields["shards"].default
-PAIRS_DIR = "shards/synth_pairs"
-
 REFUSED = (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
            OutputDirInUse, JavaNotFoundError)  # exit 2
-FAILED = (ray_launcher.RunFailed, CheckpointWriteError, EmptySplitError,
-          CaptionMetricsError)  # exit 1, with NonFiniteLossError
-
-
-def config_class(recipe: str) -> type[JobConfig]:
-    try:
-        return job_config_class(get_recipe(recipe).ModelConfig)
-    except ValueError as err:
-        raise ConfigError(f"recipe: {err}") from None
-
-
-def load_config(job: str, overrides: list[str]) -> JobConfig:
-    path = find_job_file(job)
-    raw = deep_merge(read_yaml(path), parse_overrides(overrides))
-    if "recipe" not in raw:
-        raise ConfigError(f"{path} does not name a recipe (add `recipe: <name>`; recipes: {', '.join(RECIPES)})")
-    return validate(raw, config_class(raw["recipe"]))
-
-
-# The embedded sets vldist generates itself, by their default directory: built on first use.
-EMBEDDED_SETS = {
-    SYNTH_DIR: ("vldist.shards.synth", "build_synth", "the embedded synthetic dataset"),
-    PAIRS_DIR: ("vldist.shards.pairs", "build_synth_pairs", "the embedded image-pair dataset (L2C)"),
-}
-
-
-def stream_sets(config: JobConfig) -> list[str]:
-    """Shard sets other than data.shards that the job's training streams read (L2C: single images)."""
-    recipe = get_recipe(config.recipe)(config, vocab=None)
-    sources = recipe.train_streams().values()
-    return list(dict.fromkeys(s.shards for s in sources if isinstance(s, StreamSource) and s.shards
-                              and s.shards != config.data.shards))
-
-
-def open_shards(config: JobConfig) -> ShardSet:
-    """The job's shard set. Embedded sets the job reads (data.shards, or the set of another training
-    stream, as L2C's single-image captions) are built on first use."""
-    for directory in [config.data.shards, *stream_sets(config)]:
-        if directory in EMBEDDED_SETS and config.data.build_if_missing and not Path(directory).exists():
-            module, builder, what = EMBEDDED_SETS[directory]
-            log.info("shards '%s' not found: building %s (once, about a minute)", directory, what)
-            getattr(importlib.import_module(module), builder)(directory)
-    return ShardSet.open(config.data.shards)
+FAILED = (ray_train.RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError,
+          NonFiniteLossError)  # exit 1
 
 
 def split_args(argv: list[str]) -> tuple[str, list[str]]:
@@ -108,7 +57,7 @@ def usage(job: str) -> str:
         "Trains a recipe on WebDataset shards, evaluates it and writes checkpoints and metrics.json.",
         "",
         "recipes:",
-        *(f"  {name:<18}{r.description}" for name, r in RECIPES.items()),
+        *(f"  {name:<18}{get_recipe(name).description}" for name in recipe_names()),
         "job files (jobs/*.yaml): " + ", ".join(list_job_files()),
         "",
         f"config keys of job '{job}' with their values (override any as section.key=value):",
@@ -118,58 +67,6 @@ def usage(job: str) -> str:
     except ConfigError as err:
         lines.append(f"  (cannot load job '{job}': {err})")
     return "\n".join(lines)
-
-
-def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, last: bool = True) -> dict | None:
-    """Train in this process, one rank of however many the launcher started; rank 0 returns the
-    results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint.
-    A stop signal (or `stop_file` appearing) ends it with TrainingStopped after a checkpoint.
-    `last`: no other run follows in this process (else the process group is kept for it)."""
-    from vldist.trainer import Trainer
-
-    with stop_requests(config.train.stop_signals, stop_file) as stop:
-        engine = make_engine(config)
-        metrics = None
-        try:
-            with output_dir_lock(engine, config.output_dir):
-                if not engine.is_main:
-                    logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
-                shards = open_shards(config) if engine.is_main else None
-                engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
-                shards = shards or ShardSet.open(config.data.shards)
-                recipe_cls = get_recipe(config.recipe)
-                others = tuple(ShardSet.open(d) for d in stream_sets(config))  # their captions join the vocabulary
-                recipe = recipe_cls(config, shards.vocab(config.output_dir, config.data.vocab_min_count, others),
-                                    shards.feature_dim())
-                recipe.preflight()
-                log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.directory, engine.device,
-                         engine.world_size, config.output_dir)
-                metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
-                results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop).fit()
-                return results if engine.is_main else None
-        finally:
-            if metrics is not None:
-                metrics.close(config.metrics.linger_seconds)
-            engine.close(keep_process_group=not last)
-
-
-@contextmanager
-def output_dir_lock(engine, directory: Path):
-    """Rank 0 holds the output directory for the run; if another run holds it, every rank refuses."""
-    lock, error = None, None
-    if engine.is_main:
-        try:
-            lock = RunLock(directory).acquire()
-        except OutputDirInUse as err:
-            error = str(err)
-    refused = [e for e in gather_objects(error) if e]
-    if refused:
-        raise OutputDirInUse(refused[0])
-    try:
-        yield
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def print_results(config: JobConfig, results: dict) -> None:
@@ -198,8 +95,6 @@ def _speaks() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vldist.trainer import NonFiniteLossError
-
     argv = list(sys.argv[1:] if argv is None else argv)
     job, overrides = split_args([a for a in argv if a not in ("-h", "--help")])
     if len(argv) != len([a for a in argv if a not in ("-h", "--help")]):
@@ -211,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         config, results = run_stages(load_config(job, overrides))
     except REFUSED as err:
         code, message = 2, f"error: {err}"
-    except (*FAILED, NonFiniteLossError) as err:
+    except FAILED as err:
         code, message = 1, f"error: {err}"
-    except (TrainingStopped, ray_launcher.RunStopped) as err:
+    except (TrainingStopped, ray_train.RunStopped) as err:
         code, message = EXIT_STOPPED, str(err)
     except KeyboardInterrupt:
         code, message = 130, ("interrupted: nothing after the last checkpoint was kept (train.resume=latest "
@@ -232,10 +127,10 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
     asked. With several stages, stage s writes to <output.dir>/<s> (under Ray: <run dir>/<s>), and
     a stage other than the last that finished before (its metrics.json is there) is not run again.
     Returns the last stage's config and, on rank 0, its results with `stages`: every stage's."""
-    use_ray = ray_launcher.wanted(config)
+    use_ray = ray_train.wanted(config)
     if use_ray:  # the stages' directories go under the Ray run directory
         config = config.model_copy(update={"output": config.output.model_copy(
-            update={"dir": str(ray_launcher.run_dir(config))})})
+            update={"dir": str(ray_train.run_dir(config))})})
     stages = get_recipe(config.recipe).stages(config)
     done: dict[str, dict] = {}
     results = None
@@ -253,9 +148,9 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
                 continue
             log.info("stage %d/%d of %s: '%s' (recipe %s), output in %s", index + 1, len(stages), config.recipe,
                      name, stage.recipe, stage.output_dir)
-        results = ray_launcher.launch(stage) if use_ray else run(stage, last=index == len(stages) - 1)
+        results = ray_train.launch(stage, run) if use_ray else run(stage, last=index == len(stages) - 1)
         if use_ray:
-            stage = ray_launcher.worker_config(stage)  # where the results were written
+            stage = ray_train.worker_config(stage)  # where the results were written
         if results is not None:
             done[name] = results
     if results is not None and len(stages) > 1:

@@ -24,15 +24,13 @@ from vldist.checkpoint import (
     step_name, temporary_path, verify, write_failed, write_files,
 )
 from vldist.config import JobConfig, to_yaml
-from vldist.data.pipeline import (
-    ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
-)
-from vldist.data.shardset import ShardSet
+from vldist.data.job_shards import JobShards
+from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
-from vldist.recipes.base import Recipe, StreamSource
+from vldist.recipes.base import Recipe
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
 
@@ -87,9 +85,10 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: ShardSet, on_checkpoint=None, metrics=None,
+    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: JobShards, on_checkpoint=None, metrics=None,
                  stop: StopRequest | None = None):
-        self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
+        self.config, self.recipe, self.engine = config, recipe, engine
+        self.shards = shards.main  # evaluation's; the training streams take every set they read
         self.on_checkpoint = on_checkpoint  # called on every rank after each step checkpoint (Ray reports it)
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
         self.stop = stop or StopRequest()  # fed by signals (or Ray's stop file) while training runs
@@ -107,7 +106,9 @@ class Trainer:
                 f"train.grad_accumulation={self.accumulation}: each rank's micro-batch is batch_size / {slices}"
             )
         recipe.uniform_shapes = engine.uniform_shapes
-        self.train_streams, self.micro_per_epoch = self._build_streams()
+        self.streams = TrainingStreams(config, recipe, shards, engine.rank, engine.world_size, self.accumulation,
+                                       self.stop.signals)
+        self.micro_per_epoch = self.streams.micro_per_epoch
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accumulation)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
@@ -124,67 +125,6 @@ class Trainer:
         self.schedulers = {
             name: build_scheduler(config, opt, self.steps_per_epoch, self.total_steps) for name, opt in self.optimizers.items()
         }
-
-    def _build_streams(self) -> tuple[dict, int]:
-        """One stream per name in recipe.train_streams(), and the micro-batches each rank takes
-        per epoch. Several streams take turns, an optimizer step each, until each has yielded its
-        own epoch (L2C's captions and image pairs)."""
-        config, engine, t = self.config, self.engine, self.config.train
-        sources = {name: src if isinstance(src, StreamSource) else StreamSource(src)
-                   for name, src in self.recipe.train_streams().items()}
-        if len(sources) > 1 and not config.data.resampled:
-            raise ValueError(f"data.resampled=false reads one stream; this recipe has {len(sources)} ({', '.join(sources)})")
-        specs, counts = {}, {}
-        for index, (name, src) in enumerate(sources.items()):
-            shards = self.shards if src.shards is None else ShardSet.open(src.shards)
-            batch = src.batch_size or config.data.batch_size
-            if batch % (engine.world_size * self.accumulation):
-                raise ValueError(f"stream '{name}': its batch of {batch} must be divisible by {engine.world_size} "
-                                 f"ranks x train.grad_accumulation={self.accumulation}")
-            micro_global = batch // self.accumulation
-            samples = t.samples_per_epoch or shards.num_samples(src.split)
-            if samples is None:
-                raise ValueError(f"the shard set has no manifest count for split '{src.split}'; set train.samples_per_epoch")
-            sample_fn, collate_fn = self.recipe.stream_functions(name)
-            specs[name] = StreamSpec(
-                urls=shards.urls(src.split), keep=src.keys or self.recipe.sample_keys, sample_fn=sample_fn,
-                collate_fn=collate_fn, batch_size=micro_global // engine.world_size,
-                seed=config.seed + 1_000_003 * index, rank=engine.rank, world_size=engine.world_size,
-                optional=self.recipe.optional_keys,
-            )
-            if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
-                steps = exact_epoch_steps(samples, micro_global, engine.world_size)
-                return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, steps
-            counts[name] = batches_per_rank(samples, batch) * self.accumulation
-        own = dict(counts)
-        for name, src in sources.items():
-            if src.steps_like is not None:  # e.g. one single-image batch per pair batch, as L2C trains
-                if src.steps_like not in own or src.steps_like == name:
-                    raise ValueError(f"stream '{name}' takes its steps like '{src.steps_like}', which is not another "
-                                     f"of this recipe's streams ({', '.join(sources)})")
-                counts[name] = own[src.steps_like]
-        streams = {name: TrainStream(specs[name], counts[name], config.data.shuffle_buffer) for name in specs}
-        return streams, sum(counts.values())
-
-    def _epoch_batches(self, epoch: int):
-        """This epoch's micro-batches, tagged with their stream; streams take turns step by step."""
-        for stream in self.train_streams.values():
-            stream.epoch = epoch
-        workers, shielded = self.config.data.workers, self.stop.signals
-        loaders = {name: iter(make_loader(s, workers, shielded)) for name, s in self.train_streams.items()}
-        try:
-            while loaders:
-                for name in list(loaders):
-                    for _ in range(self.accumulation):
-                        batch = next(loaders[name], None)
-                        if batch is None:
-                            del loaders[name]
-                            break
-                        batch["stream"] = name
-                        yield batch
-        finally:
-            for batches in loaders.values():
-                batches.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost
 
     # ------------------------------------------------------------------ evaluation
 
@@ -217,7 +157,7 @@ class Trainer:
         replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
         fetch_start, pending, skipped = time.perf_counter(), [], 0
         # closing: on an exception the loaders' workers end now, not at interpreter exit (eval_split.py)
-        with closing(self._epoch_batches(epoch)) as batches:
+        with closing(self.streams.batches(epoch)) as batches:
             for index, batch in enumerate(batches):
                 if index < replay:
                     continue  # the stream is seeded per epoch, so skipping replays the exact position

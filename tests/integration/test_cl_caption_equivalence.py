@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import cl_caption_step as worker  # noqa: E402
 from helpers import run_on_two_ranks  # noqa: E402
 
-from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def two_ranks(captioner, tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def one_process(captioner) -> dict:
     with one_thread():  # as each torchrun rank (OMP_NUM_THREADS=1): the same float sums
-        return worker.run(AccelerateEngine("cpu"), worker.make_recipe(captioner), "even")
+        return worker.run(cpu_engine(), worker.make_recipe(captioner), "even")
 
 
 @pytest.mark.parametrize("split", list(worker.SPLITS))

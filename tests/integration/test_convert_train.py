@@ -9,7 +9,8 @@ import pytest
 from dataset_fixtures import make_karpathy, make_precomp, make_scene_folder
 
 from vldist.shards.__main__ import main
-from vldist.train import load_config, run
+from vldist.recipes.jobs import load_config
+from vldist.runner import run
 
 SMALL_MODEL = ["model.embed_size=128", "model.decoder_hidden=128", "model.word_dim=64", "data.shuffle_buffer=300",
                "metrics.enabled=false", "data.workers=1"]

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import damsm_step as worker  # noqa: E402
 from helpers import run_on_two_ranks  # noqa: E402
 
-from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 from vldist.shards.convert.images import one_thread  # noqa: E402
 from vldist.losses.damsm import PARTS  # noqa: E402
 
@@ -28,7 +28,7 @@ def two_ranks(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def one_process() -> dict:
     with one_thread():  # as each torchrun rank (OMP_NUM_THREADS=1): the same float sums
-        return worker.run(AccelerateEngine("cpu"), "even")
+        return worker.run(cpu_engine(), "even")
 
 
 def test_the_ranks_pad_to_different_widths(two_ranks):

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 
-from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 
 WORKER = Path(worker.__file__)
 
@@ -35,7 +35,7 @@ def _two_ranks(tmp_path, mode: str, backend: str = "accelerate") -> dict:
 
 @pytest.fixture(scope="module")
 def one_process():
-    return worker.step(AccelerateEngine("cpu"), worker.make_recipe(gather=True))
+    return worker.step(cpu_engine(), worker.make_recipe(gather=True))
 
 
 @pytest.mark.parametrize("mode", ["gather", "ragged"])
@@ -91,7 +91,7 @@ def test_accumulated_micro_batches_step_on_the_mean_of_their_losses(tmp_path, on
     expected = {n: -0.5 * p.grad for n, p in model.named_parameters()}  # the SGD update, lr 0.5
 
     runs = {
-        "engine, 1 process": worker.step(AccelerateEngine("cpu"), recipe, micro_batches=2),
+        "engine, 1 process": worker.step(cpu_engine(), recipe, micro_batches=2),
         "DDP, 2 ranks": _two_ranks(tmp_path, "accumulate"),
         "ZeRO-2, 2 ranks": _two_ranks(tmp_path, "accumulate", "jobs/deepspeed/zero2.json"),
     }

@@ -7,7 +7,8 @@ import numpy as np
 import webdataset as wds
 from helpers import npy_bytes, planted_sample, write_tar
 
-from vldist.train import load_config, run
+from vldist.recipes.jobs import load_config
+from vldist.runner import run
 
 
 def _sample(rng, key):

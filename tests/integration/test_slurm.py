@@ -16,7 +16,7 @@ from helpers import (  # noqa: E402
 from slurm_cluster import available, slurm_cluster  # noqa: E402
 
 from vldist.checkpoint import step_checkpoints  # noqa: E402
-from vldist.distributed.launch_env import adopt_slurm_environment  # noqa: E402
+from vldist.launch.environment import adopt_slurm_environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

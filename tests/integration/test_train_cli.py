@@ -7,7 +7,8 @@ import sys
 import pytest
 import torch
 
-from vldist.train import load_config, run
+from vldist.recipes.jobs import load_config
+from vldist.runner import run
 from vldist.trainer import NonFiniteLossError
 
 SMALL = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "data.batch_size=32",

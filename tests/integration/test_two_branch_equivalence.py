@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import two_branch_step as worker  # noqa: E402
 from helpers import run_on_two_ranks  # noqa: E402
 
-from vldist.distributed.accelerate_engine import AccelerateEngine  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
@@ -28,7 +28,7 @@ def two_ranks(tmp_path_factory) -> dict:
 @pytest.fixture(scope="module")
 def one_process() -> dict:
     with one_thread():  # as each torchrun rank (OMP_NUM_THREADS=1): the same float sums
-        engine = AccelerateEngine("cpu")
+        engine = cpu_engine()
         return {job: worker.run(engine, job, "even") for job in worker.JOBS}
 
 

@@ -9,9 +9,10 @@ import json
 import pytest
 
 import vldist.recipes
-from vldist.recipes.base import StreamSource
+from vldist.data.streams import StreamSource
 from vldist.recipes.vsrn import VSRNRecipe
-from vldist.train import load_config, run
+from vldist.recipes.jobs import load_config
+from vldist.runner import run
 
 SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
          "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "data.workers=1",
@@ -21,7 +22,8 @@ SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", 
 class TwoStreamVSRN(VSRNRecipe):
     seen: list[str] = []
 
-    def train_streams(self):
+    @classmethod
+    def train_streams(cls, config):
         return {"captions": "train", "pairs": "val"}
 
     def losses(self, model, batch, update="main"):
@@ -56,9 +58,10 @@ class PacedStreamVSRN(TwoStreamVSRN):
 
     other_shards = ""
 
-    def train_streams(self):
+    @classmethod
+    def train_streams(cls, config):
         return {"captions": "train",
-                "pairs": StreamSource("val", shards=self.other_shards, batch_size=8, steps_like="captions")}
+                "pairs": StreamSource("val", shards=cls.other_shards, batch_size=8, steps_like="captions")}
 
 
 def test_a_stream_from_another_shard_set_with_its_own_batch_paced_by_the_first(planted_shards, tmp_path, monkeypatch):

@@ -3,7 +3,8 @@
 import pytest
 
 from vldist.shards.synth import build_synth
-from vldist.train import load_config, run
+from vldist.recipes.jobs import load_config
+from vldist.runner import run
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from vldist.recipes import get_recipe
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionConfig, CLCaptionModel, CLCaptionRecipe
 from vldist.shards.convert.images import one_thread
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 from vldist.trainer import build_optimizers
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small"])

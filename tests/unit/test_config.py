@@ -1,7 +1,8 @@
 import pytest
 
 from vldist.config import ConfigError, parse_overrides
-from vldist.train import load_config, usage
+from vldist.recipes.jobs import load_config
+from vldist.train import usage
 
 
 def test_default_job_loads_with_typed_values():

@@ -6,7 +6,7 @@ import pytest
 
 from vldist.config import ConfigError
 from vldist.distributed.deepspeed_config import deepspeed_config
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 
 def _job(*overrides):

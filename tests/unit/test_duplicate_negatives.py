@@ -208,7 +208,7 @@ def test_recipes_pass_the_identity_to_their_losses():
     """VSRN's loss on a batch with a copy equals the hinge that leaves the copy out."""
     from vldist.data.vocab import Vocab
     from vldist.recipes.vsrn import VSRNRecipe
-    from vldist.train import load_config
+    from vldist.recipes.jobs import load_config
 
     vocab = Vocab(["red", "blue", "circle", "square"])
     config = load_config("vsrn", ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8",

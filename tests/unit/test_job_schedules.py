@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from vldist.data.job_shards import JobShards
 from vldist.data.shardset import ShardSet
+from vldist.data.streams import TrainingStreams
 from vldist.recipes import get_recipe
-from vldist.train import load_config
-from vldist.trainer import Trainer, build_scheduler
+from vldist.recipes.jobs import load_config
+from vldist.trainer import build_scheduler
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 
@@ -62,20 +63,18 @@ def paper_steps(train_images: int, paper: dict) -> tuple[int, int, int]:
 
 
 def trainer_steps_per_epoch(config, train_images: int, directory: Path, world_size: int) -> int:
-    """Steps per epoch as the Trainer counts them (Trainer._build_streams, then its ceil over
+    """Steps per epoch as the Trainer counts them (its TrainingStreams, then its ceil over
     gradient accumulation), for a train split of `train_images` samples. The shard file is an empty
     stand-in: building the streams reads only the manifest's count."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "train-000000.tar").touch()
     manifest = {"splits": {"train": {"samples": train_images,
                                      "shards": [{"file": "train-000000.tar", "samples": train_images}]}}}
-    trainer = SimpleNamespace(
-        config=config, engine=SimpleNamespace(world_size=world_size, rank=0),
-        recipe=get_recipe(config.recipe)(config, vocab=None), shards=ShardSet(directory, manifest),
-        accumulation=config.train.grad_accumulation,
-    )
-    _, micro_batches = Trainer._build_streams(trainer)
-    return math.ceil(micro_batches / trainer.accumulation)
+    accumulation = config.train.grad_accumulation
+    streams = TrainingStreams(config, get_recipe(config.recipe)(config, vocab=None),
+                              JobShards(ShardSet(directory, manifest)), rank=0, world_size=world_size,
+                              accumulation=accumulation)
+    return math.ceil(streams.micro_per_epoch / accumulation)
 
 
 def decay_steps(config, steps_per_epoch: int, total_steps: int) -> list[tuple[int, float]]:

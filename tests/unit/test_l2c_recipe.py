@@ -9,10 +9,10 @@ import torch
 from vldist.config import updated
 from vldist.data.shardset import ShardSet
 from vldist.losses import total_variation_loss
-from vldist.recipes.base import StreamSource
+from vldist.data.streams import StreamSource
 from vldist.recipes.l2c import L2CRecipe
 from vldist.shards.pairs import swap_image_tokens
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 TINY = ["model.image_size=64", "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3",
         "model.captions_per_sample=2", "data.max_caption_len=20", "model.gcn_kernel=torch"]
@@ -109,7 +109,7 @@ def test_evaluation_reads_the_predicted_mask_never_the_stored_one(pair_shards, t
 
 def test_the_baseline_reads_pooled_features_of_both_images_and_pairs_only(pair_shards):
     recipe = _recipe(pair_shards, "model.architecture=cnn_lstm")
-    assert list(recipe.train_streams()) == ["pairs"]
+    assert list(recipe.train_streams(recipe.config)) == ["pairs"]
     torch.manual_seed(0)
     model = recipe.build_model()
     batch = recipe.collate_train([recipe.train_sample(r, random.Random(2)) for r in _raw_pairs(pair_shards)])
@@ -126,11 +126,11 @@ def test_the_job_trains_the_baseline_then_l2c_and_single_images_take_turns_one_f
     baseline = L2CRecipe.stages(config)[0][1]
     assert baseline.model.architecture == "cnn_lstm" and not baseline.eval.baseline
     assert [name for name, _ in L2CRecipe.stages(updated(config, {"model": {"baseline_stage": False}}))] == ["l2c"]
-    streams = _recipe(pair_shards).train_streams()
+    streams = (r := _recipe(pair_shards)).train_streams(r.config)
     assert streams["pairs"] == "train"
     assert streams["single"] == StreamSource("train", shards="shards/synth", batch_size=32,
                                              keys=("json",), steps_like="pairs")
-    assert list(_recipe(pair_shards, "model.single_images=false").train_streams()) == ["pairs"]
+    assert list((r := _recipe(pair_shards, "model.single_images=false")).train_streams(r.config)) == ["pairs"]
 
 
 def test_the_issue_named_functions_import_from_their_packages():

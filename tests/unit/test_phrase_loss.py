@@ -32,7 +32,7 @@ from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.two_branch import cross_rank_two_branch_ranking_loss, phrase_ranking_loss
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 
 def iou(a, b) -> float:

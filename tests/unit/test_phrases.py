@@ -11,9 +11,7 @@ import pytest
 from vldist.data.phrases import chains, random_ranking_recall, read_proposals, training_image
 from vldist.data.shardset import ShardsUnfitError
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe
-from vldist.train import load_config
-
-# Two objects; proposals around them at known overlaps, each row's features = its index.
+from vldist.recipes.jobs import load_config
 OBJECTS = [{"phrase": "a red circle", "box": [0, 0, 10, 10], "region": 1},
            {"phrase": "a blue square", "box": [20, 20, 30, 30], "region": 2}]
 PROPOSALS = np.array([

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from vldist import ray_launcher
-from vldist.train import load_config
+from vldist.launch import ray_train
+from vldist.recipes.jobs import load_config
 
 
 @pytest.mark.parametrize(
@@ -23,13 +23,13 @@ def test_ray_is_used_inside_a_ray_job_or_when_asked(monkeypatch, launcher, env, 
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    assert ray_launcher.wanted(load_config("vsrn", [f"launcher={launcher}"])) is expected
+    assert ray_train.wanted(load_config("vsrn", [f"launcher={launcher}"])) is expected
 
 
 def test_workers_get_absolute_paths_and_the_run_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     config = load_config("vsrn", ["launcher=ray", "data.shards=data/coco", "ray.storage_path=runs", "ray.name={recipe}-a"])
-    worker = ray_launcher.worker_config(config)
+    worker = ray_train.worker_config(config)
     assert worker.data.shards == str(tmp_path / "data" / "coco")
     assert worker.output_dir == tmp_path / "runs" / "vsrn-a"
     assert worker.launcher == "local"  # a worker runs the job itself, never launches Ray again

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 from vldist.trainer import build_scheduler
 
 

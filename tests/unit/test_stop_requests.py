@@ -54,7 +54,7 @@ def test_a_block_without_ctrl_c_or_with_sigint_as_a_stop_signal_is_left_alone(mo
 
 def test_an_unknown_signal_in_the_job_is_a_config_error():
     from vldist.config import ConfigError
-    from vldist.train import load_config
+    from vldist.recipes.jobs import load_config
 
     with pytest.raises(ConfigError, match="train.stop_signals.*'SIGFOO' is not a signal name"):
         load_config("vsrn", ["train.stop_signals=[SIGTERM,SIGFOO]"])

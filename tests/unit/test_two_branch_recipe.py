@@ -16,7 +16,7 @@ from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.negatives import draw_negatives, step_generator
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe, sentence_chance
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 TINY = ["model.hidden=16", "model.embed=8", "model.dropout=0", "data.max_regions=3", "model.tasks=[retrieval]"]
 

@@ -10,7 +10,7 @@ import torch
 
 from vldist.data.vocab import Vocab
 from vldist.recipes.vsrn import VSRNRecipe
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square"])
 

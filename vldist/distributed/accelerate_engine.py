@@ -10,18 +10,19 @@ import torch.distributed as dist
 from torch import nn
 
 from vldist.distributed.engine import Engine, grad_norm, pick_device
-from vldist.distributed.launch_env import adopt_slurm_environment
+from vldist.launch.environment import adopt_slurm_environment
 
 OPTIMIZER_FILE = "optimizer.pt"
 
 
 class AccelerateEngine(Engine):
-    def __init__(self, device: str = "auto", mixed_precision: str = "no"):
+    def __init__(self, job):
+        """job: the JobConfig (train.device, engine.mixed_precision)."""
         from accelerate import Accelerator
 
         adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
-        on_cpu = pick_device(device).type == "cpu"
-        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else mixed_precision)
+        on_cpu = pick_device(job.train.device).type == "cpu"
+        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else job.engine.mixed_precision)
         state = self.accelerator.state
         self.rank, self.world_size = state.process_index, state.num_processes
         self.local_rank, self.is_main = state.local_process_index, state.is_main_process

@@ -27,7 +27,7 @@ from torch import nn
 from vldist.config import ConfigError
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
-from vldist.distributed.launch_env import adopt_slurm_environment
+from vldist.launch.environment import adopt_slurm_environment
 
 SUBDIR, TAG = "deepspeed", "zero"
 
@@ -63,6 +63,7 @@ def _weights_only_checkpoint_engine(deepspeed):
 
 class DeepSpeedEngine(Engine):
     def __init__(self, job):
+        """job: the JobConfig (train.device, the engine section, the batch and clipping settings)."""
         device = pick_device(job.train.device)
         adopt_slurm_environment()
         self.deepspeed = _import_deepspeed(device.type == "cuda")

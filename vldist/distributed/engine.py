@@ -111,13 +111,3 @@ class Engine(ABC):
         `keep_process_group`: another engine of this process follows (the next stage of a job)
         and joins the same group; a second rendezvous of the same ranks is not reliable."""
 
-
-def make_engine(config) -> Engine:
-    e, t = config.engine, config.train
-    if e.backend == "deepspeed":
-        from vldist.distributed.deepspeed_engine import DeepSpeedEngine
-
-        return DeepSpeedEngine(config)
-    from vldist.distributed.accelerate_engine import AccelerateEngine
-
-    return AccelerateEngine(t.device, e.mixed_precision)

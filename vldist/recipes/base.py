@@ -9,26 +9,14 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from vldist.config import JobConfig, Section
+from vldist.data.streams import StreamSource
 from vldist.data.vocab import Vocab
-
-
-@dataclass(frozen=True)
-class StreamSource:
-    """Where a training stream reads, when that is more than a split of the job's shard set
-    (L2C: image pairs from one set, 16 a step; single-image captions from another, 128 a step)."""
-
-    split: str
-    shards: str | None = None  # another shard set's directory (None: data.shards)
-    batch_size: int | None = None  # this stream's global batch (None: data.batch_size)
-    keys: tuple[str, ...] | None = None  # tar members it needs (None: the recipe's sample_keys)
-    steps_like: str | None = None  # take as many steps an epoch as this other stream (None: its own epoch)
 
 
 class Recipe(ABC):
@@ -71,11 +59,13 @@ class Recipe(ABC):
     def start_epoch(self, epoch: int) -> None:
         """Called by the trainer before each epoch (0-based): for schedules and training phases."""
 
-    def train_streams(self) -> dict[str, str | StreamSource]:
+    @classmethod
+    def train_streams(cls, config: JobConfig) -> dict[str, str | StreamSource]:
         """Named training streams and the split (or StreamSource) each reads. Several take turns,
         one optimizer step each (L2C: image pairs and single-image captions); each batch carries
-        its stream's name as batch['stream']."""
-        return {"main": self.config.data.train_split}
+        its stream's name as batch['stream']. A class method: the runner opens the shard sets it
+        names before the recipe exists (their captions make its vocabulary)."""
+        return {"main": config.data.train_split}
 
     def stream_functions(self, stream: str) -> tuple[Callable, Callable]:
         """(sample_fn, collate_fn) that turn a stream's raw samples into its batches."""

@@ -158,7 +158,7 @@ class CLCaptionRecipe(CaptionerRecipe):
             cl_update["model"] = {"init_from": str(checkpoint)}
             return [("cl", updated(config, cl_update))]
 
-        from vldist.train import load_config  # vldist.train imports the recipes
+        from vldist.recipes.jobs import load_config
 
         captioner = load_config(config.model.captioner_job, [])
         _check_same_captioner(config, captioner)

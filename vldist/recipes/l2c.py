@@ -32,7 +32,8 @@ from vldist.metrics import caption_scores
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.l2c import L2CEncoder, build_trunk
-from vldist.recipes.base import Recipe, StreamSource
+from vldist.data.streams import StreamSource
+from vldist.recipes.base import Recipe
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
 from vldist.report import caption_report
 from vldist.shards.pairs import swap_image_tokens
@@ -140,11 +141,13 @@ class L2CRecipe(GeneratesCaptions, Recipe):
     def build_model(self) -> nn.Module:
         return L2CModel(self.cfg, len(self.vocab))
 
-    def train_streams(self) -> dict[str, str | StreamSource]:
-        streams: dict[str, str | StreamSource] = {"pairs": self.config.data.train_split}
-        if self.cfg.single_images and self.cfg.architecture == "l2c":  # the baseline reads pairs only
-            streams["single"] = StreamSource(self.cfg.single_split, shards=self.cfg.single_shards,
-                                             batch_size=self.cfg.single_batch_size, keys=SINGLE_KEYS,
+    @classmethod
+    def train_streams(cls, config: JobConfig) -> dict[str, str | StreamSource]:
+        cfg = config.model
+        streams: dict[str, str | StreamSource] = {"pairs": config.data.train_split}
+        if cfg.single_images and cfg.architecture == "l2c":  # the baseline reads pairs only
+            streams["single"] = StreamSource(cfg.single_split, shards=cfg.single_shards,
+                                             batch_size=cfg.single_batch_size, keys=SINGLE_KEYS,
                                              steps_like="pairs")  # one of each per iteration, as the paper
         return streams
 

@@ -142,8 +142,9 @@ class TwoBranchRecipe(Recipe):
         if self.cfg.text_features == "tfidf":  # saved in the checkpoint as the `idf` buffer
             model.text_features.fit(self.vocab, ShardSet.open(self.config.data.shards).train_captions())
 
-    def train_streams(self) -> dict[str, str]:
-        return {task: self.config.data.train_split for task in self.cfg.tasks}
+    @classmethod
+    def train_streams(cls, config: JobConfig) -> dict[str, str]:
+        return {task: config.data.train_split for task in config.model.tasks}
 
     def stream_functions(self, stream: str):
         if stream == "phrases":

@@ -14,7 +14,8 @@ import sys
 import vldist.recipes
 from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.recipes.vsrn import VSRNRecipe
-from vldist.train import load_config, run
+from vldist.recipes.jobs import load_config
+from vldist.runner import run
 
 
 class AlternatingVSRN(VSRNRecipe):

@@ -17,11 +17,11 @@ import torch
 from vldist.checkpoint import save_checkpoint
 from vldist.config import to_yaml
 from vldist.data.vocab import Vocab
-from vldist.distributed.accelerate_engine import AccelerateEngine
+from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionRecipe
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
@@ -69,7 +69,7 @@ def run(engine: Engine, recipe: CLCaptionRecipe, split: str) -> dict:
 if __name__ == "__main__":
     captioner, out = Path(sys.argv[1]), Path(sys.argv[2])
     torch.set_num_threads(1)
-    engine = AccelerateEngine("cpu")
+    engine = cpu_engine()
     results = {split: run(engine, make_recipe(captioner), split) for split in SPLITS}
     if engine.is_main:
         torch.save(results, out)

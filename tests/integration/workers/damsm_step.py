@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vldist.distributed.accelerate_engine import AccelerateEngine
+from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.losses.damsm import PARTS, cross_rank_damsm_parts
 
@@ -91,7 +91,7 @@ def run(engine: Engine, split: str) -> dict:
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     torch.set_num_threads(1)
-    engine = AccelerateEngine("cpu")
+    engine = cpu_engine()
     results = {split: run(engine, split) for split in SPLITS}
     widths = [None, None]
     torch.distributed.all_gather_object(widths, {split: r["width"] for split, r in results.items()})

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 
 from vldist.data.vocab import Vocab
-from vldist.distributed.accelerate_engine import AccelerateEngine
+from engines import cpu_engine
 from vldist.distributed.collectives import global_sum
 from vldist.distributed.engine import Engine
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.vsrn import VSRNRecipe
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 GLOBAL_BATCH = 8
 VOCAB = Vocab(["a", "red", "blue", "green", "circle", "square", "star", "left", "of", "above"])
@@ -90,7 +90,7 @@ def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches
 
 def make_engine(backend: str, recipe: VSRNRecipe) -> Engine:
     if backend == "accelerate":
-        return AccelerateEngine("cpu")
+        return cpu_engine()
     from vldist.distributed.deepspeed_engine import DeepSpeedEngine
 
     return DeepSpeedEngine(recipe.config)

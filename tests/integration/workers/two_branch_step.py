@@ -20,11 +20,11 @@ import torch
 
 from vldist.data.identity import sample_identity
 from vldist.data.vocab import Vocab
-from vldist.distributed.accelerate_engine import AccelerateEngine
+from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes import get_recipe
-from vldist.train import load_config
+from vldist.recipes.jobs import load_config
 
 from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
@@ -123,7 +123,7 @@ def run(engine: Engine, job: str, split: str) -> dict:
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     torch.set_num_threads(1)
-    engine = AccelerateEngine("cpu")
+    engine = cpu_engine()
     results = {(job, split): run(engine, job, split) for job in JOBS for split in SPLITS}
     if engine.is_main:
         torch.save(results, out)

@@ -3,7 +3,8 @@ over the cluster as a Ray Train `TorchTrainer`.
 
 The driver (this process) checks the config, builds missing default shards, and starts
 `ray.num_workers` workers. Ray forms their process group (gloo on CPU, NCCL on GPU) and each worker
-runs the same `vldist.train.run` that torchrun starts, with the same engine. The run directory
+runs the function `launch` is given (`vldist.runner.run`, what torchrun's ranks run), with the same
+engine. The run directory
 (checkpoints, metrics.json) is `ray.storage_path/ray.name`, which every node must see. Each
 checkpoint vldist commits is reported to Ray where it lies (no copy); when a worker dies, Ray
 restarts the group (up to `ray.max_failures` times) and the workers resume from the newest
@@ -19,17 +20,25 @@ defaults to auto here).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import signal
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 from vldist.config import JobConfig
+from vldist.data.job_shards import build_missing
 from vldist.files import write_json_atomic
 from vldist.preemption import STOP_FILE, TrainingStopped, signal_numbers, write_stop_file
+from vldist.recipes import get_recipe
+from vldist.recipes.jobs import validate_job
 from vldist.run_lock import check_free
+
+# A rank's run: (config, on_checkpoint, stop_file) -> results on rank 0 (vldist.runner.run)
+TrainFunction = Callable[..., "dict | None"]
 
 log = logging.getLogger("vldist.ray")
 STOPPED_FILE = "stopped.json"  # rank 0 says where the workers stopped
@@ -69,15 +78,13 @@ def worker_config(config: JobConfig) -> JobConfig:
     })
 
 
-def _train_worker(payload: dict) -> None:
-    """What every Ray Train worker runs: the ordinary training run, reporting checkpoints to Ray."""
+def _train_worker(train: TrainFunction, payload: dict) -> None:
+    """What every Ray Train worker runs: `train`, the ordinary rank's run, reporting checkpoints
+    to Ray."""
     import ray.train
 
-    from vldist.config import validate
-    from vldist.train import config_class, run
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    config = validate(payload, config_class(payload["recipe"]))
+    config = validate_job(payload)
     restored = ray.train.get_checkpoint()
     if restored is not None:
         # A restart after a failure. Ray hands back the last checkpoint it registered, but
@@ -93,7 +100,7 @@ def _train_worker(payload: dict) -> None:
 
     out = config.output_dir
     try:
-        run(config, on_checkpoint=report, stop_file=out / STOP_FILE)
+        train(config, on_checkpoint=report, stop_file=out / STOP_FILE)
     except TrainingStopped as stopped:  # a normal end for Ray; the driver reads stopped.json
         if ray.train.get_context().get_world_rank() == 0:
             write_json_atomic(out / STOPPED_FILE, {"step": stopped.step, "checkpoint": str(stopped.checkpoint),
@@ -116,15 +123,14 @@ def relay_stop_signals(names, stop_file: Path):
             signal.signal(sig, handler)
 
 
-def launch(config: JobConfig) -> dict:
-    """Run the job on Ray; returns rank 0's results (raises if the run failed)."""
+def launch(config: JobConfig, train: TrainFunction) -> dict:
+    """Run the job on Ray, `train` on every worker; returns rank 0's results (raises if the run
+    failed)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from vldist.train import open_shards
-
-    open_shards(config)  # build missing default shards once, here, before any worker starts
+    build_missing(config, get_recipe(config.recipe))  # once, here, before any worker starts
     config = worker_config(config)
     out = Path(config.output.dir)
     check_free(out)  # another run in this directory: refuse now, not in every worker
@@ -138,7 +144,7 @@ def launch(config: JobConfig) -> dict:
     log.info("Ray: %d workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
              config.ray.cpus_per_worker, gpus, out)
     trainer = TorchTrainer(
-        _train_worker,
+        functools.partial(_train_worker, train),
         train_loop_config=config.model_dump(mode="json"),
         scaling_config=ScalingConfig(
             num_workers=config.ray.num_workers, use_gpu=gpus > 0,

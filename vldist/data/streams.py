@@ -1,0 +1,107 @@
+"""The training streams of a job: which shard sets and splits a recipe trains on, how many batches
+each rank takes per epoch, and the epoch's batches with the streams taking turns.
+
+A recipe names its streams (`Recipe.train_streams`: a split of the job's set, or a StreamSource);
+this module turns them into resampled streams (data/pipeline.py) for one rank, counts the
+micro-batches of an epoch, and yields an epoch's batches, one optimizer step of each stream in
+turn (L2C: a batch of image pairs, then one of single-image captions), each tagged with its
+stream's name in batch["stream"].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from vldist.data.pipeline import (
+    ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
+)
+
+
+@dataclass(frozen=True)
+class StreamSource:
+    """Where a training stream reads, when that is more than a split of the job's shard set
+    (L2C: image pairs from one set, 16 a step; single-image captions from another, 128 a step)."""
+
+    split: str
+    shards: str | None = None  # another shard set's directory (None: data.shards)
+    batch_size: int | None = None  # this stream's global batch (None: data.batch_size)
+    keys: tuple[str, ...] | None = None  # tar members it needs (None: the recipe's sample_keys)
+    steps_like: str | None = None  # take as many steps an epoch as this other stream (None: its own epoch)
+
+
+def stream_sources(streams: dict[str, "str | StreamSource"]) -> dict[str, StreamSource]:
+    """A recipe's train_streams() with plain splits as StreamSources."""
+    return {name: src if isinstance(src, StreamSource) else StreamSource(src) for name, src in streams.items()}
+
+
+class TrainingStreams:
+    """One rank's training streams of a job. `micro_per_epoch`: the micro-batches this rank takes
+    in an epoch (every stream's, together); `batches(epoch)`: that epoch's micro-batches.
+
+    shards: a JobShards (data/job_shards.py), each set opened once; recipe: its train_streams(),
+    stream_functions() and sample_keys; accumulation: micro-batches per optimizer step.
+    """
+
+    def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1,
+                 shielded_signals=()):
+        self.config, self.accumulation, self.shielded = config, accumulation, tuple(shielded_signals)
+        self.streams, self.micro_per_epoch = self._build(recipe, shards, rank, world_size)
+
+    def _build(self, recipe, shards, rank: int, world_size: int) -> tuple[dict, int]:
+        config, t = self.config, self.config.train
+        sources = stream_sources(recipe.train_streams(config))
+        if len(sources) > 1 and not config.data.resampled:
+            raise ValueError(f"data.resampled=false reads one stream; this recipe has {len(sources)} ({', '.join(sources)})")
+        specs, counts = {}, {}
+        for index, (name, src) in enumerate(sources.items()):
+            shard_set = shards.get(src.shards)
+            batch = src.batch_size or config.data.batch_size
+            if batch % (world_size * self.accumulation):
+                raise ValueError(f"stream '{name}': its batch of {batch} must be divisible by {world_size} "
+                                 f"ranks x train.grad_accumulation={self.accumulation}")
+            micro_global = batch // self.accumulation
+            samples = t.samples_per_epoch or shard_set.num_samples(src.split)
+            if samples is None:
+                raise ValueError(f"the shard set has no manifest count for split '{src.split}'; set train.samples_per_epoch")
+            sample_fn, collate_fn = recipe.stream_functions(name)
+            specs[name] = StreamSpec(
+                urls=shard_set.urls(src.split), keep=src.keys or recipe.sample_keys, sample_fn=sample_fn,
+                collate_fn=collate_fn, batch_size=micro_global // world_size,
+                seed=config.seed + 1_000_003 * index, rank=rank, world_size=world_size,
+                optional=recipe.optional_keys,
+            )
+            if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
+                steps = exact_epoch_steps(samples, micro_global, world_size)
+                return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, steps
+            counts[name] = batches_per_rank(samples, batch) * self.accumulation
+        own = dict(counts)
+        for name, src in sources.items():
+            if src.steps_like is not None:  # e.g. one single-image batch per pair batch, as L2C trains
+                if src.steps_like not in own or src.steps_like == name:
+                    raise ValueError(f"stream '{name}' takes its steps like '{src.steps_like}', which is not another "
+                                     f"of this recipe's streams ({', '.join(sources)})")
+                counts[name] = own[src.steps_like]
+        streams = {name: TrainStream(specs[name], counts[name], config.data.shuffle_buffer) for name in specs}
+        return streams, sum(counts.values())
+
+    def batches(self, epoch: int, loader: Callable = make_loader) -> Iterator[dict]:
+        """This epoch's micro-batches, tagged with their stream; streams take turns step by step.
+        Close the iterator (contextlib.closing) to end the loaders' workers at once."""
+        for stream in self.streams.values():
+            stream.epoch = epoch
+        workers = self.config.data.workers
+        loaders = {name: iter(loader(s, workers, self.shielded)) for name, s in self.streams.items()}
+        try:
+            while loaders:
+                for name in list(loaders):
+                    for _ in range(self.accumulation):
+                        batch = next(loaders[name], None)
+                        if batch is None:
+                            del loaders[name]
+                            break
+                        batch["stream"] = name
+                        yield batch
+        finally:
+            for batches in loaders.values():
+                batches.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost

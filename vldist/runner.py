@@ -1,0 +1,75 @@
+"""One rank's run of one job: the engine, the output directory's lock, the job's shard sets
+(opened once), the vocabulary, the recipe, the metrics exporter, then the trainer.
+
+Every launcher runs this in each of its processes (launch/: this process, torchrun or srun ranks,
+Ray Train workers); rank 0 returns the results.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+
+from vldist.config import JobConfig
+from vldist.data.job_shards import build_missing, open_job_shards
+from vldist.distributed import make_engine
+from vldist.distributed.collectives import gather_objects
+from vldist.preemption import stop_requests
+from vldist.recipes import get_recipe
+from vldist.run_lock import OutputDirInUse, RunLock
+from vldist.telemetry.prometheus import start_rank_metrics
+from vldist.trainer import Trainer
+
+log = logging.getLogger("vldist.train")
+
+
+def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, last: bool = True) -> dict | None:
+    """Train in this process, one rank of however many the launcher started; rank 0 returns the
+    results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint.
+    A stop signal (or `stop_file` appearing) ends it with TrainingStopped after a checkpoint.
+    `last`: no other run follows in this process (else the process group is kept for it)."""
+    recipe_cls = get_recipe(config.recipe)
+    with stop_requests(config.train.stop_signals, stop_file) as stop:
+        engine = make_engine(config)
+        metrics = None
+        try:
+            with output_dir_lock(engine, config.output_dir):
+                if not engine.is_main:
+                    logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
+                if engine.is_main:
+                    build_missing(config, recipe_cls)
+                engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
+                shards = open_job_shards(config, recipe_cls)
+                # the other streams' captions join the vocabulary
+                vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count, tuple(shards.others.values()))
+                recipe = recipe_cls(config, vocab, shards.main.feature_dim())
+                recipe.preflight()
+                log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.main.directory, engine.device,
+                         engine.world_size, config.output_dir)
+                metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
+                results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop).fit()
+                return results if engine.is_main else None
+        finally:
+            if metrics is not None:
+                metrics.close(config.metrics.linger_seconds)
+            engine.close(keep_process_group=not last)
+
+
+@contextmanager
+def output_dir_lock(engine, directory: Path):
+    """Rank 0 holds the output directory for the run; if another run holds it, every rank refuses."""
+    lock, error = None, None
+    if engine.is_main:
+        try:
+            lock = RunLock(directory).acquire()
+        except OutputDirInUse as err:
+            error = str(err)
+    refused = [e for e in gather_objects(error) if e]
+    if refused:
+        raise OutputDirInUse(refused[0])
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
