@@ -1,3 +1,3 @@
 """vldist: distributed training of vision-language models on streaming WebDataset shards."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import assert_same_weights, wait_for_step, weights, write_planted_shards
+from helpers import wait_for_step, weights, write_planted_shards
 
 from vldist import compat
 from vldist.checkpoint import step_checkpoints, verify
@@ -64,9 +64,10 @@ def test_shards_of_another_feature_width_are_refused_on_resume_and_in_evaluation
     assert code == 2 and "cannot evaluate" in err and "region feature width: checkpoint 32" in err
 
 
-def test_a_checkpoint_of_vldist_0_1_evaluates_and_resumes_as_it_did_then(planted_shards, tmp_path, capsys):
+def test_a_checkpoint_of_vldist_0_1_evaluates_as_it_did_then_and_resumes(planted_shards, tmp_path, capsys):
     """0.1.0 named the region projection `fc` and had model.captions_per_image; its checkpoint
-    still loads: evaluation gives what 0.1.0 measured, and resuming ends with 0.1.0's own weights."""
+    still loads: evaluation gives what 0.1.0 measured, and resuming carries its second epoch on to
+    where 0.1.0 ended, up to the training fixes made since."""
     expected = json.loads((OLD / "expected" / "metrics.json").read_text())
     checkpoint = OLD / "step-00000007"
     assert evaluate_main([str(checkpoint), "--shards", str(planted_shards), "--split", "val", "--json"]) == 0
@@ -82,15 +83,23 @@ def test_a_checkpoint_of_vldist_0_1_evaluates_and_resumes_as_it_did_then(planted
     renamed = compat.upgrade_state(_load(OLD / "expected" / "model-step-00000014.safetensors"), {"recipe": "vsrn"})
     assert "image.region_projection.weight" in renamed  # stored as image.fc.weight
     resumed = weights(run / "checkpoints" / "step-00000014")
-    # 0.1.0 ran on the torch of its day; torch 2.15 rounds some kernels differently (measured:
-    # every tensor within 2e-7). w_r's bias feeds a BatchNorm, which subtracts it again: its
-    # gradient is rounding noise that Adam scales to whole steps, so it (and the running mean it
-    # shifts) follows the rounding of the torch at hand (measured gaps 4e-3 and 7e-4).
-    noise = ("image.rrr.0.w_r.bias", "image.rrr.0.bn.running_mean")
-    assert_same_weights({k: v for k, v in resumed.items() if k not in noise},
-                        {k: v for k, v in renamed.items() if k not in noise}, atol=1e-6)
-    assert_same_weights({k: resumed[k] for k in noise}, {k: renamed[k] for k in noise}, atol=0.02)
-    assert json.loads((run / "metrics.json").read_text())["test"]["full"] == pytest.approx(expected["test"]["full"])
+    start = compat.upgrade_state(_load(checkpoint / "model.safetensors"), {"recipe": "vsrn"})
+    # Not to the bit since 0.3.0: 9 of the run's 14 batches hold a sample twice (shards are drawn
+    # with replacement), and 0.1.0 took the copy for a negative, which vldist no longer does
+    # (issue 23); its caption loss was also the per-token mean. Measured: the resumed weights end
+    # 0.08 from 0.1.0's, which the second epoch moved 1.6 from the checkpoint; the same test rsum.
+    assert resumed.keys() == renamed.keys()
+    moved, gap = _distance(start, renamed), _distance(resumed, renamed)
+    assert gap < 0.2 * moved, (gap, moved)
+    test = json.loads((run / "metrics.json").read_text())["test"]["full"]
+    assert test["rsum"] == pytest.approx(expected["test"]["full"]["rsum"], abs=10)
+
+
+def _distance(a: dict, b: dict) -> float:
+    """The Euclidean distance between two models' floating-point tensors, all of them together."""
+    import torch
+
+    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a if a[k].is_floating_point())))
 
 
 def _load(path):
