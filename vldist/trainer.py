@@ -11,19 +11,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 import time
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
-from vldist.checkpoint import (
-    CheckpointError, begin, check_fits, commit, load_model_state, load_train_state, prune, step_checkpoints,
-    step_name, temporary_path, verify, write_failed, write_files,
-)
-from vldist.config import JobConfig, to_yaml
+from vldist.checkpoint import load_model_state, step_name
+from vldist.checkpointer import Checkpointer
+from vldist.config import JobConfig
 from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
@@ -89,13 +85,10 @@ class Trainer:
                  stop: StopRequest | None = None):
         self.config, self.recipe, self.engine = config, recipe, engine
         self.shards = shards.main  # evaluation's; the training streams take every set they read
-        self.on_checkpoint = on_checkpoint  # called on every rank after each step checkpoint (Ray reports it)
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
         self.stop = stop or StopRequest()  # fed by signals (or Ray's stop file) while training runs
-        self._saved_step: int | None = None  # the step of the newest step checkpoint this process wrote
         self.flops = FlopCounter(device_peak(engine.device, config.engine.mixed_precision) if metrics else None)
         self.out_dir = config.output_dir
-        self.ckpt_dir = self.out_dir / "checkpoints"
         self.state = RunState()
         t = config.train
         self.accumulation = t.grad_accumulation
@@ -125,6 +118,8 @@ class Trainer:
         self.schedulers = {
             name: build_scheduler(config, opt, self.steps_per_epoch, self.total_steps) for name, opt in self.optimizers.items()
         }
+        self.checkpoints = Checkpointer(config, engine, self.schedulers, recipe, lambda: asdict(self.state),
+                                        on_checkpoint, metrics)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -187,7 +182,7 @@ class Trainer:
                 self.state.samples_seen += n
                 self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr())
                 if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
-                    self.save_step()
+                    self.checkpoints.save_step(self.state.step, self.state.epoch)
                 if stopping:
                     self._stop()
                 raise_if_interrupted()
@@ -246,7 +241,7 @@ class Trainer:
         summed = dict(zip(losses, totals.tolist()))
         if not math.isfinite(summed["loss"]):
             parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
-            saved = step_checkpoints(self.ckpt_dir)
+            saved = self.checkpoints.saved()
             restart = (f"carry on from the last checkpoint, {saved[-1]}, with train.resume=latest (nothing was "
                        "saved after it)" if saved else "start again (no checkpoint was written before it)")
             raise NonFiniteLossError(
@@ -258,7 +253,7 @@ class Trainer:
     def fit(self) -> dict:
         cfg = self.config
         start = time.perf_counter()
-        self._maybe_resume()
+        self._resume()
         self.progress = TrainingProgress(self.engine.is_main, self.total_steps, self.state.step, cfg.train.log_every,
                                          self.out_dir / "metrics.jsonl")
         if cfg.eval.baseline and self.state.step == 0:
@@ -273,7 +268,7 @@ class Trainer:
                 self._stop()
         self.progress.close()
         train_seconds = time.perf_counter() - start
-        best = self.ckpt_dir / "best"
+        best = self.checkpoints.path("best")
         if self.state.best_epoch is not None and best.is_dir():
             self.engine.load_model_state(load_model_state(best))
         results: dict = {"recipe": cfg.recipe, "world_size": self.engine.world_size, "config": cfg.model_dump(mode="json")}
@@ -292,6 +287,17 @@ class Trainer:
             (self.out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
 
+    def _resume(self) -> None:
+        """The run state of the checkpoint train.resume names, if any (the checkpointer restores
+        the model, optimizers and schedulers)."""
+        restored = self.checkpoints.load()
+        if restored is None:
+            return
+        self.state = RunState(**restored)
+        self.state.restarts += 1
+        if self.metrics is not None:
+            self.metrics.set_restarts(self.state.restarts)
+
     def _epoch_end_pending(self) -> bool:
         """A stop after an epoch's last step checkpointed before the epoch's end (validation, best
         snapshot) ran; a resumed run does that first."""
@@ -306,9 +312,9 @@ class Trainer:
         # ignored until it exits, so the launcher's SIGTERM after another rank left cannot kill it
         # with -15 instead of EXIT_STOPPED (stop_requests).
         self.stop.reason = self.stop.reason or reason
-        if self._saved_step != self.state.step:
-            self.save_step()
-        checkpoint = self.ckpt_dir / step_name(self.state.step)
+        if self.checkpoints.saved_step != self.state.step:
+            self.checkpoints.save_step(self.state.step, self.state.epoch)
+        checkpoint = self.checkpoints.path(step_name(self.state.step))
         self.progress.write(f"stopped by {reason} after step {self.state.step}: checkpoint {checkpoint}")
         self.progress.record({"event": "stopped", "step": self.state.step, "reason": reason,
                               "checkpoint": str(checkpoint)})
@@ -335,109 +341,8 @@ class Trainer:
                 self.progress.record({"event": "validation", "epoch": epoch + 1, "step": self.state.step, **entry["val"]})
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
-                self.save("best", entry)
-        self.save_step()
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def save_step(self) -> None:
-        meta = {"step": self.state.step, "epoch": self.state.epoch}
-        self.save(step_name(self.state.step), meta)
-        self._saved_step = self.state.step
-        if self.engine.is_main:
-            prune(self.ckpt_dir, self.config.train.keep_last)
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(self.ckpt_dir / step_name(self.state.step), meta)
-
-    def save(self, name: str, meta: dict) -> None:
-        """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
-        shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all.
-        A write that fails on any rank (a full disk) fails the save on every rank together."""
-        directory, start = self.ckpt_dir / name, time.perf_counter()
-        rng_states = gather_objects(torch.get_rng_state())
-        model_state = self.engine.model_state_dict()  # whole weights on rank 0
-        tmp, main = temporary_path(directory), self.engine.is_main
-
-        def write_rest() -> None:
-            write_files(
-                tmp,
-                model_state=model_state,
-                train_state={
-                    "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
-                    "rng": rng_states,
-                    "run": asdict(self.state),
-                },
-                config_yaml=to_yaml(self.config),
-                vocab=self.recipe.vocab,
-                meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size,
-                      "engine": self.config.engine.backend, "feature_dim": self.recipe.feature_dim,
-                      "vocab_size": len(self.recipe.vocab)},
-            )
-            commit(tmp, directory)
-
-        self._write_together(directory, (lambda: begin(directory)) if main else None)
-        self._write_together(directory, lambda: self.engine.save_training_state(tmp))  # every rank's files
-        # the last agreement is also the barrier: no rank reads a checkpoint still being written
-        self._write_together(directory, write_rest if main else None)
-        if self.metrics is not None:
-            self.metrics.observe_checkpoint(time.perf_counter() - start)
-
-    def _write_together(self, directory: Path, write) -> None:
-        """Collective: run this rank's part of a checkpoint write, then agree that all succeeded."""
-        error = None
-        if write is not None:
-            try:
-                write()
-            except Exception as err:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError (torch) or SafetensorError
-                error = f"{type(err).__name__}: {err}"
-        errors = [e for e in gather_objects(error) if e]
-        if not errors:
-            return
-        if self.engine.is_main:
-            shutil.rmtree(temporary_path(directory), ignore_errors=True)  # give the space back
-        raise write_failed(directory, errors[0], self.ckpt_dir)
-
-    def _maybe_resume(self) -> None:
-        how = self.config.train.resume
-        if how is None:
-            return
-        candidates = [Path(how)] if how not in ("latest", "auto") else list(reversed(step_checkpoints(self.ckpt_dir)))
-        if not candidates and how == "auto":
-            log.info("train.resume=auto: no checkpoint in %s, starting fresh", self.ckpt_dir)
-            return
-        for path in candidates:
-            try:
-                self._restore(path)
-                return
-            except CheckpointError as err:  # damaged: fall back to the previous good one
-                if self.engine.is_main:
-                    log.warning("cannot resume from %s (%s); trying an earlier checkpoint", path, err)
-        raise CheckpointError(f"train.resume={how}: no usable checkpoint in {self.ckpt_dir}")
-
-    def _restore(self, path: Path) -> None:
-        # Every rank checks every file first and so reaches the same verdict: a damaged
-        # checkpoint is skipped by all ranks together, before any collective load starts.
-        verify(path)
-        # Another model than this job builds is refused with the reason (IncompatibleCheckpoint is
-        # no CheckpointError: an older checkpoint of the same run would not fit either).
-        check_fits(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
-                   len(self.recipe.vocab), "resume from")
-        train_state = load_train_state(path)
-        self.engine.load_model_state(load_model_state(path))
-        self.engine.load_training_state(path)
-        for name, scheduler in self.schedulers.items():
-            scheduler.load_state_dict(train_state["schedulers"][name])
-        rng = train_state["rng"]
-        torch.set_rng_state(rng[self.engine.rank] if self.engine.rank < len(rng) else rng[0])
-        self.state = RunState(**train_state["run"])
-        self.state.restarts += 1
-        if self.metrics is not None:
-            self.metrics.set_restarts(self.state.restarts)
-        if self.engine.is_main:
-            log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.state.step,
-                     self.state.epoch + 1, self.state.epoch_step)
-
-
+                self.checkpoints.save("best", entry)
+        self.checkpoints.save_step(self.state.step, self.state.epoch)
 
 def _batch_size(batch: dict) -> int:
     return next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))

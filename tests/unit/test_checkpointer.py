@@ -1,0 +1,102 @@
+"""The Checkpointer: a step checkpoint restores the weights, the optimizer's moments, the LR
+schedule, the RNG and the run's own state exactly; a damaged newest checkpoint falls back to the
+one before; a failed write leaves nothing behind and says so."""
+
+import pytest
+import torch
+
+from vldist.checkpoint import CheckpointError, CheckpointWriteError
+from vldist.checkpointer import Checkpointer
+from vldist.data.vocab import Vocab
+from vldist.recipes.jobs import load_config
+
+VOCAB = Vocab(["red", "circle"])
+
+
+class TinyRecipe:
+    """What a Checkpointer reads of a recipe: its vocabulary, feature width and model."""
+
+    vocab, feature_dim = VOCAB, 3
+
+    @staticmethod
+    def build_model():
+        torch.manual_seed(0)
+        return torch.nn.Linear(3, 2)
+
+
+def parts(tmp_path, resume=None):
+    """(checkpointer, engine, scheduler, run state) over a tiny model on the CPU engine."""
+    from vldist.distributed.accelerate_engine import AccelerateEngine
+
+    overrides = [f"output.dir={tmp_path}", "train.device=cpu", "model.embed_size=4", "model.word_dim=4",
+                 "model.decoder_hidden=4", *([f"train.resume={resume}"] if resume else [])]
+    config = load_config("vsrn", overrides)
+    engine = AccelerateEngine(config)
+    model = TinyRecipe.build_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    engine.setup(model, {"main": optimizer})
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
+    state = {"step": 0, "epoch": 0, "epoch_step": 0}
+    checkpointer = Checkpointer(config, engine, {"main": scheduler}, TinyRecipe, lambda: dict(state))
+    return checkpointer, engine, scheduler, state
+
+
+def train_steps(engine, scheduler, state, n):
+    for _ in range(n):
+        loss = engine.model(torch.randn(4, 3)).pow(2).sum()
+        engine.backward(loss)
+        engine.step("main")
+        scheduler.step()
+        state["step"] += 1
+        state["epoch_step"] += 1
+
+
+def test_a_step_checkpoint_restores_everything_the_run_needs(tmp_path):
+    checkpointer, engine, scheduler, state = parts(tmp_path)
+    train_steps(engine, scheduler, state, 3)
+    path = checkpointer.save_step(state["step"], state["epoch"])
+    assert path.name == "step-00000003" and checkpointer.saved_step == 3 and checkpointer.saved() == [path]
+    saved_weights = {k: v.clone() for k, v in engine.unwrap().state_dict().items()}
+    saved_moments = engine.optimizers["main"].state_dict()["state"][0]["exp_avg"].clone()
+    draws_after_save = torch.rand(5)
+
+    restored_checkpointer, engine2, scheduler2, _ = parts(tmp_path, resume="latest")
+    torch.manual_seed(123)  # the RNG must come back from the checkpoint, not from here
+    run = restored_checkpointer.load()
+    assert run == {"step": 3, "epoch": 0, "epoch_step": 3}
+    for name, value in engine2.unwrap().state_dict().items():
+        assert torch.equal(value, saved_weights[name]), name
+    assert torch.equal(engine2.optimizers["main"].state_dict()["state"][0]["exp_avg"], saved_moments)
+    assert scheduler2.get_last_lr() == scheduler.get_last_lr() == [0.05]
+    assert torch.equal(torch.rand(5), draws_after_save)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_and_none_usable_is_an_error(tmp_path):
+    checkpointer, engine, scheduler, state = parts(tmp_path)
+    train_steps(engine, scheduler, state, 1)
+    checkpointer.save_step(1, 0)
+    train_steps(engine, scheduler, state, 1)
+    newest = checkpointer.save_step(2, 0)
+    (newest / "model.safetensors").write_bytes(b"broken")
+    assert parts(tmp_path, resume="latest")[0].load()["step"] == 1
+    for path in checkpointer.saved():
+        (path / "model.safetensors").write_bytes(b"broken")
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
+        parts(tmp_path, resume="latest")[0].load()
+
+
+def test_auto_starts_fresh_without_a_checkpoint(tmp_path):
+    assert parts(tmp_path, resume="auto")[0].load() is None
+    assert parts(tmp_path)[0].load() is None  # train.resume unset
+
+
+def test_a_failed_write_leaves_nothing_and_says_where(tmp_path, monkeypatch):
+    checkpointer, engine, scheduler, state = parts(tmp_path)
+
+    def full_disk(directory):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(engine, "save_training_state", full_disk)
+    with pytest.raises(CheckpointWriteError, match="No space left on device"):
+        checkpointer.save_step(1, 0)
+    assert checkpointer.saved() == [] and not list(checkpointer.directory.glob("*tmp*"))

@@ -1,0 +1,61 @@
+"""A job's shard sets: the sets its streams read, each opened once, and the embedded ones built
+only when missing and allowed."""
+
+from vldist.data import job_shards
+from vldist.data.job_shards import build_missing, open_job_shards, stream_sets
+from vldist.data.streams import StreamSource
+from vldist.recipes.jobs import load_config
+
+
+class TwoSets:
+    """A recipe class whose second stream reads another shard set."""
+
+    other = ""
+
+    @classmethod
+    def train_streams(cls, config):
+        return {"main": "train", "second": StreamSource("train", shards=cls.other), "same": "val"}
+
+
+def test_stream_sets_name_each_other_set_once(planted_shards, tmp_path):
+    config = load_config("vsrn", [f"data.shards={planted_shards}"])
+    TwoSets.other = str(tmp_path / "other")
+    assert stream_sets(config, TwoSets) == [TwoSets.other]
+    TwoSets.other = str(planted_shards)  # the job's own set is not another
+    assert stream_sets(config, TwoSets) == []
+
+
+def test_each_set_is_opened_once_and_found_by_directory(planted_shards, tmp_path, monkeypatch):
+    import shutil
+
+    from vldist.data.shardset import ShardSet
+
+    other = tmp_path / "other"
+    shutil.copytree(planted_shards, other)
+    TwoSets.other = str(other)
+    opened = []
+    real_open = ShardSet.open.__func__
+    monkeypatch.setattr(ShardSet, "open", classmethod(lambda cls, d: opened.append(str(d)) or real_open(cls, d)))
+    shards = open_job_shards(load_config("vsrn", [f"data.shards={planted_shards}"]), TwoSets)
+    assert opened == [str(planted_shards), str(other)]
+    assert shards.get(None) is shards.main and shards.get(str(other)).directory == other
+
+
+def test_embedded_sets_are_built_only_when_missing_and_allowed(tmp_path, monkeypatch):
+    built = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(job_shards.EMBEDDED_SETS, "shards/synth", ("builtins", "print", "a test set"))
+    monkeypatch.setattr("builtins.print", lambda directory: built.append(directory))
+
+    class OneSet:
+        @classmethod
+        def train_streams(cls, config):
+            return {"main": "train"}
+
+    build_missing(load_config("vsrn", ["data.build_if_missing=false"]), OneSet)
+    assert built == []
+    build_missing(load_config("vsrn", []), OneSet)
+    assert built == ["shards/synth"]
+    (tmp_path / "shards" / "synth").mkdir(parents=True)
+    build_missing(load_config("vsrn", []), OneSet)
+    assert built == ["shards/synth"]  # there now: not built again

@@ -1,0 +1,153 @@
+"""Checkpoints of a training run: written by every rank together, pruned, found and restored.
+
+The trainer hands a Checkpointer its stateful parts once (the engine, which holds the model and the
+optimizers, the LR schedulers, the recipe's vocabulary and feature width, and a way to read the
+run's own state) and then only calls `save_step` / `save` / `load`. The files themselves, their
+checksums and the atomic commit are checkpoint.py's.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from vldist.checkpoint import (
+    CheckpointError, begin, check_fits, commit, load_model_state, load_train_state, prune, step_checkpoints,
+    step_name, temporary_path, verify, write_failed, write_files,
+)
+from vldist.config import JobConfig, to_yaml
+from vldist.distributed.collectives import gather_objects
+
+log = logging.getLogger("vldist.train")
+
+
+class Checkpointer:
+    """config: the job (train.resume, train.keep_last; saved as config.yaml); engine: saves and
+    loads the model and optimizer state; schedulers: the LR schedulers by optimizer name; recipe:
+    its vocabulary and feature width go into each checkpoint, and a checkpoint must fit the model
+    it builds; run_state: the run's own state (step, data position, history) as a dict.
+    on_checkpoint(path, meta): called on every rank after each step checkpoint (Ray reports it);
+    metrics: the rank's exporter (save times, restarts), or None."""
+
+    def __init__(self, config: JobConfig, engine, schedulers: dict, recipe, run_state: Callable[[], dict],
+                 on_checkpoint=None, metrics=None):
+        self.config, self.engine, self.schedulers, self.recipe = config, engine, schedulers, recipe
+        self.run_state, self.on_checkpoint, self.metrics = run_state, on_checkpoint, metrics
+        self.directory = config.output_dir / "checkpoints"
+        self.saved_step: int | None = None  # the step of the newest step checkpoint this process wrote
+
+    def path(self, name: str) -> Path:
+        return self.directory / name
+
+    def saved(self) -> list[Path]:
+        """The committed step checkpoints, oldest first."""
+        return step_checkpoints(self.directory)
+
+    # ------------------------------------------------------------------ writing
+
+    def save_step(self, step: int, epoch: int) -> Path:
+        """Collective. Checkpoint `step` as step-NNNNNNNN, prune to train.keep_last, tell the
+        launcher; returns its path."""
+        meta = {"step": step, "epoch": epoch}
+        name = step_name(step)
+        self.save(name, meta)
+        self.saved_step = step
+        if self.engine.is_main:
+            prune(self.directory, self.config.train.keep_last)
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.path(name), meta)
+        return self.path(name)
+
+    def save(self, name: str, meta: dict) -> None:
+        """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
+        shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all.
+        A write that fails on any rank (a full disk) fails the save on every rank together."""
+        directory, start = self.path(name), time.perf_counter()
+        rng_states = gather_objects(torch.get_rng_state())
+        model_state = self.engine.model_state_dict()  # whole weights on rank 0
+        tmp, main = temporary_path(directory), self.engine.is_main
+
+        def write_rest() -> None:
+            write_files(
+                tmp,
+                model_state=model_state,
+                train_state={
+                    "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
+                    "rng": rng_states,
+                    "run": self.run_state(),
+                },
+                config_yaml=to_yaml(self.config),
+                vocab=self.recipe.vocab,
+                meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size,
+                      "engine": self.config.engine.backend, "feature_dim": self.recipe.feature_dim,
+                      "vocab_size": len(self.recipe.vocab)},
+            )
+            commit(tmp, directory)
+
+        self._write_together(directory, (lambda: begin(directory)) if main else None)
+        self._write_together(directory, lambda: self.engine.save_training_state(tmp))  # every rank's files
+        # the last agreement is also the barrier: no rank reads a checkpoint still being written
+        self._write_together(directory, write_rest if main else None)
+        if self.metrics is not None:
+            self.metrics.observe_checkpoint(time.perf_counter() - start)
+
+    def _write_together(self, directory: Path, write) -> None:
+        """Collective: run this rank's part of a checkpoint write, then agree that all succeeded."""
+        error = None
+        if write is not None:
+            try:
+                write()
+            except Exception as err:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError (torch) or SafetensorError
+                error = f"{type(err).__name__}: {err}"
+        errors = [e for e in gather_objects(error) if e]
+        if not errors:
+            return
+        if self.engine.is_main:
+            shutil.rmtree(temporary_path(directory), ignore_errors=True)  # give the space back
+        raise write_failed(directory, errors[0], self.directory)
+
+    # ------------------------------------------------------------------ reading
+
+    def load(self) -> dict | None:
+        """Collective. Restore the checkpoint train.resume names (latest/auto: the newest good one
+        of this run) into the engine and schedulers; returns its run state (None: a fresh start)."""
+        how = self.config.train.resume
+        if how is None:
+            return None
+        candidates = [Path(how)] if how not in ("latest", "auto") else list(reversed(self.saved()))
+        if not candidates and how == "auto":
+            log.info("train.resume=auto: no checkpoint in %s, starting fresh", self.directory)
+            return None
+        for path in candidates:
+            try:
+                return self._restore(path)
+            except CheckpointError as err:  # damaged: fall back to the previous good one
+                if self.engine.is_main:
+                    log.warning("cannot resume from %s (%s); trying an earlier checkpoint", path, err)
+        raise CheckpointError(f"train.resume={how}: no usable checkpoint in {self.directory}")
+
+    def _restore(self, path: Path) -> dict:
+        # Every rank checks every file first and so reaches the same verdict: a damaged
+        # checkpoint is skipped by all ranks together, before any collective load starts.
+        verify(path)
+        # Another model than this job builds is refused with the reason (IncompatibleCheckpoint is
+        # no CheckpointError: an older checkpoint of the same run would not fit either).
+        check_fits(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
+                   len(self.recipe.vocab), "resume from")
+        train_state = load_train_state(path)
+        self.engine.load_model_state(load_model_state(path))
+        self.engine.load_training_state(path)
+        for name, scheduler in self.schedulers.items():
+            scheduler.load_state_dict(train_state["schedulers"][name])
+        rng = train_state["rng"]
+        torch.set_rng_state(rng[self.engine.rank] if self.engine.rank < len(rng) else rng[0])
+        run = train_state["run"]
+        if self.engine.is_main:
+            log.info("resumed from %s at step %d (epoch %d, batch %d)", path, run["step"], run["epoch"] + 1,
+                     run["epoch_step"])
+        return run
