@@ -7,7 +7,9 @@ import json
 import logging
 import sys
 
-from vldist.checkpoint import CheckpointError, check_fits, find_checkpoint, load_model_state, read_config
+from vldist.checkpoint import (
+    CheckpointError, check_checkpoint_fits_job, find_checkpoint, load_model_state, read_config,
+)
 from vldist.config import JobConfig, job_config_class, validate
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
@@ -32,8 +34,8 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
     except ValueError as err:
         raise CheckpointError(f"{err} (the checkpoint's vocabulary: the checkpoint is damaged)") from None
     recipe = recipe_cls(config, vocab, shard_set.feature_dim())
-    check_fits(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab),
-               "evaluate")
+    check_checkpoint_fits_job(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim,
+                              len(recipe.vocab), "evaluate")
     model = recipe.build_model()
     model.load_state_dict(load_model_state(ckpt))
     model.to(pick_device(device)).eval()
