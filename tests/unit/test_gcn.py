@@ -1,10 +1,8 @@
-"""Region relationship reasoning (Eq. 2-3) and global semantic reasoning (Eq. 4-7) of VSRN."""
+"""Region relationship reasoning, VSRN's GCN layer (Eq. 2-3; vldist/models/gcn.py)."""
 
 import torch
 
-from vldist.kernels import region_affinity_torch
 from vldist.models.gcn import RegionRelationReasoning
-from vldist.models.image_encoder import RegionReasoningEncoder
 
 
 def _identity_bn(layer: RegionRelationReasoning) -> None:
@@ -46,65 +44,3 @@ def test_rrr_starts_as_identity_because_bn_is_zero_initialised():
     layer = RegionRelationReasoning(8)
     v = torch.randn(3, 5, 8)
     assert torch.equal(layer(v), v)
-
-
-def test_softmax_normalisation_rows_sum_to_one():
-    theta, phi, g = torch.randn(3, 2, 5, 4).unbind(0)
-    out = region_affinity_torch(theta, phi, g, "softmax")
-    weights = (theta @ phi.transpose(1, 2)).softmax(-1)
-    assert torch.allclose(out, weights @ g, atol=1e-6)
-    ones = region_affinity_torch(theta, phi, torch.ones_like(g), "softmax")
-    assert torch.allclose(ones, torch.ones_like(ones), atol=1e-6)
-
-
-def test_padded_regions_neither_give_nor_receive_messages():
-    torch.manual_seed(1)
-    theta, phi, g = torch.randn(3, 2, 6, 4).unbind(0)
-    mask = torch.tensor([[True] * 4 + [False] * 2, [True] * 6])
-    for norm in ("count", "softmax"):
-        out = region_affinity_torch(theta, phi, g, norm, mask)
-        assert torch.all(out[0, 4:] == 0)  # padded rows receive nothing
-        noisy = [t.clone() for t in (theta, phi, g)]
-        for t in noisy:
-            t[0, 4:] = 100 * torch.randn(2, 4)  # padded rows give nothing
-        again = region_affinity_torch(*noisy, norm, mask)
-        assert torch.allclose(out, again, atol=1e-5)
-        # the valid part equals the unpadded computation
-        alone = region_affinity_torch(theta[:1, :4], phi[:1, :4], g[:1, :4], norm)
-        assert torch.allclose(out[0, :4], alone[0], atol=1e-5)
-
-
-def test_count_normalisation_divides_by_valid_regions():
-    theta, phi, g = torch.ones(1, 3, 2), torch.ones(1, 3, 2), torch.ones(1, 3, 2)
-    mask = torch.tensor([[True, True, False]])
-    out = region_affinity_torch(theta, phi, g, "count", mask)
-    # affinity 2 with each of 2 valid regions, divided by 2, times g = 1 -> 2
-    assert torch.allclose(out[0, :2], torch.full((2, 2), 2.0))
-
-
-def test_global_reasoning_shapes_and_padding_is_ignored():
-    torch.manual_seed(2)
-    for mode in ("gru", "mean"):
-        enc = RegionReasoningEncoder(region_dim=10, embed_size=6, rrr_layers=2, global_reasoning=mode).eval()
-        regions = torch.randn(3, 5, 10)
-        mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
-        image, v_star = enc(regions, mask)
-        assert image.shape == (3, 6) and v_star.shape == (3, 5, 6)
-        assert torch.allclose(image.norm(dim=-1), torch.ones(3), atol=1e-5)
-        assert torch.all(v_star[~mask] == 0)
-        changed = regions.clone()
-        changed[~mask] = 50 * torch.randn(int((~mask).sum()), 10)
-        image2, _ = enc(changed, mask)
-        assert torch.allclose(image, image2, atol=1e-5), mode
-
-
-def test_gru_reasoning_is_the_last_memory_of_the_region_sequence():
-    torch.manual_seed(3)
-    enc = RegionReasoningEncoder(region_dim=4, embed_size=4, rrr_layers=0, global_reasoning="gru").eval()
-    regions = torch.randn(1, 3, 4)
-    image, v_star = enc(regions, torch.ones(1, 3, dtype=torch.bool))
-    _, h = enc.gru(v_star)
-    assert torch.allclose(image[0], h[-1, 0] / h[-1, 0].norm(), atol=1e-6)
-    # order matters for the GRU (the paper's region-order ablation), not for mean pooling
-    flipped, _ = enc(regions.flip(1), torch.ones(1, 3, dtype=torch.bool))
-    assert not torch.allclose(image, flipped, atol=1e-4)
