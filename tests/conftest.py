@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import PREEMPT_JOB, TORCHRUN, write_planted_shards, write_scene_images  # noqa: E402
+from helpers import PREEMPT_JOB, SMALL_VSRN, TORCHRUN, write_planted_shards, write_scene_images  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -45,4 +45,15 @@ def two_rank_reference(planted_shards, tmp_path_factory) -> Path:
     proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
                            f"output.dir={out}", *PREEMPT_JOB], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained_vsrn(planted_shards, tmp_path_factory) -> Path:
+    """A finished run of one epoch (SMALL_VSRN) on planted_shards; tests that resume copy it first."""
+    from vldist.train import main as train_main
+
+    out = tmp_path_factory.mktemp("trained")
+    args = [f"data.shards={planted_shards}", f"output.dir={out}", "train.epochs=1", *SMALL_VSRN]
+    assert train_main(["vsrn", *args]) == 0
     return out

@@ -147,6 +147,10 @@ PREEMPT_JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim
                "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2", "eval.baseline=false",
                "train.log_every=1", "train.keep_last=10", "metrics.enabled=false", "engine.sync_batchnorm=true"]
 PREEMPT_STEPS, PREEMPT_EPOCH_STEPS = 50, 25
+# A VSRN that trains an epoch of the planted shards in seconds, without the untrained baseline or a
+# metrics port.
+SMALL_VSRN = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
+              "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "metrics.enabled=false"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
@@ -154,6 +158,14 @@ def run_on_two_ranks(script: Path, *args, timeout: float = 300) -> None:
     """`torchrun --nproc_per_node 2 SCRIPT ARGS...` (gloo); a failure shows the ranks' stderr."""
     proc = subprocess.run([*TORCHRUN, str(script), *map(str, args)], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def train_vsrn(capsys, *args) -> tuple[int, str]:
+    """`python -m vldist.train vsrn ARGS...` run in this process: its exit code and stderr."""
+    from vldist.train import main
+
+    code = main(["vsrn", *map(str, args)])
+    return code, capsys.readouterr().err
 
 
 def wait_for_step(out: Path, step: int, proc=None, timeout: float = 240) -> None:

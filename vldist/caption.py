@@ -14,11 +14,10 @@ import logging
 import sys
 from pathlib import Path
 
-from vldist import compat
 from vldist.checkpoint import CheckpointError
 from vldist.config import ConfigError
-from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
 from vldist.evaluate import load_checkpoint
+from vldist.exit_codes import DONE, REFUSED, REPORTED_ERRORS, exit_status
 
 EPILOG = """\
 Region features: computed on the CPU by the feature extractor recorded in the shard set's
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.images) % group:
         print(f"error: this run describes {group} images at a time (a pair: IMAGE1 IMAGE2 ...); "
               f"{len(args.images)} were given", file=sys.stderr)
-        return 2
+        return REFUSED
     groups, images, failed = [], [], False
     for start in range(0, len(args.images), group):
         paths, read = args.images[start:start + group], []
@@ -126,16 +125,19 @@ def main(argv: list[str] | None = None) -> int:
             images += read
         failed = failed or len(read) < len(paths)
     if not images:
-        return 2
+        return REFUSED
     try:
         captions = caption_images(args.checkpoint, images, args.shards, args.device, args.beam_size)
-    except (CaptionError, CheckpointError, ConfigError, ShardsNotFoundError, ShardsUnfitError,
-            compat.IncompatibleCheckpoint) as err:
+    except CaptionError as err:
         print(f"error: {err}", file=sys.stderr)
-        return 2
+        return REFUSED
+    except REPORTED_ERRORS as err:
+        code, message = exit_status(err)
+        print(message, file=sys.stderr)
+        return code
     for paths, caption in zip(groups, captions):
         print(" ".join(paths) + f"\t{caption}")
-    return 2 if failed else 0
+    return REFUSED if failed else DONE
 
 
 def images_per_caption(checkpoint) -> int:

@@ -225,8 +225,8 @@ def find_checkpoint(path: Path) -> Path:
     raise CheckpointError(f"no complete checkpoint under '{path}'")
 
 
-def check_fits(directory: Path, build_model, job: dict, feature_dim: int | None, vocab_size: int | None,
-               action: str) -> None:
+def check_checkpoint_fits_job(directory: Path, build_model, job: dict, feature_dim: int | None,
+                              vocab_size: int | None, action: str) -> None:
     """Raise compat.IncompatibleCheckpoint, saying what differs, unless the checkpoint holds the
     model `build_model()` makes (read from the weights' header alone)."""
     directory = Path(directory)
@@ -234,8 +234,11 @@ def check_fits(directory: Path, build_model, job: dict, feature_dim: int | None,
     shapes = compat.checkpoint_shapes(directory / "model.safetensors")
     names = compat.upgrade_parameter_names(shapes, meta)
     saved = {names[n]: shape for n, shape in shapes.items()}
-    compat.check_fits(directory, compat.expected_shapes(build_model), saved, meta, read_config(directory), job,
-                      feature_dim, vocab_size, action)
+    compat.check_parameter_shapes(directory, compat.expected_shapes(build_model), saved, meta, read_config(directory),
+                                  job, feature_dim, vocab_size, action)
+
+
+check_fits = check_checkpoint_fits_job  # the old name, for vldist/trainer.py until it uses the new one
 
 
 def write_failed(directory: Path, error: str, checkpoints: Path) -> CheckpointWriteError:

@@ -89,8 +89,8 @@ def expected_shapes(build) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in build().state_dict().items()}
 
 
-def check_fits(checkpoint, expected: dict, saved: dict, meta: dict, checkpoint_config: dict, job: dict,
-               feature_dim: int | None, vocab_size: int | None, action: str) -> None:
+def check_parameter_shapes(checkpoint, expected: dict, saved: dict, meta: dict, checkpoint_config: dict, job: dict,
+                           feature_dim: int | None, vocab_size: int | None, action: str) -> None:
     """Raise IncompatibleCheckpoint unless the (upgraded) parameter shapes `saved` are the ones the
     job's model has (`expected`). The message lists what differs: model config keys, the feature
     width of the shards, the vocabulary size, or else the first mismatched parameters."""

@@ -7,14 +7,15 @@ import json
 import logging
 import sys
 
-from vldist import compat
-from vldist.checkpoint import CheckpointError, check_fits, find_checkpoint, load_model_state, read_config
-from vldist.config import ConfigError, JobConfig, job_config_class, validate
-from vldist.data.shardset import ShardSet, ShardsNotFoundError, ShardsUnfitError
+from vldist.checkpoint import (
+    CheckpointError, check_checkpoint_fits_job, find_checkpoint, load_model_state, read_config,
+)
+from vldist.config import JobConfig, job_config_class, validate
+from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
-from vldist.eval_split import EmptySplitError, eval_loader, evaluate_split
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
+from vldist.eval_split import eval_loader, evaluate_split
+from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.recipes import get_recipe
 
 
@@ -33,8 +34,8 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
     except ValueError as err:
         raise CheckpointError(f"{err} (the checkpoint's vocabulary: the checkpoint is damaged)") from None
     recipe = recipe_cls(config, vocab, shard_set.feature_dim())
-    check_fits(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab),
-               "evaluate")
+    check_checkpoint_fits_job(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim,
+                              len(recipe.vocab), "evaluate")
     model = recipe.build_model()
     model.load_state_dict(load_model_state(ckpt))
     model.to(pick_device(device)).eval()
@@ -62,20 +63,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     try:
         config, metrics = evaluate_checkpoint(args.checkpoint, args.split, args.shards, args.device)
-    except (CheckpointError, ConfigError, ShardsNotFoundError, ShardsUnfitError, compat.IncompatibleCheckpoint,
-            JavaNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except (EmptySplitError, CaptionMetricsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    except REPORTED_ERRORS as err:
+        code, message = exit_status(err)
+        print(message, file=sys.stderr)
+        return code
     recipe = get_recipe(config.recipe)(config, vocab=None)
     print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} {metrics.get('unit', 'images')}, "
           f"{metrics['n_captions']} captions")
     print(recipe.report({"model": metrics}, args.split))
     if args.json:
         print(json.dumps(metrics, indent=2))
-    return 0
+    return DONE
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 wrong and what to do, with the documented exit code, and loses nothing. The commands run in this
 process through their `main()`: a traceback would be an exception escaping it."""
 
-import json
 import os
 import shutil
 import signal
@@ -11,120 +10,32 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for_step, weights, write_planted_shards
+from helpers import SMALL_VSRN, train_vsrn, wait_for_step, write_planted_shards
 
-from vldist import compat
 from vldist.checkpoint import step_checkpoints, verify
 from vldist.evaluate import main as evaluate_main
 from vldist.shards.writer import ShardSetWriter
 from vldist.train import main as train_main
 
-SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-         "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "metrics.enabled=false"]
-OLD = Path(__file__).resolve().parents[1] / "fixtures" / "vldist-0.1.0"
-# the settings the 0.1.0 fixture was trained with (its README)
-OLD_JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "model.rrr_layers=1",
-           "data.batch_size=32", "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2",
-           "eval.baseline=false", "metrics.enabled=false"]
 
-
-def _train(capsys, *args) -> tuple[int, str]:
-    code = train_main(["vsrn", *map(str, args)])
-    return code, capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def trained(planted_shards, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trained")
-    assert train_main(["vsrn", f"data.shards={planted_shards}", f"output.dir={out}", "train.epochs=1", *SMALL]) == 0
-    return out
-
-
-def test_resuming_with_another_model_config_names_the_keys_that_differ(planted_shards, trained, tmp_path, capsys):
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
-    code, err = _train(capsys, f"data.shards={planted_shards}", f"output.dir={run}", "train.epochs=2",
-                       "train.resume=latest", *SMALL, "model.embed_size=48", "model.rrr_layers=2")
-    assert code == 2
-    assert f"cannot resume from {run / 'checkpoints' / 'step-00000007'}" in err
-    assert "model.embed_size: checkpoint 32, this job 48" in err and "model.rrr_layers: checkpoint 4, this job 2" in err
-    assert "size mismatch" not in err and "another output.dir" in err
-    verify(run / "checkpoints" / "step-00000007")  # nothing lost
-
-
-def test_shards_of_another_feature_width_are_refused_on_resume_and_in_evaluation(trained, tmp_path, capsys):
-    wide = write_planted_shards(tmp_path / "wide", dim=48)
-    run = tmp_path / "run"
-    shutil.copytree(trained, run)
-    code, err = _train(capsys, f"data.shards={wide}", f"output.dir={run}", "train.epochs=2", "train.resume=latest",
-                       *SMALL)
-    assert code == 2 and "region feature width: checkpoint 32 (trained on" in err and f"shards 48 ({wide})" in err
-    code = evaluate_main([str(run), "--shards", str(wide)])
-    err = capsys.readouterr().err
-    assert code == 2 and "cannot evaluate" in err and "region feature width: checkpoint 32" in err
-
-
-def test_a_checkpoint_of_vldist_0_1_evaluates_as_it_did_then_and_resumes(planted_shards, tmp_path, capsys):
-    """0.1.0 named the region projection `fc` and had model.captions_per_image; its checkpoint
-    still loads: evaluation gives what 0.1.0 measured, and resuming carries its second epoch on to
-    where 0.1.0 ended, up to the training fixes made since."""
-    expected = json.loads((OLD / "expected" / "metrics.json").read_text())
-    checkpoint = OLD / "step-00000007"
-    assert evaluate_main([str(checkpoint), "--shards", str(planted_shards), "--split", "val", "--json"]) == 0
-    out = capsys.readouterr().out
-    printed = json.loads(out[out.index("{"):])
-    for key, value in expected["history"][0]["val"].items():  # 0.1.0's validation of this very checkpoint
-        assert printed["full"][key] == pytest.approx(value, abs=1e-9), key
-
-    run = tmp_path / "run"
-    code, err = _train(capsys, f"data.shards={planted_shards}", f"output.dir={run}", f"train.resume={checkpoint}",
-                       *OLD_JOB)
-    assert code == 0, err
-    renamed = compat.upgrade_state(_load(OLD / "expected" / "model-step-00000014.safetensors"), {"recipe": "vsrn"})
-    assert "image.region_projection.weight" in renamed  # stored as image.fc.weight
-    resumed = weights(run / "checkpoints" / "step-00000014")
-    start = compat.upgrade_state(_load(checkpoint / "model.safetensors"), {"recipe": "vsrn"})
-    # Not to the bit since 0.3.0: 9 of the run's 14 batches hold a sample twice (shards are drawn
-    # with replacement), and 0.1.0 took the copy for a negative, which vldist no longer does
-    # (issue 23); its caption loss was also the per-token mean. Measured: the resumed weights end
-    # 0.08 from 0.1.0's, which the second epoch moved 1.6 from the checkpoint; the same test rsum.
-    assert resumed.keys() == renamed.keys()
-    moved, gap = _distance(start, renamed), _distance(resumed, renamed)
-    assert gap < 0.2 * moved, (gap, moved)
-    test = json.loads((run / "metrics.json").read_text())["test"]["full"]
-    assert test["rsum"] == pytest.approx(expected["test"]["full"]["rsum"], abs=10)
-
-
-def _distance(a: dict, b: dict) -> float:
-    """The Euclidean distance between two models' floating-point tensors, all of them together."""
-    import torch
-
-    return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a if a[k].is_floating_point())))
-
-
-def _load(path):
-    from safetensors.torch import load_file
-
-    return load_file(path)
-
-
-def test_an_evaluation_split_that_loses_samples_says_so_and_one_that_loses_all_names_why(trained, tmp_path, capsys):
+def test_an_evaluation_split_that_loses_samples_says_so_and_one_that_loses_all_names_why(
+        trained_vsrn, tmp_path, capsys):
     some = write_planted_shards(tmp_path / "some", unreadable={"test-0000003", "test-0000040", "test-0000041"})
-    assert evaluate_main([str(trained), "--shards", str(some)]) == 0
+    assert evaluate_main([str(trained_vsrn), "--shards", str(some)]) == 0
     out = capsys.readouterr().out
     assert "57 images, 285 captions" in out
     assert "3 samples of the test split were unreadable and skipped" in out and "57 images that remain" in out
 
     every = write_planted_shards(tmp_path / "all", unreadable={f"test-{i:07d}" for i in range(60)})
-    assert evaluate_main([str(trained), "--shards", str(every)]) == 1
+    assert evaluate_main([str(trained_vsrn), "--shards", str(every)]) == 1
     err = capsys.readouterr().err
     assert f"the test split of {every} yielded no samples: 60 were skipped as unreadable" in err
     assert "regions.npy of test-0000000 holds NaN or inf" in err and "vldist.shards verify" in err
 
 
 def test_a_non_finite_loss_is_an_error_that_names_the_last_checkpoint(planted_shards, tmp_path, capsys):
-    code, err = _train(capsys, f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=2", *SMALL,
-                       "train.lr=1e30", "train.grad_clip=null")  # a learning rate that blows up
+    code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=2",
+                           *SMALL_VSRN, "train.lr=1e30", "train.grad_clip=null")  # a learning rate that blows up
     assert code == 1
     assert "error: non-finite loss at step" in err and "start again (no checkpoint was written before it)" in err
 
@@ -135,7 +46,7 @@ def test_shards_without_region_features_say_how_to_add_them(tmp_path, capsys):
             for i in range(4):
                 writer.write(split, {"__key__": f"{split}{i}", "json": {"captions": ["a red circle"]}})
         writer.close({})
-    code, err = _train(capsys, f"data.shards={tmp_path / 'plain'}", f"output.dir={tmp_path / 'run'}", *SMALL)
+    code, err = train_vsrn(capsys, f"data.shards={tmp_path / 'plain'}", f"output.dir={tmp_path / 'run'}", *SMALL_VSRN)
     assert code == 2 and "has no region features" in err and "--features" in err
 
 
@@ -150,17 +61,19 @@ def test_a_job_file_that_is_not_valid_yaml_is_named_with_its_line(tmp_path, caps
 def test_a_second_run_into_the_same_output_dir_refuses_naming_the_first(planted_shards, tmp_path, capsys):
     out = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                              f"output.dir={out}", "train.epochs=50", "train.log_every=1", *SMALL],
+                              f"output.dir={out}", "train.epochs=50", "train.log_every=1", *SMALL_VSRN],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for_step(out, 1, first)
-        code, err = _train(capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1", *SMALL)
+        code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1",
+                               *SMALL_VSRN)
         assert code == 2
         assert f"output.dir {out} is in use by another run: pid {first.pid} on host" in err
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # a crash: the lock must not outlive it
         first.wait()
-    code, err = _train(capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1", *SMALL)
+    code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1",
+                           *SMALL_VSRN)
     assert code == 0, err
 
 
@@ -178,7 +91,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_usable(pl
     try:
         out = disk / "run"
         job = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={out}",
-               *SMALL, "data.batch_size=8", "train.epochs=2", "train.save_every_steps=10", "train.log_every=1",
+               *SMALL_VSRN, "data.batch_size=8", "train.epochs=2", "train.save_every_steps=10", "train.log_every=1",
                "train.keep_last=5"]
         proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while not (out / "checkpoints" / "step-00000010" / "COMPLETE").exists():
@@ -206,7 +119,8 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_usable(pl
 
 def test_a_train_split_with_no_readable_sample_ends_with_an_error_not_a_hang(tmp_path, capsys):
     broken = write_planted_shards(tmp_path / "broken", unreadable={f"train-{i:07d}" for i in range(200)})
-    code, err = _train(capsys, f"data.shards={broken}", f"output.dir={tmp_path / 'run'}", "train.epochs=1", *SMALL)
+    code, err = train_vsrn(capsys, f"data.shards={broken}", f"output.dir={tmp_path / 'run'}", "train.epochs=1",
+                           *SMALL_VSRN)
     assert code == 1
     assert f"epoch 1 yielded no training batches: every sample of the train split of {broken}" in err
     assert "vldist.shards verify" in err
@@ -217,14 +131,14 @@ def test_a_damaged_manifest_or_vocabulary_is_named(planted_shards, tmp_path, cap
         shards = tmp_path / damaged
         shutil.copytree(planted_shards, shards)
         (shards / damaged).write_text('{"truncated": ')
-        code, err = _train(capsys, f"data.shards={shards}", f"output.dir={tmp_path / 'run'}", *SMALL)
+        code, err = train_vsrn(capsys, f"data.shards={shards}", f"output.dir={tmp_path / 'run'}", *SMALL_VSRN)
         assert code == 2 and str(shards / damaged) in err and name in err, err
 
 
 def test_ctrl_c_ends_at_once_with_130_and_says_what_is_kept(planted_shards, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                             f"output.dir={out}", "train.epochs=50", "train.log_every=1", *SMALL],
+                             f"output.dir={out}", "train.epochs=50", "train.log_every=1", *SMALL_VSRN],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(out, 2, proc)
     proc.send_signal(signal.SIGINT)

@@ -1,10 +1,7 @@
-"""Stop requests (vldist/preemption.py) and the output directory's lock (vldist/run_lock.py)."""
+"""Stop requests (vldist/preemption.py)."""
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 
 import pytest
@@ -14,7 +11,6 @@ from vldist.preemption import (
     StopRequest, interrupts_deferred, raise_if_interrupted, read_stop_file, signal_numbers, stop_requests,
     write_stop_file,
 )
-from vldist.run_lock import OutputDirInUse, RunLock, check_free
 
 
 def test_signal_names_with_or_without_sig_and_unknown_ones_refused():
@@ -101,26 +97,3 @@ def test_the_watched_file_is_a_request_read_at_most_once_a_second(tmp_path):
     stop._next_look = 0.0
     assert stop.requested and stop.reason.startswith("SIGTERM (relayed by pid")
     assert read_stop_file(tmp_path / "absent") is None
-
-
-def test_the_lock_refuses_a_second_holder_naming_it_and_dies_with_its_process(tmp_path):
-    holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import sys, time
-            from vldist.run_lock import RunLock
-            RunLock({str(tmp_path)!r}).acquire()
-            print("held", flush=True)
-            time.sleep(60)
-        """)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(OutputDirInUse) as refused:
-            RunLock(tmp_path).acquire()
-        message = str(refused.value)
-        assert f"pid {holder.pid} on host" in message and "set another output.dir" in message
-    finally:
-        holder.kill()  # SIGKILL: no chance to clean up
-        holder.wait()
-    check_free(tmp_path)  # the kernel dropped the lock with the process
-    with RunLock(tmp_path):
-        pass

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from vldist.metrics.numpy_input import to_numpy
+
 
 def image_indices(values, name: str, count: int, count_source: str, per: str,
                   n_images: int | None = None, images_source: str = "", what: str = "image index") -> np.ndarray:
     """`values` (array, list or tensor) as a 1-D int64 array of `count` entries, one `what` per
     `per`; with `n_images`, every entry must lie in 0..n_images-1. The errors name `name`, the
     expected length's source (`count_source`) and the first bad entry."""
-    if hasattr(values, "detach"):  # torch tensor
-        values = values.detach().cpu().numpy()
-    idx = np.asarray(values)
+    idx = to_numpy(values)  # the dtype kept: it is checked below
     if idx.ndim != 1 or idx.shape[0] != count:
         raise ValueError(f"{name} must be 1-D with one {what} per {per} ({count_source} = {count}), "
                          f"got shape {idx.shape}")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
+from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.ks import check_ks
 
 PHRASE_LOCALIZATION_KS = (1, 5, 10)
@@ -34,8 +35,8 @@ PHRASE_LOCALIZATION_KS = (1, 5, 10)
 
 def _float64(x, what: str, expected: str) -> np.ndarray:
     """`x` (tensor of any dtype incl. bf16, array, or nested list) as a float64 numpy array."""
-    if hasattr(x, "detach"):  # torch tensor; bf16/half cannot go to numpy directly
-        x = x.detach().cpu().double().numpy()
+    if hasattr(x, "detach"):  # torch tensor
+        x = to_numpy(x, float64=True)
     elif isinstance(x, (list, tuple)) and any(hasattr(e, "detach") for e in x):
         x = [_float64(e, what, expected) for e in x]  # a list of per-phrase tensors
     try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.indices import image_indices
 
 RECALL_KS = (1, 5, 10)
@@ -33,15 +34,8 @@ def _is_positive_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 1
 
 
-def _to_numpy(x):
-    if hasattr(x, "detach"):  # torch tensor (bf16/half cannot go to numpy directly; ints can)
-        x = x.detach().cpu()
-        return (x.double() if x.is_floating_point() else x).numpy()
-    return x
-
-
 def _as_2d(sims, layout: str) -> np.ndarray:
-    sims = np.asarray(_to_numpy(sims), dtype=np.float64)
+    sims = to_numpy(sims, float64=True)
     if sims.ndim != 2:
         raise ValueError(f"sims must be 2-D ({layout}), got shape {sims.shape}")
     return sims

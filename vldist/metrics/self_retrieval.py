@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.ks import check_ks
 
 SELF_RETRIEVAL_KS = (1, 5, 50, 500)
@@ -21,9 +22,7 @@ _CHUNK = 256
 
 
 def _check_logp(logp) -> np.ndarray:
-    if hasattr(logp, "detach"):  # torch tensor; bf16/half cannot go to numpy directly
-        logp = logp.detach().cpu().double().numpy()
-    logp = np.asarray(logp, dtype=np.float64)
+    logp = to_numpy(logp, float64=True)
     if logp.ndim != 2 or logp.shape[0] != logp.shape[1] or logp.shape[0] == 0:
         raise ValueError(f"logp must be a square (N x N) matrix with N >= 1, logp[i, j] = ln p(c_i | I_j) for "
                          f"the caption c_i generated from image i; got shape {logp.shape}")

@@ -21,8 +21,8 @@ The diagonal (a sentence against itself) is never read: +inf, NaN, anything is f
 from __future__ import annotations
 
 import numpy as np
-import torch
 
+from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.indices import image_indices
 from vldist.metrics.ks import check_ks
 
@@ -45,11 +45,7 @@ def _check_sims(sims):
 
 def _rows(sims, lo: int, hi: int) -> np.ndarray:
     """A float64 copy of rows lo:hi of `sims` (a copy: the caller writes into it)."""
-    block = sims[lo:hi]
-    if hasattr(block, "detach"):  # torch tensor; bf16/half cannot go to numpy directly
-        # copy=True: .double() of a float64 CPU tensor would otherwise share the caller's memory.
-        return block.detach().to("cpu", torch.float64, copy=True).numpy()
-    return np.array(block, dtype=np.float64)
+    return to_numpy(sims[lo:hi], float64=True, copy=True)
 
 
 def sentence_to_sentence_ranks(sims, sentence_images) -> np.ndarray:

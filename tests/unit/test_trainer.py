@@ -1,3 +1,5 @@
+"""The learning-rate schedules vldist/trainer.py builds (build_scheduler)."""
+
 import math
 
 import pytest

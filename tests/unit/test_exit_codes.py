@@ -1,0 +1,54 @@
+"""The table from error to exit code and message (vldist/exit_codes.py), as docs/bad-input.md lists it."""
+
+from pathlib import Path
+
+import pytest
+
+from vldist.checkpoint import CheckpointError, CheckpointWriteError
+from vldist.compat import IncompatibleCheckpoint
+from vldist.config import ConfigError
+from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
+from vldist.eval_split import EmptySplitError
+from vldist.exit_codes import (
+    FAILED, INTERRUPTED, INTERRUPTED_MESSAGE, REFUSED, REPORTED_ERRORS, STOPPED, exit_status,
+)
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
+from vldist.preemption import TrainingStopped
+from vldist.ray_launcher import RunFailed, RunStopped
+from vldist.run_lock import OutputDirInUse
+from vldist.trainer import NonFiniteLossError
+
+
+@pytest.mark.parametrize("error", [ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError,
+                                   IncompatibleCheckpoint, OutputDirInUse, JavaNotFoundError])
+def test_refusals_exit_2_with_the_error_line(error):
+    assert exit_status(error("what is wrong")) == (REFUSED, "error: what is wrong") == (2, "error: what is wrong")
+
+
+@pytest.mark.parametrize("error", [RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError,
+                                   NonFiniteLossError])
+def test_failures_exit_1_with_the_error_line(error):
+    assert exit_status(error("what failed")) == (FAILED, "error: what failed") == (1, "error: what failed")
+
+
+def test_a_missing_java_refuses_although_it_is_a_caption_metrics_error():
+    assert issubclass(JavaNotFoundError, CaptionMetricsError)
+    assert exit_status(JavaNotFoundError("no java"))[0] == REFUSED
+
+
+def test_a_stop_exits_75_with_its_own_message():
+    stopped = TrainingStopped(14, Path("runs/x/checkpoints/step-00000014"), "SIGTERM")
+    assert exit_status(stopped) == (STOPPED, str(stopped)) and STOPPED == 75
+    assert exit_status(RunStopped("stopped on request")) == (75, "stopped on request")
+
+
+def test_ctrl_c_exits_130_but_is_not_a_reported_error():
+    assert exit_status(KeyboardInterrupt()) == (INTERRUPTED, INTERRUPTED_MESSAGE) and INTERRUPTED == 130
+    assert INTERRUPTED_MESSAGE.startswith("interrupted: nothing after the last checkpoint was kept")
+    assert KeyboardInterrupt not in REPORTED_ERRORS  # evaluate and caption let Python end on it
+
+
+def test_an_error_outside_the_table_has_no_exit_code():
+    assert not isinstance(ValueError("a bug"), REPORTED_ERRORS)
+    with pytest.raises(TypeError, match="ValueError has no exit code"):
+        exit_status(ValueError("a bug"))

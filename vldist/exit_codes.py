@@ -1,0 +1,51 @@
+"""Exit codes of the commands (`vldist.train`, `vldist.evaluate`, `vldist.caption`) and the one
+table that says which error ends a command with which code and message (docs/bad-input.md)."""
+
+from __future__ import annotations
+
+from vldist.checkpoint import CheckpointError, CheckpointWriteError
+from vldist.compat import IncompatibleCheckpoint
+from vldist.config import ConfigError
+from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
+from vldist.eval_split import EmptySplitError
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
+from vldist.preemption import EXIT_STOPPED, TrainingStopped
+from vldist.ray_launcher import RunFailed, RunStopped
+from vldist.run_lock import OutputDirInUse
+from vldist.trainer import NonFiniteLossError
+
+DONE = 0
+FAILED = 1  # failed while it ran; what was checkpointed before stays usable
+REFUSED = 2  # refused before anything ran or was written
+STOPPED = EXIT_STOPPED  # 75: stopped on request after checkpointing; the same command carries on
+INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports): ended at once
+
+# Checked in this order, so that an error of two rows takes the first: JavaNotFoundError is a
+# CaptionMetricsError, and refuses to start rather than fails.
+EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
+    (REFUSED, (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
+               OutputDirInUse, JavaNotFoundError)),
+    (FAILED, (RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError)),
+    (STOPPED, (TrainingStopped, RunStopped)),
+    (INTERRUPTED, (KeyboardInterrupt,)),
+)
+
+# The errors a command reports in one line instead of a traceback. Ctrl-C is not among them: only
+# training says what it kept (catching KeyboardInterrupt itself); the others let Python end on it.
+REPORTED_ERRORS: tuple[type[Exception], ...] = tuple(
+    error for code, errors in EXIT_CODES if code != INTERRUPTED for error in errors)
+
+INTERRUPTED_MESSAGE = ("interrupted: nothing after the last checkpoint was kept (train.resume=latest carries on "
+                       "from it; train.stop_signals=[SIGTERM,SIGUSR1,SIGINT] checkpoints on Ctrl-C)")
+
+
+def exit_status(error: BaseException) -> tuple[int, str]:
+    """(exit code, the line to print on stderr) for one of REPORTED_ERRORS or a KeyboardInterrupt."""
+    for code, errors in EXIT_CODES:
+        if isinstance(error, errors):
+            if code == STOPPED:
+                return code, str(error)  # it says itself what was saved and how to carry on
+            if code == INTERRUPTED:
+                return code, INTERRUPTED_MESSAGE
+            return code, f"error: {error}"
+    raise TypeError(f"{type(error).__name__} has no exit code (vldist.exit_codes.EXIT_CODES): {error}")
