@@ -45,7 +45,7 @@ import torch
 
 from vldist.checkpoint import CheckpointError, find_checkpoint, read_meta
 from vldist.eval_split import SkipTally, eval_loader
-from vldist.evaluate import load_checkpoint
+from vldist.trained_model import load_checkpoint
 from vldist.models.gcn import RegionRelationReasoning
 
 RECIPES = ("vsrn", "l2c")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from vldist.checkpoint import CheckpointError
 from vldist.config import ConfigError
-from vldist.evaluate import load_checkpoint
+from vldist.trained_model import load_checkpoint
 from vldist.exit_codes import DONE, REFUSED, REPORTED_ERRORS, exit_status
 
 EPILOG = """\
@@ -61,7 +61,7 @@ def read_image(path: str):
 def caption_images(checkpoint, images: list, shards: str | None = None, device: str = "auto",
                    beam_size: int | None = None) -> list[str]:
     """One caption per PIL image, from a checkpoint or run directory. Raises CaptionError (and the
-    checkpoint and shard-set errors of vldist.evaluate.load_checkpoint)."""
+    checkpoint and shard-set errors of vldist.trained_model.load_checkpoint)."""
     from vldist.shards.extractor_setup import extractor_for
 
     if device == "cuda":

@@ -238,7 +238,6 @@ def check_checkpoint_fits_job(directory: Path, build_model, job: dict, feature_d
                                   job, feature_dim, vocab_size, action)
 
 
-check_fits = check_checkpoint_fits_job  # the old name, for vldist/trainer.py until it uses the new one
 
 
 def write_failed(directory: Path, error: str, checkpoints: Path) -> CheckpointWriteError:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from vldist.checkpoint import (
-    CheckpointError, begin, check_fits, commit, load_model_state, load_train_state, prune, step_checkpoints,
+    CheckpointError, begin, check_checkpoint_fits_job, commit, load_model_state, load_train_state, prune, step_checkpoints,
     step_name, temporary_path, verify, write_failed, write_files,
 )
 from vldist.config import JobConfig, to_yaml
@@ -137,7 +137,7 @@ class Checkpointer:
         verify(path)
         # Another model than this job builds is refused with the reason (IncompatibleCheckpoint is
         # no CheckpointError: an older checkpoint of the same run would not fit either).
-        check_fits(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
+        check_checkpoint_fits_job(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
                    len(self.recipe.vocab), "resume from")
         train_state = load_train_state(path)
         self.engine.load_model_state(load_model_state(path))

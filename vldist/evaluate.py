@@ -7,39 +7,12 @@ import json
 import logging
 import sys
 
-from vldist.checkpoint import (
-    CheckpointError, check_checkpoint_fits_job, find_checkpoint, load_model_state, read_config,
-)
-from vldist.config import JobConfig, job_config_class, validate
-from vldist.data.shardset import ShardSet
-from vldist.data.vocab import Vocab
-from vldist.distributed.engine import pick_device
+from vldist.checkpoint import find_checkpoint
+from vldist.config import JobConfig
 from vldist.eval_split import eval_loader, evaluate_split
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.recipes import get_recipe
-
-
-def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
-    """(config, recipe, model on the device, shard set) of a checkpoint or a run directory (its
-    best checkpoint); `shards` replaces the shard directory the checkpoint was trained on."""
-    ckpt = find_checkpoint(path)
-    raw = read_config(ckpt)  # keys an older vldist wrote are upgraded
-    if shards:
-        raw["data"] = {**raw.get("data", {}), "shards": shards}
-    recipe_cls = get_recipe(raw["recipe"])
-    config = validate(raw, job_config_class(recipe_cls.ModelConfig))
-    shard_set = ShardSet.open(config.data.shards)
-    try:
-        vocab = Vocab.load(ckpt / "vocab.json")
-    except ValueError as err:
-        raise CheckpointError(f"{err} (the checkpoint's vocabulary: the checkpoint is damaged)") from None
-    recipe = recipe_cls(config, vocab, shard_set.feature_dim())
-    check_checkpoint_fits_job(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim,
-                              len(recipe.vocab), "evaluate")
-    model = recipe.build_model()
-    model.load_state_dict(load_model_state(ckpt))
-    model.to(pick_device(device)).eval()
-    return config, recipe, model, shard_set
+from vldist.trained_model import load_checkpoint
 
 
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:

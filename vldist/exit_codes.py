@@ -10,7 +10,7 @@ from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
 from vldist.eval_split import EmptySplitError
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import EXIT_STOPPED, TrainingStopped
-from vldist.ray_launcher import RunFailed, RunStopped
+from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
 from vldist.trainer import NonFiniteLossError
 

@@ -2,17 +2,9 @@
 
 JOB is a job file name under jobs/ (default: vsrn) or a path to a YAML job file.
 
-Exit codes (the whole catalogue of bad input: docs/bad-input.md):
-  0   trained and evaluated
-  1   the run failed: a non-finite loss, a checkpoint that cannot be written (a full disk), an
-      evaluation split with no readable sample, a Ray run that failed for good, the caption
-      metrics' Java that died
-  2   refused before training: a bad job config, missing shards, a checkpoint that cannot be
-      resumed (none usable, or another model), output.dir in use by another run, no Java for
-      the caption metrics
-  75  stopped by a signal (train.stop_signals) after checkpointing the step it reached; the same
-      command with train.resume=auto carries on (docs/preemption.md)
-  130 interrupted by Ctrl-C: nothing after the last checkpoint was kept
+Parse the command line, run the job's stages (each on its launcher), print the results table,
+exit with the code `vldist/exit_codes.py` gives (0 done, 1 failed, 2 refused, 75 stopped, 130
+Ctrl-C; every bad input and its message: docs/bad-input.md). Nothing imports this module.
 """
 
 from __future__ import annotations
@@ -22,28 +14,16 @@ import logging
 import os
 import sys
 
-from vldist.checkpoint import CheckpointError, CheckpointWriteError, step_checkpoints
-from vldist.compat import IncompatibleCheckpoint
+from vldist.checkpoint import step_checkpoints
 from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
-from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
-from vldist.eval_split import EmptySplitError
+from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.launch import ray_train
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
-from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.recipes import get_recipe, recipe_names
 from vldist.recipes.jobs import load_config
-from vldist.run_lock import OutputDirInUse
 from vldist.runner import run
-from vldist.trainer import NonFiniteLossError
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
-REFUSED = (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
-           OutputDirInUse, JavaNotFoundError)  # exit 2
-FAILED = (ray_train.RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError,
-          NonFiniteLossError)  # exit 1
-
-
 def split_args(argv: list[str]) -> tuple[str, list[str]]:
     if argv and "=" not in argv[0]:
         return argv[0], argv[1:]
@@ -99,27 +79,18 @@ def main(argv: list[str] | None = None) -> int:
     job, overrides = split_args([a for a in argv if a not in ("-h", "--help")])
     if len(argv) != len([a for a in argv if a not in ("-h", "--help")]):
         print(usage(job))
-        return 0
+        return DONE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
-    code, message = 0, None
     try:
         config, results = run_stages(load_config(job, overrides))
-    except REFUSED as err:
-        code, message = 2, f"error: {err}"
-    except FAILED as err:
-        code, message = 1, f"error: {err}"
-    except (TrainingStopped, ray_train.RunStopped) as err:
-        code, message = EXIT_STOPPED, str(err)
-    except KeyboardInterrupt:
-        code, message = 130, ("interrupted: nothing after the last checkpoint was kept (train.resume=latest "
-                              "carries on from it; train.stop_signals=[SIGTERM,SIGUSR1,SIGINT] checkpoints on Ctrl-C)")
-    if message is not None:
+    except (*REPORTED_ERRORS, KeyboardInterrupt) as err:  # Ctrl-C too: training says what it kept
+        code, message = exit_status(err)
         if _speaks():
             print(message, file=sys.stderr)
         return code
     if results is not None:  # rank 0
         print_results(config, results)
-    return 0
+    return DONE
 
 
 def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:

@@ -14,7 +14,7 @@ from vldist.exit_codes import (
 )
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import TrainingStopped
-from vldist.ray_launcher import RunFailed, RunStopped
+from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
 from vldist.trainer import NonFiniteLossError
 
