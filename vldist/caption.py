@@ -16,8 +16,9 @@ from pathlib import Path
 
 from vldist.checkpoint import CheckpointError
 from vldist.config import ConfigError
-from vldist.trained_model import load_checkpoint
 from vldist.exit_codes import DONE, REFUSED, REPORTED_ERRORS, exit_status
+from vldist.recipes.capabilities import CaptionsPixels, CaptionsRegions
+from vldist.trained_model import load_checkpoint
 
 EPILOG = """\
 Region features: computed on the CPU by the feature extractor recorded in the shard set's
@@ -72,9 +73,9 @@ def caption_images(checkpoint, images: list, shards: str | None = None, device: 
     config, recipe, model, shard_set = load_checkpoint(checkpoint, shards, device)
     if beam_size is not None:
         config.eval.beam_size = beam_size  # validated on assignment; recipe.config is this config
-    if callable(getattr(recipe, "caption_pixels", None)):  # reads pixels, not region features (L2C)
+    if isinstance(recipe, CaptionsPixels):  # reads pixels, not region features (L2C)
         return recipe.caption_pixels(model, images, next(model.parameters()).device)
-    if not callable(getattr(recipe, "caption", None)):
+    if not isinstance(recipe, CaptionsRegions):
         raise CaptionError(f"recipe {config.recipe} does not generate captions; caption with a run of a "
                            "captioning recipe (e.g. captioner)")
     features = extractor_for(shard_set)
@@ -150,7 +151,7 @@ def images_per_caption(checkpoint) -> int:
         recipe = get_recipe(read_config(find_checkpoint(checkpoint))["recipe"])
     except (CheckpointError, ConfigError, KeyError, ValueError, OSError):
         return 1
-    return getattr(recipe, "images_per_caption", 1)
+    return recipe.images_per_caption
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from vldist.trained_model import load_checkpoint
 
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
     config, recipe, model, shard_set = load_checkpoint(path, shards, device)
-    recipe.preflight()
+    recipe.preflight(shard_set)
     where = f"the {split} split of {shard_set.directory}"
     device = next(model.parameters()).device
     pictures = find_checkpoint(path).parent.parent / "images" / f"evaluate-{split}"  # in the run, not the checkpoint

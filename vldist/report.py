@@ -79,7 +79,7 @@ CAPTION_COLUMNS = {"bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "ble
                    "rouge_l": "ROUGE-L", "cider_d": "CIDEr-D"}
 
 
-def _score(value: float) -> str:
+def score_cell(value: float) -> str:
     return f"{value:>9.3f}" if math.isfinite(value) else f"{'n/a':>9}"  # METEOR timed out: NaN
 
 
@@ -95,7 +95,7 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
     lines = [header + ("  self-retrieval " + "".join(f"{'R@' + k[1:]:>8}" for k in ks) if retrieval else "")]
     for name, m in rows.items():
         recall = " " * 16 + "".join(f"{m['self_retrieval'][k]:>8.2f}" for k in ks) if retrieval else ""
-        lines.append(f"{name:<12}" + "".join(_score(m["captions"][c]) for c in CAPTION_COLUMNS) + recall)
+        lines.append(f"{name:<12}" + "".join(score_cell(m["captions"][c]) for c in CAPTION_COLUMNS) + recall)
     if retrieval:
         lines.append(f"self-retrieval: each generated caption ranks the {last['self_retrieval']['n_images']} first "
                      f"{split} images by ln p(caption | image)")
@@ -109,38 +109,4 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
                      f"(see the warnings): the metrics cover the {last['n_images']} {last.get('unit', 'images')} that remain")
     if last.get("images"):
         lines.append(f"pictures ({len(last['images'])}, PNG): {Path(last['images'][0]).parent}")
-    return "\n".join(lines)
-
-
-def laviter_report(rows: dict[str, dict], split: str) -> str:
-    """LAViTeR's Table 2 columns (R-precision in percent, AIMCoS a cosine), retrieval and the
-    captioner's metrics per model; then the last model's captions and its generated-image grid."""
-    last = list(rows.values())[-1]
-    header = (f"{'':<12}{'R-prec@1':>9}{'@3':>7}{'gen@1':>7}{'AIMCoS':>8}{'i2t R@1':>9}{'t2i R@1':>9}{'rsum':>8}"
-              + "".join(f"{CAPTION_COLUMNS[c]:>9}" for c in ("bleu4", "meteor", "rouge_l", "cider_d")))
-    lines = [header]
-    for name, m in rows.items():
-        r, g = m["r_precision"], m.get("generated_r_precision", {})
-        cells = [f"{r['r1']:>9.1f}", f"{r.get('r3', math.nan):>7.1f}", f"{g.get('r1', math.nan):>7.1f}",
-                 f"{m.get('aimcos', math.nan):>8.3f}", f"{m['retrieval']['i2t_r1']:>9.1f}",
-                 f"{m['retrieval']['t2i_r1']:>9.1f}", f"{m['retrieval']['rsum']:>8.1f}"]
-        captions = m.get("captions", {})
-        cells += [_score(captions.get(c, math.nan)) for c in ("bleu4", "meteor", "rouge_l", "cider_d")]
-        lines.append(f"{name:<12}" + "".join(cells).replace("nan", "n/a"))
-    pretrained = [(name, m["label_recall"]) for name, m in rows.items() if "label_recall" in m]
-    for name, recall in pretrained:
-        lines.append(f"{name}: the trunk's top attribute words (colour, shape, size) recall {recall:.1f}% of each "
-                     "image's own")
-    lines.append(f"R-precision: each of the {last['n_images']} {split} images ranks its first caption among "
-                 f"{last['candidates']} (99 of other images in the paper's protocol); gen@1: the same for images "
-                 "generated from those captions")
-    for example in last.get("examples", []):
-        lines.append(f"  {example['key']}  generated: {example['generated']}")
-        lines += [f"  {'':<{len(example['key'])}}  reference: {r}" for r in example["references"][:2]]
-    if last.get("images"):
-        lines.append(f"generated images ({len(last.get('grid_captions', []))}, PNG): {last['images'][0]}")
-        lines += [f"  {i + 1}. {caption}" for i, caption in enumerate(last.get("grid_captions", []))]
-    if last.get("skipped_samples"):
-        lines.append(f"{last['skipped_samples']} samples of the {split} split were unreadable and skipped "
-                     f"(see the warnings): the metrics cover the {last['n_images']} images that remain")
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """One rank's run of one job: the engine, the output directory's lock, the job's shard sets
-(opened once), the vocabulary, the recipe, the metrics exporter, then the trainer.
+(opened once), the vocabulary, the recipe and the weights it starts from, the metrics exporter,
+then the trainer.
 
 Every launcher runs this in each of its processes (launch/: this process, torchrun or srun ranks,
 Ray Train workers); rank 0 returns the results.
@@ -18,6 +19,7 @@ from vldist.distributed.collectives import gather_objects
 from vldist.preemption import stop_requests
 from vldist.recipes import get_recipe
 from vldist.run_lock import OutputDirInUse, RunLock
+from vldist.starting_weights import read_starting_weights
 from vldist.telemetry.prometheus import start_rank_metrics
 from vldist.trainer import Trainer
 
@@ -43,12 +45,13 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, la
                 shards = open_job_shards(config, recipe_cls)
                 # the other streams' captions join the vocabulary
                 vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count, tuple(shards.others.values()))
-                recipe = recipe_cls(config, vocab, shards.main.feature_dim())
-                recipe.preflight()
+                recipe = recipe_cls(config, vocab, shards.main.feature_dim(), uniform_shapes=engine.uniform_shapes)
+                recipe.preflight(shards.main)
+                start = read_starting_weights(recipe.starts_from()) if recipe.starts_from() else None
                 log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.main.directory, engine.device,
                          engine.world_size, config.output_dir)
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
-                results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop).fit()
+                results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop, start).fit()
                 return results if engine.is_main else None
         finally:
             if metrics is not None:

@@ -26,7 +26,7 @@ from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
-from vldist.recipes.base import Recipe
+from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
 
@@ -82,7 +82,9 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 class Trainer:
     def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: JobShards, on_checkpoint=None, metrics=None,
-                 stop: StopRequest | None = None):
+                 stop: StopRequest | None = None, start: StartingWeights | None = None):
+        """shards: the job's shard sets; start: the weights the recipe starts from (its
+        starts_from, read by the runner); on_checkpoint, metrics: see Checkpointer."""
         self.config, self.recipe, self.engine = config, recipe, engine
         self.shards = shards.main  # evaluation's; the training streams take every set they read
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
@@ -98,7 +100,6 @@ class Trainer:
                 f"data.batch_size={config.data.batch_size} must be divisible by {engine.world_size} ranks x "
                 f"train.grad_accumulation={self.accumulation}: each rank's micro-batch is batch_size / {slices}"
             )
-        recipe.uniform_shapes = engine.uniform_shapes
         self.streams = TrainingStreams(config, recipe, shards, engine.rank, engine.world_size, self.accumulation,
                                        self.stop.signals)
         self.micro_per_epoch = self.streams.micro_per_epoch
@@ -108,7 +109,7 @@ class Trainer:
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         model = recipe.build_model()
-        recipe.initialize(model)  # a resumed run's checkpoint then replaces these weights
+        recipe.initialize(model, start, shards)  # a resumed run's checkpoint then replaces these weights
         if config.engine.sync_batchnorm and engine.world_size > 1:
             convert_global_batchnorm(model)
         self.optimizers = build_optimizers(config, recipe.optimizer_groups(model))
@@ -214,6 +215,7 @@ class Trainer:
         """One optimizer step per update the recipe asks for, each accumulated over the micro-batches.
         Logged values are global: the mean over micro-batches of the summed rank shares."""
         logged: dict[str, float] = {}
+        self.recipe.start_step(self.state.step)
         for update in self.recipe.updates(self.state.step):
             prefix = "" if update == "main" else f"{update}/"
             if len(self.optimizers) > 1:

@@ -15,6 +15,7 @@ from vldist.losses import contrastive_captioning_loss
 from vldist.recipes import get_recipe
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionConfig, CLCaptionModel, CLCaptionRecipe
+from vldist.starting_weights import read_starting_weights
 from vldist.shards.convert.images import one_thread
 from vldist.recipes.jobs import load_config
 from vldist.trainer import build_optimizers
@@ -36,7 +37,7 @@ def _captioner_checkpoint(directory: Path, *overrides: str, seed: int = 0) -> Pa
 def _started(recipe):
     """The model as training starts it: built, then its starting weights loaded."""
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, read_starting_weights(recipe.starts_from()), None)
     return model
 
 
@@ -99,6 +100,7 @@ def test_the_reference_never_trains_and_stays_in_eval_mode(captioner):
     assert model.training and model.target.training and all(m.training for m in model.target.modules())
     assert not any(m.training for m in model.reference.modules())  # its dropout is off
     for step in range(3):
+        recipe.start_step(step)
         for name in recipe.updates(step):
             recipe.losses(model, batch, name)["loss"].backward()
             assert all(p.grad is None for p in model.reference.parameters())
@@ -137,7 +139,7 @@ def test_the_reference_becomes_the_target_once_at_each_replacement_step(captione
         return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
     for step in range(3):
-        recipe.updates(step)
+        recipe.start_step(step)
         losses = recipe.losses(model, batch)
         if step == 2:  # replaced before this step's forward: G = 0 for every pair (dropout 0)
             assert same(module.reference, module.target)
@@ -152,7 +154,7 @@ def test_the_reference_becomes_the_target_once_at_each_replacement_step(captione
         losses["loss"].backward()
         optimizer.step()
         optimizer.zero_grad()
-    recipe.updates(3)
+    recipe.start_step(3)
     recipe.losses(model, batch)
     assert not same(module.reference, module.target)  # not a replacement step
 
@@ -167,7 +169,7 @@ def test_negatives_come_from_other_images_and_are_redrawn_every_step(captioner):
     own = batch["caption_images"]
     draws = []
     for step in range(6):
-        recipe.updates(step)
+        recipe.start_step(step)
         recipe.losses(model, batch)
         draw = recipe.last_draw
         assert draw["offset"] == 0 and torch.equal(draw["image_ids"], own)  # one process: ids are the rows
@@ -178,7 +180,7 @@ def test_negatives_come_from_other_images_and_are_redrawn_every_step(captioner):
     seen = torch.stack(draws).flatten(0, 1)  # every other image's captions get drawn at some point
     for t in range(len(own)):
         assert set(own[seen[:, t]].tolist()) == set(own.tolist()) - {int(own[t])}
-    recipe.updates(2)
+    recipe.start_step(2)
     recipe.losses(model, batch)
     assert torch.equal(recipe.last_draw["draw"], draws[2])  # the draw is a function of (seed, step)
 
@@ -194,7 +196,7 @@ def test_the_loss_is_eq10_on_independently_computed_sentence_logprobs(captioner,
     batch = _batch(recipe, n_images=5)
     calls = []
     model.target.decoder.register_forward_hook(lambda m, args, out: calls.append(args[2].shape[0]))
-    recipe.updates(4)
+    recipe.start_step(4)
     losses = recipe.losses(model, batch)
     recipe_calls = list(calls)  # the recipe's decoder passes, not the test's own below
 
@@ -298,5 +300,6 @@ def test_stages_reuse_a_captioner_run(tmp_path):
     stages = CLCaptionRecipe.stages(config)
     assert [name for name, _ in stages] == ["cl"]
     cl = stages[0][1]
-    assert cl.model.init_from == str(best) and cl.output_dir == tmp_path / "cl_run" / "cl"
+    assert cl.model.init_from == str(run) and cl.output_dir == tmp_path / "cl_run" / "cl"
+    assert read_starting_weights(CLCaptionRecipe(cl, VOCAB, DIM).starts_from()).path == best  # its best checkpoint
     assert cl.eval.baseline == config.eval.baseline  # no MLE stage: the reused captioner is the baseline

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from vldist.data.identity import identity_of, sample_identity
+from vldist.data.job_shards import JobShards
+from vldist.data.shardset import ShardSet
 from vldist.losses import damsm_parts, two_branch_ranking_loss, vse_hinge_loss
 from vldist.losses.damsm import cosine_matrix, word_region_scores
 from vldist.losses.hinge import hardest_negative_hinge
@@ -244,13 +246,13 @@ def test_the_similarity_network_draws_no_sentence_of_a_copy(planted_shards, monk
     monkeypatch.setattr(two_branch, "draw_negatives", recorded)
     recipe = _recipe(two_branch.TwoBranchSimRecipe, planted_shards, "model.negatives_per_positive=3")
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     rng = random.Random(0)
     raws = list(_raw_samples(planted_shards, 5))
     batch = recipe.collate_train([recipe.train_sample(r, rng) for r in [*raws, raws[1]]])  # row 5 copies row 1
     batch["identity"] = torch.tensor([identity_of(r["__key__"]) for r in [*raws, raws[1]]])
     for step in range(4):
-        recipe.updates(step)
+        recipe.start_step(step)
         recipe.losses(model, batch)
     for ids, draw in draws:
         assert torch.equal(ids, batch["identity"][batch["text_image"]])
@@ -263,7 +265,7 @@ def test_embedding_network_and_cl_pass_the_identity(planted_shards, monkeypatch)
 
     recipe = _recipe(two_branch.TwoBranchEmbedRecipe, planted_shards, "model.lambda_text_neighbors=0.2")
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     model.eval()
     rng = random.Random(0)
     raws = list(_raw_samples(planted_shards, 5))
@@ -288,7 +290,7 @@ def test_cl_draws_no_caption_of_a_copy(tmp_path):
     batch["identity"] = torch.tensor([5, 6, 5, 7])  # image 2 is a copy of image 0
     own = batch["identity"][batch["caption_images"]]
     for step in range(5):
-        recipe.updates(step)
+        recipe.start_step(step)
         recipe.losses(model, batch)
         draw = recipe.last_draw
         assert torch.equal(draw["image_ids"], own)

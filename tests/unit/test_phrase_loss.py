@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from helpers import read_shard_set
 
 from vldist.data.identity import sample_identity
+from vldist.data.job_shards import JobShards
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.two_branch import cross_rank_two_branch_ranking_loss, phrase_ranking_loss
@@ -416,7 +417,7 @@ def test_a_chain_phrases_and_their_regions_are_never_each_other_negatives(flickr
     # and the recipe trains on it: the model's loss is finite and reaches both branches
     torch.manual_seed(0)
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     loss = recipe.losses(model, {**batch, "stream": "phrases"})["loss"]
     loss.backward()
     assert torch.isfinite(loss) and float(loss.detach()) > 0
@@ -433,7 +434,7 @@ def test_the_similarity_network_draws_negatives_by_algorithm_1_and_sums_their_lo
     metas = [json.loads(r["json"]) for r in raws]
     torch.manual_seed(0)
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     for seed in range(3):
         batch = batch_of(recipe, raws, seed)
         drawn = batch["drawn_negatives"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from vldist.data.phrases import chains, random_ranking_recall, read_proposals, training_image
-from vldist.data.shardset import ShardsUnfitError
+from vldist.data.shardset import ShardSet, ShardsUnfitError
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe
 from vldist.recipes.jobs import load_config
 OBJECTS = [{"phrase": "a red circle", "box": [0, 0, 10, 10], "region": 1},
@@ -156,4 +156,4 @@ def test_proposals_are_read_back_and_bad_ones_name_the_sample():
 def test_phrases_on_a_set_without_proposals_say_how_to_add_them(planted_shards):
     config = load_config("two_branch_embed", [f"data.shards={planted_shards}", "model.tasks=[retrieval,phrases]"])
     with pytest.raises(ShardsUnfitError, match="has no proposals.*--overwrite.*model.tasks=\\[retrieval\\]"):
-        TwoBranchEmbedRecipe(config, None, 6).preflight()
+        TwoBranchEmbedRecipe(config, None, 6).preflight(ShardSet.open(config.data.shards))

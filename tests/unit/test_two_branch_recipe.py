@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from vldist.data.pipeline import StreamSpec, TrainStream, batches_per_rank, make_loader
+from vldist.data.job_shards import JobShards
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.negatives import draw_negatives, step_generator
@@ -74,11 +75,11 @@ def test_the_similarity_loss_is_the_logistic_loss_of_each_positive_and_its_drawn
     torch.manual_seed(0)
     recipe = _recipe(TwoBranchSimRecipe, planted_shards, "model.negatives_per_positive=2", "seed=7")
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     rng = random.Random(0)
     raws = list(_raw_samples(planted_shards, 6))
     batch = recipe.collate_train([recipe.train_sample(r, rng) for r in raws])
-    recipe.updates(5)
+    recipe.start_step(5)
     loss = recipe.losses(model, batch)["loss"]
     # direct: the same draw (seed 7, step 5, first micro-batch), then pair by pair
     draw = draw_negatives(batch["text_image"], 2, step_generator(7, 5, 0))
@@ -101,7 +102,7 @@ def test_tfidf_is_fitted_on_the_train_captions_at_initialize(planted_shards):
     recipe = _recipe(TwoBranchEmbedRecipe, planted_shards)
     model = recipe.build_model()
     assert not model.text_features.fitted
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     words = recipe.vocab.itos[4:]
     sklearn = TfidfVectorizer(vocabulary=words, tokenizer=tokenize, lowercase=False, token_pattern=None)
     sklearn.fit(list(ShardSet.open(planted_shards).train_captions()))
@@ -113,7 +114,7 @@ def test_evaluation_scores_every_pair_through_the_fusion_layers(planted_shards):
     torch.manual_seed(0)
     recipe = _recipe(TwoBranchSimRecipe, planted_shards)
     model = recipe.build_model().eval()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     rng = random.Random(0)
     batch = recipe.collate_eval([recipe.eval_sample(r, rng) for r in _raw_samples(planted_shards, 7)])
     with torch.no_grad():
@@ -130,7 +131,7 @@ def test_embedding_evaluation_adds_sentence_to_sentence_recall(planted_shards):
     torch.manual_seed(0)
     recipe = _recipe(TwoBranchEmbedRecipe, planted_shards)
     model = recipe.build_model()
-    recipe.initialize(model)
+    recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
     rng = random.Random(0)
     batch = recipe.collate_eval([recipe.eval_sample(r, rng) for r in _raw_samples(planted_shards, 7)])
     metrics = recipe.evaluate(model, [batch], torch.device("cpu"))

@@ -1,7 +1,11 @@
 """What a recipe is: one paper method, as the trainer sees it.
 
-A recipe turns raw shard samples into batches, builds its model, computes its losses and
-evaluates. It never touches torch.distributed, files or ports: the engine and the trainer do.
+The contract has three parts: data (the streams it trains on, a sample from a raw tar sample,
+batches), training (the model, its starting weights, optimizers, updates, losses) and evaluation
+(metrics over a split, the selection score, the report). Optional capabilities are Protocols
+(recipes/capabilities.py). A recipe reads no files or checkpoints, opens no shard sets and
+touches no process group: the runner and the trainer hand it what it needs (its vocabulary, the
+job's shard sets, the weights it starts from) and the engine runs what it builds.
 """
 
 from __future__ import annotations
@@ -9,55 +13,48 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from vldist.config import JobConfig, Section
+from vldist.data.shardset import ShardSet
 from vldist.data.streams import StreamSource
 from vldist.data.vocab import Vocab
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """The checkpoint a run starts from (`Recipe.starts_from`), as the runner read it."""
+
+    path: Path  # the checkpoint directory
+    recipe: str | None  # the recipe that wrote it
+    config: dict  # its config.yaml, upgraded to today's keys
+    vocab: list[str]  # its vocabulary's words
+    state: dict[str, torch.Tensor] = field(repr=False)  # its weights
 
 
 class Recipe(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     ModelConfig: ClassVar[type[Section]]
-    sample_keys: ClassVar[tuple[str, ...]]  # tar members the recipe reads, e.g. ("json", "regions.npy")
-    optional_keys: ClassVar[tuple[str, ...]] = ()  # members read when a sample has them (L2C: masks)
-    # Some updates leave parameters without gradient (alternating optimizers, training phases):
-    # DDP must then look for unused parameters after each backward.
-    dynamic_graph: ClassVar[bool] = False
-    # Set by the trainer when every rank's batches must have identical shapes (ZeRO-3 fetches
-    # parameters with one collective per module call, so ranks must make the same calls).
-    uniform_shapes: bool = False
 
-    def __init__(self, config: JobConfig, vocab: Vocab, feature_dim: int | None = None):
+    def __init__(self, config: JobConfig, vocab: Vocab, feature_dim: int | None = None, uniform_shapes: bool = False):
+        """uniform_shapes: every rank's batches must have the same shapes (under ZeRO-3 the
+        engine fetches parameters with one collective per module call, so ranks must make the
+        same calls): pad to the configured lengths, not to the batch's longest."""
         self.config = config
         self.vocab = vocab
         self.feature_dim = feature_dim
+        self.uniform_shapes = uniform_shapes
 
-    @classmethod
-    def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:
-        """The runs one `python -m vldist.train` of this job makes, in order, as (name, config).
-        Most recipes train once; a method that starts from another's model (CL from an MLE
-        captioner) returns that run first. Each run has its own output dir and resumes alone."""
-        return [(config.recipe, config)]
+    # ================================================================== data
 
-    @abstractmethod
-    def build_model(self) -> nn.Module: ...
-
-    def preflight(self) -> None:
-        """Checks before any training or evaluation starts, so that a missing tool fails at once
-        rather than after hours (captioning: Java for pycocoevalcap)."""
-
-    def initialize(self, model: nn.Module) -> None:
-        """Starting weights from elsewhere, for training only (never when a checkpoint is evaluated
-        or captioned, which brings its own): CL's target and reference start from a captioner.
-        Called by the trainer on the freshly built model, before the engine wraps it."""
-
-    def start_epoch(self, epoch: int) -> None:
-        """Called by the trainer before each epoch (0-based): for schedules and training phases."""
+    sample_keys: ClassVar[tuple[str, ...]]  # tar members the recipe reads, e.g. ("json", "regions.npy")
+    optional_keys: ClassVar[tuple[str, ...]] = ()  # members read when a sample has them (L2C: masks)
 
     @classmethod
     def train_streams(cls, config: JobConfig) -> dict[str, str | StreamSource]:
@@ -70,19 +67,6 @@ class Recipe(ABC):
     def stream_functions(self, stream: str) -> tuple[Callable, Callable]:
         """(sample_fn, collate_fn) that turn a stream's raw samples into its batches."""
         return self.train_sample, self.collate_train
-
-    def optimizer_groups(self, model: nn.Module) -> dict[str, list]:
-        """Named optimizers and their parameters (or torch param-group dicts with their own lr).
-        Default: one optimizer, 'main', over every trainable parameter. Frozen parameters
-        (requires_grad=False, e.g. a reference model) are in none: never updated, and saved once,
-        in the checkpoint's weights."""
-        return {"main": [p for p in model.parameters() if p.requires_grad]}
-
-    def updates(self, step: int) -> tuple[str, ...]:
-        """The optimizers stepped at optimizer step `step`, in order. Each gets its own forward and
-        backward on the same batch: a GAN alternates ('discriminator', 'generator'); a phase that
-        trains one part returns only its optimizer."""
-        return ("main",)
 
     @abstractmethod
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
@@ -97,10 +81,66 @@ class Recipe(ABC):
     @abstractmethod
     def collate_eval(self, samples: list[dict]) -> dict: ...
 
+    # ================================================================== training
+
+    # Some updates leave parameters without gradient (alternating optimizers, training phases):
+    # DDP must then look for unused parameters after each backward.
+    dynamic_graph: ClassVar[bool] = False
+
+    @classmethod
+    def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:
+        """The runs one `python -m vldist.train` of this job makes, in order, as (name, config).
+        Most recipes train once; a method that starts from another's model (CL from an MLE
+        captioner) returns that run first. Each run has its own output dir and resumes alone."""
+        return [(config.recipe, config)]
+
+    @abstractmethod
+    def build_model(self) -> nn.Module: ...
+
+    def starts_from(self) -> str | None:
+        """A checkpoint or run directory whose weights this run starts from (CL: its captioner;
+        LAViTeR: the phase before), or None. The runner reads it and hands it to `initialize`."""
+        return None
+
+    def initialize(self, model: nn.Module, start: StartingWeights | None, shards) -> None:
+        """Starting weights and fitted parts, for training only (never when a checkpoint is
+        evaluated or captioned, which brings its own): CL's target and reference from `start`,
+        the two-branch tf-idf from the captions of `shards` (the job's JobShards). Called by the
+        trainer on the freshly built model, before the engine wraps it."""
+
+    def optimizer_groups(self, model: nn.Module) -> dict[str, list]:
+        """Named optimizers and their parameters (or torch param-group dicts with their own lr).
+        Default: one optimizer, 'main', over every trainable parameter. Frozen parameters
+        (requires_grad=False, e.g. a reference model) are in none: never updated, and saved once,
+        in the checkpoint's weights."""
+        return {"main": [p for p in model.parameters() if p.requires_grad]}
+
+    def start_epoch(self, epoch: int) -> None:
+        """Called by the trainer before each epoch (0-based): for schedules and training phases."""
+
+    def start_step(self, step: int) -> None:
+        """Called by the trainer before each optimizer step: for what the step's losses draw from
+        it (CL and the similarity network seed their negatives with it)."""
+
+    def updates(self, step: int) -> tuple[str, ...]:
+        """The optimizers stepped at optimizer step `step`, in order; no side effects. Each gets
+        its own forward and backward on the same batch: a GAN alternates ('discriminator',
+        'generator'); a phase that trains one part returns only its optimizer."""
+        return ("main",)
+
     @abstractmethod
     def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
         """{'loss': this rank's share of the loss for optimizer `update`, <component>: detached
         parts for logging}."""
+
+    # ================================================================== evaluation
+
+    images_per_caption: ClassVar[int] = 1  # images one caption describes (L2C: a pair), for vldist.caption
+
+    def preflight(self, shards: ShardSet) -> None:
+        """Checks before any training or evaluation starts, so that a missing tool or a shard
+        set without what the recipe reads fails at once rather than after hours (captioning:
+        Java for pycocoevalcap; phrase localisation: proposals in the set)."""
 
     @abstractmethod
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,

@@ -69,7 +69,7 @@ class GeneratesCaptions:
     def max_generated_len(self) -> int:
         return self.config.eval.max_generated_len or self.config.data.max_caption_len - 1
 
-    def preflight(self) -> None:
+    def preflight(self, shards=None) -> None:
         require_java()  # the metrics need it: fail before training, not after
 
     def generate_captions(self, decoder: nn.Module, features: torch.Tensor) -> list[str]:

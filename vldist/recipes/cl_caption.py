@@ -24,7 +24,6 @@ Choices where the paper and the official code differ (notes-cl.md):
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -32,16 +31,17 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, read_config
 from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError, JobConfig, updated
 from vldist.data.samples import require_region_features
 from vldist.data.vocab import Vocab
+from vldist.distributed.zero import whole_parameters
 from vldist.distributed.collectives import global_sum
 from vldist.losses import cross_rank_contrastive_captioning_loss
 from vldist.losses.negatives import draw_negatives, gather_captions, step_generator
 from vldist.losses.not_negative import local_identities
 from vldist.models.generation import sequence_logprob
+from vldist.recipes.base import StartingWeights
 from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe, unwrap
 
 ARCHITECTURE_KEYS = ("decoder", "hidden", "embed")  # the captioner keys that shape the weights
@@ -97,7 +97,7 @@ class CLCaptionModel(nn.Module):
     def replace_reference(self) -> None:
         """φ ← θ (§4.3, Table 6). Under ZeRO-3 the partitioned weights are gathered for the copy."""
         params = [*self.target.parameters(), *self.reference.parameters()]
-        with _gathered(params):
+        with whole_parameters(params):
             for ref, tgt in zip(self.reference.parameters(), self.target.parameters()):
                 ref.copy_(tgt)
             for ref, tgt in zip(self.reference.buffers(), self.target.buffers()):
@@ -154,8 +154,7 @@ class CLCaptionRecipe(CaptionerRecipe):
         out = config.output_dir
         cl_update = {"output": {"dir": str(out / "cl")}}
         if config.model.captioner_run:
-            checkpoint = find_checkpoint(Path(config.model.captioner_run))
-            cl_update["model"] = {"init_from": str(checkpoint)}
+            cl_update["model"] = {"init_from": config.model.captioner_run}
             return [("cl", updated(config, cl_update))]
 
         from vldist.recipes.jobs import load_config
@@ -177,23 +176,24 @@ class CLCaptionRecipe(CaptionerRecipe):
         region_dim = require_region_features(self.feature_dim, self.config.data.shards, "the CL captioner")
         return CLCaptionModel(self.cfg, region_dim, len(self.vocab), self.vocab.pad_id)
 
-    def initialize(self, model: CLCaptionModel) -> None:
-        """Target and reference both start as the captioner of model.init_from."""
+    def starts_from(self) -> str:
+        """The captioner of model.init_from: target and reference both start as it."""
         if not self.cfg.init_from:
             raise ConfigError(
                 "model.init_from is not set: CL starts target and reference from a trained captioner. Run "
                 "`python -m vldist.train cl_caption`, which trains the captioner first (the MLE stage), or set "
                 "model.captioner_run=<captioner run dir or checkpoint> to reuse one"
             )
-        state = self._initial_weights(model)
+        return self.cfg.init_from
+
+    def initialize(self, model: CLCaptionModel, start: StartingWeights | None, shards) -> None:
+        state = self._initial_weights(model, start)
         model.target.load_state_dict(state)
         model.reference.load_state_dict(state)
 
-    def _initial_weights(self, model: CLCaptionModel) -> dict[str, torch.Tensor]:
+    def _initial_weights(self, model: CLCaptionModel, start: StartingWeights) -> dict[str, torch.Tensor]:
         """The captioner weights of model.init_from (`decoder.*`), checked to fit this job."""
-        checkpoint = find_checkpoint(Path(self.cfg.init_from))
-        raw = read_config(checkpoint)
-        recipe = raw.get("recipe")
+        checkpoint, raw, recipe = start.path, start.config, start.recipe
         if recipe == "captioner":
             prefix = ""
         elif recipe == self.name:  # a CL run's target (Table 6: the next round starts from it)
@@ -206,14 +206,10 @@ class CLCaptionRecipe(CaptionerRecipe):
         saved_model = raw.get("model", {})
         reasons = [f"model.{k}: checkpoint {saved_model.get(k)!r}, this job {getattr(self.cfg, k)!r}"
                    for k in ARCHITECTURE_KEYS if saved_model.get(k) != getattr(self.cfg, k)]
-        try:
-            words = Vocab.load(checkpoint / "vocab.json").itos
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"cannot read {checkpoint / 'vocab.json'} ({err}); the checkpoint is damaged") from None
-        if words != self.vocab.itos:
-            reasons.append(f"vocabulary: checkpoint {len(words)} words, this job {len(self.vocab)} or other words "
+        if start.vocab != self.vocab.itos:
+            reasons.append(f"vocabulary: checkpoint {len(start.vocab)} words, this job {len(self.vocab)} or other words "
                            "(data.shards and data.vocab_min_count must be the captioner's)")
-        state = {k[len(prefix):]: v for k, v in load_model_state(checkpoint).items() if k.startswith(prefix + "decoder.")}
+        state = {k[len(prefix):]: v for k, v in start.state.items() if k.startswith(prefix + "decoder.")}
         expected = model.target.state_dict()
         if not reasons:
             missing = sorted(expected.keys() - state.keys())
@@ -229,9 +225,8 @@ class CLCaptionRecipe(CaptionerRecipe):
 
     # ------------------------------------------------------------------ training
 
-    def updates(self, step: int) -> tuple[str, ...]:
+    def start_step(self, step: int) -> None:
         self._step, self._micro = step, 0
-        return ("main",)
 
     def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -293,14 +288,3 @@ def _check_same_captioner(config: JobConfig, captioner: JobConfig) -> None:
             f"the MLE stage (job '{config.model.captioner_job}') would train another captioner than CL builds; make "
             "them agree (or point model.captioner_job at a job that does):\n  " + "\n  ".join(differ)
         )
-
-
-def _gathered(params: list[nn.Parameter]):
-    """A context with every parameter whole: ZeRO-3's gather (rank 0's values kept), else nothing."""
-    if any(hasattr(p, "ds_id") for p in params):
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
-    from contextlib import nullcontext
-
-    return nullcontext()

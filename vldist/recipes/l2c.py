@@ -37,7 +37,7 @@ from vldist.recipes.base import Recipe
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
 from vldist.report import caption_report
 from vldist.shards.pairs import swap_image_tokens
-from vldist.visualize import pair_panel
+from vldist.recipes.l2c_pictures import pair_panel
 
 PAIR_KEYS = ("json", "img1.jpg", "img2.jpg")
 SINGLE_KEYS = ("json",)  # and a jpg or a png

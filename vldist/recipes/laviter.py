@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -30,7 +29,6 @@ import torchvision
 from pydantic import Field, model_validator
 from torch import nn
 
-from vldist.checkpoint import find_checkpoint, load_model_state
 from vldist.config import JobConfig, Section, updated
 from vldist.data.collate import pad_tokens
 from vldist.data.pixels import read_image
@@ -40,9 +38,9 @@ from vldist.losses.not_negative import other_image_rows
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
-from vldist.recipes.base import Recipe
+from vldist.recipes.base import Recipe, StartingWeights
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
-from vldist.report import laviter_report
+from vldist.recipes.laviter_report import laviter_report
 from vldist.visualize import to_pil
 
 LOSS_WEIGHTS = ("generator", "caption", "fake_image", "fake_text", "damsm")  # λ1..λ5 of Eq. 16
@@ -129,9 +127,9 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
     def phase(self) -> str:
         return "vta" if self.cfg.phase == "all" else self.cfg.phase
 
-    def preflight(self) -> None:
+    def preflight(self, shards) -> None:
         if self.cfg.itm and self.cfg.caption_metrics:
-            super().preflight()  # Java, for pycocoevalcap
+            super().preflight(shards)  # Java, for pycocoevalcap
 
     # ------------------------------------------------------------------ phases
 
@@ -165,12 +163,15 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
         return model
 
-    def initialize(self, model: LAViTeRModel) -> None:
-        """Each phase starts from the previous phase's model (the stage sets model.init_from); the
-        pretraining's label head stays behind."""
-        if self.cfg.init_from:
-            state = load_model_state(find_checkpoint(Path(self.cfg.init_from)))
-            missing, unexpected = model.load_state_dict(state, strict=False)
+    def starts_from(self) -> str | None:
+        """The previous phase's run (the stage sets model.init_from), if any."""
+        return self.cfg.init_from
+
+    def initialize(self, model: LAViTeRModel, start: StartingWeights | None, shards) -> None:
+        """Each phase starts from the previous phase's model; the pretraining's label head stays
+        behind."""
+        if start is not None:
+            missing, unexpected = model.load_state_dict(start.state, strict=False)
             wrong = [k for k in [*missing, *unexpected] if not k.startswith("label_head.")]
             if wrong:
                 raise ValueError(f"model.init_from={self.cfg.init_from} does not fit this model ({len(wrong)} "

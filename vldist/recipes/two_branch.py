@@ -126,10 +126,9 @@ class TwoBranchRecipe(Recipe):
         return TwoBranchModel(image_dim, len(self.vocab), cfg.text_features, cfg.word_dim, cfg.hidden, cfg.embed,
                               cfg.nonlinear, cfg.dropout, cfg.batchnorm, fusion)
 
-    def preflight(self) -> None:
+    def preflight(self, shards: ShardSet) -> None:
         if "phrases" not in self.cfg.tasks:
             return
-        shards = ShardSet.open(self.config.data.shards)
         if not shards.manifest.get("features", {}).get("proposals"):
             raise ShardsUnfitError(
                 f"the shard set {shards.directory} has no proposals, and model.tasks includes phrases (phrase "
@@ -138,9 +137,9 @@ class TwoBranchRecipe(Recipe):
                 "or set model.tasks=[retrieval]"
             )
 
-    def initialize(self, model: nn.Module) -> None:
+    def initialize(self, model: nn.Module, start, shards) -> None:
         if self.cfg.text_features == "tfidf":  # saved in the checkpoint as the `idf` buffer
-            model.text_features.fit(self.vocab, ShardSet.open(self.config.data.shards).train_captions())
+            model.text_features.fit(self.vocab, shards.main.train_captions())
 
     @classmethod
     def train_streams(cls, config: JobConfig) -> dict[str, str]:
@@ -410,9 +409,8 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         super().__init__(*args, **kwargs)
         self._step, self._micro = 0, 0
 
-    def updates(self, step: int) -> tuple[str, ...]:
+    def start_step(self, step: int) -> None:
         self._step, self._micro = step, 0
-        return ("main",)
 
     def retrieval_loss(self, model, out, batch) -> dict[str, torch.Tensor]:
         """Eq. 7, sum of log(1 + exp(-z p)): each sentence with its image (z = +1) and with

@@ -21,6 +21,7 @@ from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionRecipe
+from vldist.starting_weights import read_starting_weights
 from vldist.recipes.jobs import load_config
 
 from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
@@ -60,7 +61,7 @@ def run(engine: Engine, recipe: CLCaptionRecipe, split: str) -> dict:
     first step is about lr * sign(gradient)) on the same batch; rank 0 gets the outcome."""
     torch.manual_seed(0)
     module = recipe.build_model()
-    recipe.initialize(module)
+    recipe.initialize(module, read_starting_weights(recipe.starts_from()), None)
     batch = recipe.collate_train(my_slice(global_images(), engine, SPLITS[split]))
     steps = sgd_steps(engine, recipe, module, batch, STEPS, LR)
     return {"steps": steps, "world_size": engine.world_size}

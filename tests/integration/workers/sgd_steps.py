@@ -21,7 +21,7 @@ def sgd_steps(engine: Engine, recipe, module: torch.nn.Module, batch: dict, step
     model.train()
     out = []
     for step in range(steps):
-        recipe.updates(step)
+        recipe.start_step(step)
         losses = recipe.losses(model, batch)
         engine.backward(losses["loss"])
         grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
