@@ -16,7 +16,7 @@ from helpers import assert_same_weights, wait_for_step, weights, write_planted_s
 from vldist import compat
 from vldist.checkpoint import step_checkpoints, verify
 from vldist.evaluate import main as evaluate_main
-from vldist.shards.writer import ShardSetWriter
+from vldist.shards.format.writer import ShardSetWriter
 from vldist.train import main as train_main
 
 SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vldist.shards.synth import build_synth
+from vldist.shards.synthetic.synth import build_synth
 from vldist.train import load_config, run
 
 

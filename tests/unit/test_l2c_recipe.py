@@ -11,7 +11,7 @@ from vldist.data.shardset import ShardSet
 from vldist.losses import total_variation_loss
 from vldist.recipes.base import StreamSource
 from vldist.recipes.l2c import L2CRecipe
-from vldist.shards.pairs import swap_image_tokens
+from vldist.shards.synthetic.pairs import swap_image_tokens
 from vldist.train import load_config
 
 TINY = ["model.image_size=64", "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3",

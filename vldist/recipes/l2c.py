@@ -35,7 +35,7 @@ from vldist.models.l2c import L2CEncoder, build_trunk
 from vldist.recipes.base import Recipe, StreamSource
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
 from vldist.report import caption_report
-from vldist.shards.pairs import swap_image_tokens
+from vldist.shards.synthetic.pairs import swap_image_tokens
 from vldist.visualize import pair_panel
 
 PAIR_KEYS = ("json", "img1.jpg", "img2.jpg")
