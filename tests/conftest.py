@@ -16,7 +16,7 @@ def planted_shards(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def pair_shards(tmp_path_factory) -> Path:
     """A miniature of the embedded image-pair set (L2C): 64 / 16 / 16 pairs of 64-pixel scenes."""
-    from vldist.shards.pairs import build_synth_pairs
+    from vldist.shards.synthetic.pairs import build_synth_pairs
 
     out = tmp_path_factory.mktemp("pairs") / "shards"
     build_synth_pairs(out, n_train=64, n_val=16, n_test=16, shard_size=16, image_size=64, progress=False)

@@ -18,8 +18,8 @@ import numpy as np
 from helpers import planted_sample
 from PIL import Image
 
-from vldist.shards.captions import make_captions
-from vldist.shards.scenes import generate_scene
+from vldist.shards.synthetic.captions import make_captions
+from vldist.shards.synthetic.scenes import generate_scene
 
 
 def _tokens(text: str) -> list[str]:

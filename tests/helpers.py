@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from vldist.data.vocab import Vocab
-from vldist.shards.writer import ShardSetWriter
+from vldist.shards.format.writer import ShardSetWriter
 
 WORDS = ["red", "green", "blue", "yellow", "circle", "square", "star", "small", "large", "left", "right", "top"]
 DIM = 32
@@ -63,9 +63,10 @@ def write_scene_images(out: Path, counts=None, seed: int = 0, image_size: int = 
     features): the second stream of L2C and LAViTeR's images, in miniature."""
     import random
 
-    from vldist.shards.captions import make_captions
-    from vldist.shards.scenes import generate_scene
-    from vldist.shards.synth import jpeg_bytes, sample_metadata
+    from vldist.shards.synthetic.captions import make_captions
+    from vldist.shards.synthetic.embedded_set import jpeg_bytes
+    from vldist.shards.synthetic.scenes import generate_scene
+    from vldist.shards.synthetic.synth import sample_metadata
 
     counts = counts or {"train": 48}
     rng = random.Random(seed)

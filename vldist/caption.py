@@ -2,9 +2,9 @@
 
 Prints `path<TAB>caption`, one line per image, in the order given. A region-feature model's
 features of each image are computed by the extractor its shard set was built with, standardised
-with the statistics stored beside the set's manifest (vldist/shards/extractor_setup.py). A model
-that reads pixels and describes pairs (L2C) takes IMAGE1 IMAGE2 [IMAGE1 IMAGE2 ...] and prints
-`path1 path2<TAB>description`.
+with the statistics stored beside the set's manifest (vldist/shards/features/extractor_setup.py).
+A model that reads pixels and describes pairs (L2C) takes IMAGE1 IMAGE2 [IMAGE1 IMAGE2 ...] and
+prints `path1 path2<TAB>description`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def caption_images(checkpoint, images: list, shards: str | None = None, device: 
                    beam_size: int | None = None) -> list[str]:
     """One caption per PIL image, from a checkpoint or run directory. Raises CaptionError (and the
     checkpoint and shard-set errors of vldist.trained_model.load_checkpoint)."""
-    from vldist.shards.extractor_setup import extractor_for
+    from vldist.shards.features.extractor_setup import extractor_for
 
     if device == "cuda":
         import torch

@@ -27,13 +27,15 @@ from PIL import Image
 from vldist import caption as caption_cli
 from vldist.data.shardset import ShardsUnfitError
 from vldist.shards.__main__ import main as shards_main
-from vldist.shards.captions import make_captions
-from vldist.shards.extractor_setup import extractor_for
-from vldist.shards.scenes import generate_scene
-from vldist.shards.standardization import STANDARDIZATION_NAME, load_standardization
-from vldist.shards.synth import build_synth, jpeg_bytes, split_rng
-from vldist.shards.verify import verify
-from vldist.shards.writer import ShardSetWriter
+from vldist.shards.features.extractor_setup import extractor_for
+from vldist.shards.format.layout import STANDARDIZATION_NAME
+from vldist.shards.format.standardization import load_standardization
+from vldist.shards.format.verify import verify
+from vldist.shards.format.writer import ShardSetWriter
+from vldist.shards.synthetic.captions import make_captions
+from vldist.shards.synthetic.embedded_set import jpeg_bytes, split_rng
+from vldist.shards.synthetic.scenes import generate_scene
+from vldist.shards.synthetic.synth import STREAM_NAME, build_synth
 
 
 def _samples(out: Path, split: str) -> list[tuple[str, dict]]:
@@ -89,7 +91,7 @@ def test_synth_features_rebuilt_from_the_set_are_the_stored_ones(synth_set):
     metas = [json.loads(members["json"]) for _, members in samples]
 
     # synth featurises each scene as rendered, before its JPEG is encoded: re-render the val scenes
-    rng, scenes = split_rng(0, "val"), []
+    rng, scenes = split_rng(STREAM_NAME, 0, "val"), []
     for _ in samples:
         scenes.append(generate_scene(rng, 128))
         make_captions(scenes[-1], rng)

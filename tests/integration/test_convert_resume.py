@@ -13,7 +13,7 @@ import time
 
 from dataset_fixtures import make_karpathy
 
-from vldist.shards.verify import verify
+from vldist.shards.format.verify import verify
 
 
 def _command(src, images, out):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import write_scene_images
 
-from vldist.shards.pairs import build_synth_pairs
+from vldist.shards.synthetic.pairs import build_synth_pairs
 from vldist.train import main as train_main
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),

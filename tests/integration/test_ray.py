@@ -164,7 +164,7 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
 
 
 def test_a_two_branch_job_trains_a_model_per_task_on_the_workers(ray_head, tmp_path):
-    from vldist.shards.synth import build_synth
+    from vldist.shards.synthetic.synth import build_synth
 
     shards = build_synth(tmp_path / "synth", n_train=80, n_val=16, n_test=24, feature_size=32, progress=False)
     assert shards["features"]["proposals"]

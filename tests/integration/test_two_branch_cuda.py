@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from vldist.shards.synth import build_synth
+from vldist.shards.synthetic.synth import build_synth
 from vldist.train import main as train_main
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -9,7 +9,7 @@ import pytest
 from helpers import TORCHRUN
 
 from vldist.evaluate import main as evaluate_main
-from vldist.shards.synth import build_synth
+from vldist.shards.synthetic.synth import build_synth
 from vldist.train import main as train_main
 
 TINY = ["model.hidden=64", "model.embed=32", "model.dropout=0.1", "data.batch_size=40", "data.eval_batch_size=40",

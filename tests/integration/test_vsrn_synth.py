@@ -2,9 +2,9 @@
 
 import pytest
 
-from vldist.shards.synth import build_synth
 from vldist.recipes.jobs import load_config
 from vldist.runner import run
+from vldist.shards.synthetic.synth import build_synth
 
 
 @pytest.fixture(scope="module")

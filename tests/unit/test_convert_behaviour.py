@@ -10,7 +10,7 @@ from dataset_fixtures import make_folder, make_karpathy, make_precomp
 from helpers import read_shard_set
 
 from vldist.shards.__main__ import main
-from vldist.shards.verify import verify
+from vldist.shards.format.verify import verify
 
 
 def run(capsys, fmt, src, out, *extra):

@@ -17,7 +17,7 @@ from helpers import npy_load, read_shard_set
 from PIL import Image
 
 from vldist.shards.__main__ import main
-from vldist.shards.verify import verify
+from vldist.shards.format.verify import verify
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "flickr30k_entities"
 GRID = 2

@@ -8,7 +8,7 @@ from dataset_fixtures import make_birds_to_words, make_cub, make_folder, make_ka
 from helpers import npy_load, read_shard_set
 
 from vldist.shards.__main__ import main
-from vldist.shards.verify import verify
+from vldist.shards.format.verify import verify
 
 FAST_FEATURES = ["--feature-size", "64", "--region-grid", "2"]
 

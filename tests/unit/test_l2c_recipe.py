@@ -11,8 +11,8 @@ from vldist.data.shardset import ShardSet
 from vldist.losses import total_variation_loss
 from vldist.data.streams import StreamSource
 from vldist.recipes.l2c import L2CRecipe
-from vldist.shards.pairs import swap_image_tokens
 from vldist.recipes.jobs import load_config
+from vldist.shards.synthetic.pairs import swap_image_tokens
 
 TINY = ["model.image_size=64", "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3",
         "model.captions_per_sample=2", "data.max_caption_len=20", "model.gcn_kernel=torch"]

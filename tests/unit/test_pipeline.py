@@ -204,7 +204,7 @@ def test_exact_epoch_order_changes_with_the_epoch(planted_shards):
 def test_corrupt_image_is_skipped_and_counted(tmp_path):
     from PIL import Image
 
-    from vldist.shards.writer import ShardSetWriter
+    from vldist.shards.format.writer import ShardSetWriter
 
     def jpeg(seed):
         buf = io.BytesIO()

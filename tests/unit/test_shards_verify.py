@@ -7,7 +7,7 @@ import sys
 import numpy as np
 from helpers import npy_bytes, write_planted_shards, write_tar
 
-from vldist.shards.verify import verify
+from vldist.shards.format.verify import verify
 
 
 def test_an_intact_set_passes(tmp_path):

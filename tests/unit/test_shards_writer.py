@@ -12,7 +12,8 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from vldist.shards.writer import MANIFEST_NAME, ShardSetWriter
+from vldist.shards.format.layout import MANIFEST_NAME
+from vldist.shards.format.writer import ShardSetWriter
 
 
 def _jpeg(seed: int) -> bytes:

@@ -14,10 +14,10 @@ from helpers import read_shard_set
 
 from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.__main__ import main
-from vldist.shards.captions import POSITION_WORDS, make_captions
-from vldist.shards.features import RegionFeatureExtractor
-from vldist.shards.scenes import COLORS, SHAPES, SceneObject, generate_scene, render
-from vldist.shards.synth import build_synth
+from vldist.shards.features.extractor import RegionFeatureExtractor
+from vldist.shards.synthetic.captions import POSITION_WORDS, make_captions
+from vldist.shards.synthetic.scenes import COLORS, SHAPES, SceneObject, generate_scene, render
+from vldist.shards.synthetic.synth import build_synth
 
 TINY = dict(n_train=8, n_val=4, n_test=4, shard_size=5, feature_size=32, progress=False)
 
@@ -85,7 +85,7 @@ def _check_proposals(meta, regions, proposals):
     extracted like the regions', and for each object at least one positive (IoU >= 0.7) and
     negatives (IoU < 0.3 to every object) to train with."""
     from vldist.data.phrases import overlaps
-    from vldist.shards.synth import PROPOSALS
+    from vldist.shards.synthetic.synth import PROPOSALS
 
     boxes = meta["proposal_boxes"]
     w, h = meta["width"], meta["height"]
@@ -342,7 +342,7 @@ def test_extractor_is_reproducible_and_checks_its_arguments():
 def test_calibrated_features_are_standardised_and_stage_sets_the_size():
     import random as _random
 
-    from vldist.shards.scenes import generate_scene
+    from vldist.shards.synthetic.scenes import generate_scene
 
     rng = _random.Random(5)
     scenes = [generate_scene(rng, 64) for _ in range(24)]

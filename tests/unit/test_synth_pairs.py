@@ -21,10 +21,11 @@ from helpers import read_shard_set
 
 from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.__main__ import main
-from vldist.shards.captions import make_captions
-from vldist.shards.pairs import (CHANGE_KINDS, build_synth_pairs, foreground_mask, make_pair, split_rng,
-                                 swap_image_tokens)
-from vldist.shards.scenes import COLORS, SHAPES, SceneObject, generate_scene
+from vldist.shards.synthetic.captions import make_captions
+from vldist.shards.synthetic.embedded_set import split_rng
+from vldist.shards.synthetic.pairs import (CHANGE_KINDS, STREAM_NAME, build_synth_pairs, foreground_mask,
+                                           make_pair, swap_image_tokens)
+from vldist.shards.synthetic.scenes import COLORS, SHAPES, SceneObject, generate_scene
 
 SIZE = 128
 TINY = dict(n_train=12, n_val=4, n_test=4, shard_size=5, progress=False)
@@ -441,7 +442,7 @@ def test_built_set_round_trips(tiny):
     for split in ("train", "val", "test"):
         samples = _samples(out, split)
         assert sorted(samples) == [f"{split}-{i:07d}" for i in range(TINY[f"n_{split}"])]
-        rng = split_rng(0, split)
+        rng = split_rng(STREAM_NAME, 0, split)
         for key in sorted(samples):
             members, pair = samples[key], make_pair(rng)  # the same stream regenerates the pair
             assert set(members) == MEMBERS

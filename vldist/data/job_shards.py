@@ -18,8 +18,8 @@ SYNTH_DIR = DataConfig.model_fields["shards"].default  # shards/synth
 PAIRS_DIR = "shards/synth_pairs"
 # The embedded sets vldist generates itself, by their default directory: built on first use.
 EMBEDDED_SETS = {
-    SYNTH_DIR: ("vldist.shards.synth", "build_synth", "the embedded synthetic dataset"),
-    PAIRS_DIR: ("vldist.shards.pairs", "build_synth_pairs", "the embedded image-pair dataset (L2C)"),
+    SYNTH_DIR: ("vldist.shards.synthetic.synth", "build_synth", "the embedded synthetic dataset"),
+    PAIRS_DIR: ("vldist.shards.synthetic.pairs", "build_synth_pairs", "the embedded image-pair dataset (L2C)"),
 }
 
 

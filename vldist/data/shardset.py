@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from vldist.data.vocab import Vocab
+from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
 
 
 class ShardsNotFoundError(FileNotFoundError):
@@ -40,7 +41,7 @@ class ShardSet:
         directory = Path(directory)
         if not directory.is_dir():
             raise ShardsNotFoundError(f"shard directory '{directory}' does not exist. {_how_to_build(directory)}")
-        manifest_path = directory / "manifest.json"
+        manifest_path = directory / MANIFEST_NAME
         manifest = {}
         if manifest_path.is_file():
             try:
@@ -94,7 +95,7 @@ class ShardSet:
         With `min_count` > 1 (words seen fewer times become <unk>, as captioning papers do) it is
         always built from the train captions: vocab.json keeps no counts. `also`: other sets a job
         trains on (L2C's single-image captions), whose train captions join the vocabulary."""
-        own = [self.directory / "vocab.json"] if min_count == 1 and not also else []
+        own = [self.directory / VOCAB_NAME] if min_count == 1 and not also else []
         name = "vocab" + (f"-min{min_count}" if min_count > 1 else "") + ("-streams" if also else "")
         cached = cache_dir / (name + ".json")
         for path in (*own, cached):

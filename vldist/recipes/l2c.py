@@ -36,8 +36,8 @@ from vldist.data.streams import StreamSource
 from vldist.recipes.base import Recipe
 from vldist.recipes.captioner import GeneratesCaptions, unwrap
 from vldist.report import caption_report
-from vldist.shards.pairs import swap_image_tokens
 from vldist.recipes.l2c_pictures import pair_panel
+from vldist.shards.synthetic.pairs import swap_image_tokens
 
 PAIR_KEYS = ("json", "img1.jpg", "img2.jpg")
 SINGLE_KEYS = ("json",)  # and a jpg or a png

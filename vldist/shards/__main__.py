@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .extractor_args import add_extractor_arguments
+from vldist.shards.features.extractor_args import add_extractor_arguments
 
 
 def _add_synth(sub) -> None:
@@ -35,7 +35,7 @@ def _add_synth(sub) -> None:
 
 
 def _run_synth(args) -> int:
-    from .synth import build_synth  # imports torch: only when the command runs
+    from vldist.shards.synthetic.synth import build_synth  # imports torch: only when the command runs
 
     start = time.perf_counter()
     manifest = build_synth(
@@ -68,7 +68,7 @@ def _add_synth_pairs(sub) -> None:
 
 
 def _run_synth_pairs(args) -> int:
-    from .pairs import build_synth_pairs
+    from vldist.shards.synthetic.pairs import build_synth_pairs
 
     start = time.perf_counter()
     manifest = build_synth_pairs(
@@ -97,7 +97,7 @@ def _add_verify(sub) -> None:
 
 
 def _run_verify(args) -> int:
-    from .verify import verify
+    from vldist.shards.format.verify import verify
 
     start = time.perf_counter()
     report = verify(args.dir)
@@ -112,7 +112,7 @@ def _run_verify(args) -> int:
 
 
 def _add_convert(sub) -> None:
-    from .convert import FORMATS
+    from vldist.shards.convert import FORMATS
 
     p = sub.add_parser(
         "convert",
@@ -139,8 +139,8 @@ def _add_convert(sub) -> None:
 
 
 def _run_convert(args) -> int:
-    from .convert import FORMATS, BadInput, convert
-    from .convert.engine import finished_shard_count
+    from vldist.shards.convert import FORMATS, BadInput, convert
+    from vldist.shards.convert.engine import finished_shard_count
 
     try:
         result = convert(FORMATS[args.format], args, args.out, shard_size=args.shard_size, workers=args.workers,

@@ -1,13 +1,13 @@
 """Converters from public dataset layouts to vldist shard sets: `python -m vldist.shards convert`."""
 
-from .base import BadInput, Converter
-from .birds_to_words import BirdsToWordsConverter
-from .cub import CubConverter
-from .engine import Result, convert
-from .flickr30k_entities import Flickr30kEntitiesConverter
-from .folder import FolderConverter
-from .karpathy import KarpathyConverter
-from .precomp import PrecompConverter
+from vldist.shards.convert.base import BadInput, Converter
+from vldist.shards.convert.birds_to_words import BirdsToWordsConverter
+from vldist.shards.convert.cub import CubConverter
+from vldist.shards.convert.engine import Result, convert
+from vldist.shards.convert.flickr30k_entities import Flickr30kEntitiesConverter
+from vldist.shards.convert.folder import FolderConverter
+from vldist.shards.convert.karpathy import KarpathyConverter
+from vldist.shards.convert.precomp import PrecompConverter
 
 FORMATS: dict[str, type[Converter]] = {
     c.name: c for c in (KarpathyConverter, PrecompConverter, CubConverter, BirdsToWordsConverter, FolderConverter,

@@ -15,9 +15,9 @@ import csv
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ...files import sha256_file
-from .base import BadInput, Converter, Item, Problems
-from .images import ImageSamples, add_feature_arguments, feature_options, image_plan
+from vldist.files import sha256_file
+from vldist.shards.convert.base import BadInput, Converter, Item, Problems
+from vldist.shards.convert.images import ImageSamples, add_feature_arguments, feature_options, image_plan
 
 COLUMNS = ("img1ObservationURL", "img1ImgURL", "img1Species", "img1Selection", "img2ObservationURL",
            "img2ImgURL", "img2Species", "img2Selection", "split", "annN", "description")

@@ -23,17 +23,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ...data.vocab import Vocab
-from ...files import sha256_file, write_json_atomic
-from ..standardization import STANDARDIZATION_NAME, save_standardization, standardization_in
-from ..writer import MANIFEST_NAME, ShardFile, build_manifest, check_split, sample_members
-from .base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
+from vldist.data.vocab import Vocab
+from vldist.files import sha256_file, write_json_atomic
+from vldist.shards.convert.base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
+from vldist.shards.format.layout import MANIFEST_NAME, STANDARDIZATION_NAME, VOCAB_NAME
+from vldist.shards.format.standardization import save_standardization, standardization_in
+from vldist.shards.format.writer import ShardFile, build_manifest, check_split, sample_members
 
 STATE_DIR = ".convert"
 SKIPPED_NAME = "skipped.jsonl"
-VOCAB_NAME = "vocab.json"
 ITEMS_PER_CALL = 32  # items handed to the sample maker at once (feature extraction batches them)
-_SET_FILES = ("manifest.json", "vocab.json", SKIPPED_NAME, "manifest.json.tmp", STANDARDIZATION_NAME,
+_SET_FILES = (MANIFEST_NAME, VOCAB_NAME, SKIPPED_NAME, MANIFEST_NAME + ".tmp", STANDARDIZATION_NAME,
               STANDARDIZATION_NAME + ".tmp")
 
 
@@ -282,7 +282,7 @@ _WORKER: dict = {}
 
 
 def _init_worker(name: str, setup, ticks) -> None:
-    from . import FORMATS
+    from vldist.shards.convert import FORMATS
 
     _WORKER["make"] = FORMATS[name].worker(setup)
     _WORKER["ticks"] = ticks

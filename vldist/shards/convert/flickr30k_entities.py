@@ -39,11 +39,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...files import sha256_file
-from ..proposals import make_proposals
-from .base import BadInput, Converter, Item, Problems
-from .images import ImageSamples, add_feature_arguments, feature_options, image_plan
-from .karpathy import read_json
+from vldist.files import sha256_file
+from vldist.shards.convert.base import BadInput, Converter, Item, Problems
+from vldist.shards.convert.images import ImageSamples, add_feature_arguments, feature_options, image_plan
+from vldist.shards.convert.karpathy import read_json
+from vldist.shards.synthetic.proposals import make_proposals
 
 SPLITS = ("train", "val", "test")
 NOT_VISUAL = "0"  # the entity id of phrases that name nothing in the image

@@ -17,9 +17,10 @@ import csv
 import json
 from pathlib import Path
 
-from ...files import sha256_file
-from .base import BadInput, Converter, Item, Problems
-from .images import IMAGE_SUFFIXES, ImageSamples, add_feature_arguments, feature_options, image_plan
+from vldist.files import sha256_file
+from vldist.shards.convert.base import BadInput, Converter, Item, Problems
+from vldist.shards.convert.images import (IMAGE_SUFFIXES, ImageSamples, add_feature_arguments, feature_options,
+                                         image_plan)
 
 SPLIT_DIRS = ("train", "val", "test")
 

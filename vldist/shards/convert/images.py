@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..extractor_args import add_extractor_arguments
-from .base import BadInput, Item, Plan
+from vldist.shards.convert.base import BadInput, Item, Plan
+from vldist.shards.features.extractor_args import add_extractor_arguments
 
 STORED_AS_IS = {"JPEG": "jpg", "PNG": "png"}
 REENCODE_QUALITY = 95
@@ -117,7 +117,7 @@ def one_thread():
 
 
 def _extractor(options: dict, device: str):
-    from ..features import RegionFeatureExtractor
+    from vldist.shards.features.extractor import RegionFeatureExtractor
 
     return RegionFeatureExtractor(options["backbone"], weights=options["weights"], input_size=options["input_size"],
                                   layer=options["layer"], grid=options["grid"], device=device)

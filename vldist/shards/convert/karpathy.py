@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ...files import sha256_file
-from .base import BadInput, Converter, Item, Problems
-from .images import ImageSamples, add_feature_arguments, feature_options, image_plan
+from vldist.files import sha256_file
+from vldist.shards.convert.base import BadInput, Converter, Item, Problems
+from vldist.shards.convert.images import ImageSamples, add_feature_arguments, feature_options, image_plan
 
 SOURCE_SPLITS = ("train", "restval", "val", "test")
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...files import sha256_file
-from .base import BadInput, Converter, Item, Plan, Problems
+from vldist.files import sha256_file
+from vldist.shards.convert.base import BadInput, Converter, Item, Plan, Problems
 
 KNOWN_SPLITS = ("train", "dev", "test", "testall")
 RENAMED = {"dev": "val"}

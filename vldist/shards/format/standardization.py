@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-STANDARDIZATION_NAME = "feature_standardization.safetensors"
+from vldist.shards.format.layout import STANDARDIZATION_NAME
 
 
 def save_standardization(directory: str | Path, shift, scale) -> str:

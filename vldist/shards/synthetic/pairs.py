@@ -24,13 +24,17 @@ import numpy as np
 from PIL import Image, ImageDraw
 from tqdm import tqdm
 
-from ..data.vocab import Vocab, tokenize
-from .captions import NUMBER_WORDS, make_captions, zone
-from .scenes import (COLORS, MAX_OBJECTS, SIZES, Scene, SceneObject, _apart, _as_random, _bounding_box,
-                     _outline, _place_objects, draw_object, generate_scene, render)
-from .synth import SPLITS, VOCAB_NAME, building, check_counts, jpeg_bytes, sample_key
-from .writer import ShardSetWriter
+from vldist.data.vocab import Vocab, tokenize
+from vldist.shards.format.layout import VOCAB_NAME
+from vldist.shards.format.writer import ShardSetWriter
+from vldist.shards.synthetic.captions import NUMBER_WORDS, make_captions, zone
+from vldist.shards.synthetic.embedded_set import (SPLITS, building, check_counts, jpeg_bytes, sample_key,
+                                                  split_rng)
+from vldist.shards.synthetic.scenes import (COLORS, MAX_OBJECTS, SIZES, Scene, SceneObject, as_random,
+                                            bounding_box, boxes_apart, draw_object, generate_scene,
+                                            place_objects, render, shape_outline)
 
+STREAM_NAME = "vldist-synth-pairs"  # each split its own stream, apart from synth's (same seed, other pictures)
 IMAGE_TOKENS = ("image1", "image2")
 CHANGE_KINDS = ("color", "size", "position", "count")
 N_DESCRIPTIONS = 5
@@ -101,14 +105,14 @@ class _Change:
 
 def _geometry(obj: SceneObject) -> tuple[float, float, float]:
     """Centre and side of the outline the object was drawn from (its box is rounded and clipped)."""
-    unit = _outline(obj.shape, 0.0, 0.0, 1.0)
+    unit = shape_outline(obj.shape, 0.0, 0.0, 1.0)
     xs, unit_xs = [p[0] for p in obj.points], [p[0] for p in unit]
     side = (max(xs) - min(xs)) / (max(unit_xs) - min(unit_xs))
     return obj.points[0][0] - side * unit[0][0], obj.points[0][1] - side * unit[0][1], side
 
 
 def _fits(obj: SceneObject, others: list[SceneObject]) -> bool:
-    return all(_apart(obj.box, o.box) for o in others)
+    return all(boxes_apart(obj.box, o.box) for o in others)
 
 
 def _recolor(objects: list[SceneObject], rnd: random.Random, size: int) -> _Change | None:
@@ -125,12 +129,12 @@ def _resize(objects: list[SceneObject], rnd: random.Random, size: int) -> _Chang
         cx, cy, _ = _geometry(obj)
         for attempt in range(20):  # grow in place if there is room, else a little aside
             side = size * rnd.uniform(*SIZES[new_size])
-            margin = 2 + side / 2  # as scenes._place_objects keeps objects off the border
+            margin = 2 + side / 2  # as scenes.place_objects keeps objects off the border
             jitter = 0 if attempt == 0 else 0.15 * size
             x = min(max(cx + rnd.uniform(-jitter, jitter), margin), size - margin)
             y = min(max(cy + rnd.uniform(-jitter, jitter), margin), size - margin)
-            points = _outline(obj.shape, x, y, side)
-            new = SceneObject(obj.shape, obj.color, new_size, _bounding_box(points, size, size), points)
+            points = shape_outline(obj.shape, x, y, side)
+            new = SceneObject(obj.shape, obj.color, new_size, bounding_box(points, size, size), points)
             if _fits(new, others):
                 return _Change("size", obj, new)
     return None
@@ -149,7 +153,7 @@ def _move(objects: list[SceneObject], rnd: random.Random, size: int) -> _Change 
                                                                and margin <= cy + dy <= size - margin):
                 continue
             points = [(x + dx, y + dy) for x, y in obj.points]
-            new = SceneObject(obj.shape, obj.color, obj.size, _bounding_box(points, size, size), points)
+            new = SceneObject(obj.shape, obj.color, obj.size, bounding_box(points, size, size), points)
             if _fits(new, others):
                 return _Change("position", obj, new)
     return None
@@ -160,7 +164,7 @@ def _add_or_remove(objects: list[SceneObject], rnd: random.Random, size: int) ->
         return _Change("count", rnd.choice(objects), None)
     used = {(o.shape, o.color) for o in objects}
     for _attempt in range(50):
-        new = _place_objects(rnd, 1, size, size)[0]  # one object alone always fits: then check the rest
+        new = place_objects(rnd, 1, size, size)[0]  # one object alone always fits: then check the rest
         if (new.shape, new.color) not in used and _fits(new, objects):
             return _Change("count", None, new)
     return None
@@ -179,7 +183,7 @@ def _changed(objects: list[SceneObject], change: _Change) -> list[SceneObject]:
 
 def make_pair(rng, image_size: int = 128) -> Pair:
     """A scene, the same scene with one change of a random kind, in a random order, described."""
-    rnd = _as_random(rng)
+    rnd = as_random(rng)
     scene = generate_scene(rnd, image_size)
     for kind in rnd.sample(CHANGE_KINDS, len(CHANGE_KINDS)):  # the drawn kind, else another that fits
         change = _CHANGES[kind](scene.objects, rnd, image_size)
@@ -383,11 +387,6 @@ def describe(d: _Difference, rnd: random.Random, n: int = N_DESCRIPTIONS) -> lis
 
 # --- the shard set --------------------------------------------------------------------------
 
-def split_rng(seed: int, split: str) -> random.Random:
-    """Each split its own stream, apart from synth's (same seed, other pictures)."""
-    return random.Random(f"vldist-synth-pairs:{seed}:{split}")
-
-
 def _image_metadata(scene: Scene) -> dict:
     return {"width": scene.width, "height": scene.height,
             "objects": [{"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size}
@@ -422,7 +421,7 @@ def build_synth_pairs(out_dir, n_train: int = 2000, n_val: int = 250, n_test: in
             tqdm(total=sum(counts.values()), unit="pair", desc="synth-pairs", disable=not progress) as bar, \
             ShardSetWriter(partial, shard_size=shard_size, source="synth-pairs") as writer:
         for split in SPLITS:
-            rng = split_rng(seed, split)
+            rng = split_rng(STREAM_NAME, seed, split)
             for index in range(counts[split]):
                 pair = make_pair(rng, image_size)
                 if split == "train":

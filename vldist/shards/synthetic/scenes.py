@@ -63,7 +63,7 @@ class Scene:
     image: Image.Image = field(repr=False)
 
 
-def _as_random(rng) -> random.Random:
+def as_random(rng) -> random.Random:
     """Accept a random.Random or a numpy Generator; numpy seeds a Random once, deterministically."""
     if isinstance(rng, random.Random):
         return rng
@@ -72,7 +72,7 @@ def _as_random(rng) -> random.Random:
     raise TypeError(f"rng must be random.Random or numpy.random.Generator, got {type(rng).__name__}")
 
 
-def _outline(shape: str, cx: float, cy: float, side: float) -> list[tuple[float, float]]:
+def shape_outline(shape: str, cx: float, cy: float, side: float) -> list[tuple[float, float]]:
     """Polygon of a shape fitting a `side` x `side` square centred at (cx, cy)."""
     r = side / 2
     if shape == "square":
@@ -95,7 +95,8 @@ def _outline(shape: str, cx: float, cy: float, side: float) -> list[tuple[float,
     raise ValueError(f"unknown shape {shape!r}; choose from {SHAPES}")
 
 
-def _bounding_box(points, width: int, height: int) -> list[int]:
+def bounding_box(points, width: int, height: int) -> list[int]:
+    """Pixel box [x0, y0, x1, y1] (x1/y1 exclusive) around an outline, clipped to the image."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     return [
         max(0, math.floor(min(xs))),
@@ -105,11 +106,13 @@ def _bounding_box(points, width: int, height: int) -> list[int]:
     ]
 
 
-def _apart(a: list[int], b: list[int]) -> bool:
+def boxes_apart(a: list[int], b: list[int]) -> bool:
+    """Whether two boxes leave at least GAP free pixels between them (objects never overlap)."""
     return a[2] + GAP <= b[0] or b[2] + GAP <= a[0] or a[3] + GAP <= b[1] or b[3] + GAP <= a[1]
 
 
-def _place_objects(rnd: random.Random, n: int, width: int, height: int) -> list[SceneObject]:
+def place_objects(rnd: random.Random, n: int, width: int, height: int) -> list[SceneObject]:
+    """Up to `n` objects, each apart from the others and with a (shape, colour) of its own."""
     objects: list[SceneObject] = []
     used: set[tuple[str, str]] = set()
     side_of_image = min(width, height)
@@ -124,9 +127,9 @@ def _place_objects(rnd: random.Random, n: int, width: int, height: int) -> list[
             margin = 2 + side / 2
             cx = rnd.uniform(margin, width - margin)
             cy = rnd.uniform(margin, height - margin)
-            points = _outline(shape, cx, cy, side)
-            box = _bounding_box(points, width, height)
-            if all(_apart(box, o.box) for o in objects):
+            points = shape_outline(shape, cx, cy, side)
+            box = bounding_box(points, width, height)
+            if all(boxes_apart(box, o.box) for o in objects):
                 objects.append(SceneObject(shape, color, size, box, points))
                 used.add((shape, color))
                 break
@@ -158,8 +161,8 @@ def generate_scene(rng, image_size: int = 128) -> Scene:
     """A scene of 1-4 objects and its rendered RGB image, fully determined by `rng`'s state."""
     if image_size < 32:
         raise ValueError(f"image_size must be at least 32 pixels, got {image_size}")
-    rnd = _as_random(rng)
+    rnd = as_random(rng)
     n = rnd.randint(1, MAX_OBJECTS)
-    objects = _place_objects(rnd, n, image_size, image_size)
+    objects = place_objects(rnd, n, image_size, image_size)
     image = render(objects, image_size, image_size, rnd)
     return Scene(image_size, image_size, objects, image)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from vldist.files import sha256_file
+from vldist.shards.format.layout import MANIFEST_NAME
 
 
 @dataclass
@@ -90,7 +91,7 @@ def _check_standardization(directory: Path, features: dict, report: Report) -> N
     name = features.get("standardization")
     if not name:
         return
-    from .standardization import load_standardization
+    from vldist.shards.format.standardization import load_standardization
 
     if not (directory / name).is_file():
         report.problem(name, "named in manifest.json (features.standardization) but missing")
@@ -103,7 +104,7 @@ def _check_standardization(directory: Path, features: dict, report: Report) -> N
 
 def verify(directory: Path) -> Report:
     directory, report, keys = Path(directory), Report(), Counter()
-    manifest_path = directory / "manifest.json"
+    manifest_path = directory / MANIFEST_NAME
     if not directory.is_dir():
         report.problem(str(directory), "no such directory")
         return report

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data.shardset import ShardSet, ShardsUnfitError
-from .convert.images import grid_boxes, one_thread
-from .standardization import STANDARDIZATION_NAME, load_standardization
+from vldist.data.shardset import ShardSet, ShardsUnfitError
+from vldist.shards.convert.images import grid_boxes, one_thread
+from vldist.shards.format.layout import STANDARDIZATION_NAME
+from vldist.shards.format.standardization import load_standardization
 
 SYNTH_USER_GRID = 2  # a user's image on a synth model: the whole image plus this grid's cells
 SYNTH_REGIONS = "the whole image plus a 2x2 grid (5 regions; synth's own samples use object boxes)"
@@ -101,7 +102,7 @@ def extractor_for(shard_set: ShardSet | str | Path, device: str = "cpu") -> Imag
 
 def _build(features: dict, device: str, where, make=None):
     """The extractor the manifest describes (built by `make(settings, device, where)` when given)."""
-    from .features import RegionFeatureExtractor
+    from vldist.shards.features.extractor import RegionFeatureExtractor
 
     settings = {"backbone": features.get("extractor", "resnet50"), "weights": features.get("weights"),
                 "input_size": features.get("input_size", 96), "layer": features.get("layer", "layer2"),
@@ -126,7 +127,7 @@ def _build(features: dict, device: str, where, make=None):
 def _recalibrated_synth(config: dict):
     """For a synth set built before the statistics were stored: build_synth's own calibration again
     (its seed, its calibration scenes at the set's image size)."""
-    from .synth import EXTRACTOR_SEED, calibrated_extractor
+    from vldist.shards.synthetic.synth import EXTRACTOR_SEED, calibrated_extractor
 
     def make(settings: dict, device: str, where):
         if settings["seed"] != EXTRACTOR_SEED:

@@ -1,4 +1,4 @@
-"""A generic writer of WebDataset shard sets in the layout of shards/README.md.
+"""A generic writer of WebDataset shard sets in the layout of shards/README.md (file names: layout.py).
 
 Tars are written with `tarfile` directly so that the same samples always give the same bytes
 (fixed mtime, owner and mode; a sample's members contiguous and sorted by extension). A shard is
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from vldist.files import sha256_file, write_json_atomic
+from vldist.shards.format.layout import MANIFEST_NAME, shard_name
 
-MANIFEST_NAME = "manifest.json"
 FORMAT_NAME = "vldist-shards"
 FORMAT_VERSION = 1
 
@@ -29,10 +29,6 @@ FORMAT_VERSION = 1
 _KEY = re.compile(r"^[A-Za-z0-9_\-]+$")
 _EXT = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
 _SPLIT = re.compile(r"^[A-Za-z0-9_]+$")
-
-
-def shard_name(split: str, index: int) -> str:
-    return f"{split}-{index:06d}.tar"
 
 
 def encode_value(ext: str, value: Any) -> bytes:

@@ -1,5 +1,5 @@
 """Command-line options of the CNN region-feature extractor, shared by `synth` and `convert`
-(kept apart from features.py so that parsing arguments does not import torch)."""
+(kept apart from extractor.py so that parsing arguments does not import torch)."""
 
 from __future__ import annotations
 

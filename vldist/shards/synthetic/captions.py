@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from .scenes import Scene, SceneObject, _as_random
+from vldist.shards.synthetic.scenes import Scene, SceneObject, as_random
 
 N_CAPTIONS = 5
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
@@ -205,7 +205,7 @@ def make_captions(scene: Scene, rng, n: int = N_CAPTIONS) -> list[str]:
     """`n` distinct captions, each true of the scene, in a shuffled order; deterministic in rng."""
     if not scene.objects:
         raise ValueError("a scene without objects cannot be captioned")
-    rnd = _as_random(rng)
+    rnd = as_random(rng)
     captions: list[str] = []
     plan = _plan(scene, rnd)
     fallbacks = ["listing", "position", "count", "relation", "size"]

@@ -1,61 +1,38 @@
 """Builds the embedded synthetic dataset: rendered scenes, five captions each, region features.
 
-The set is written into `<out>.partial/` and renamed to `<out>` only when complete, so a build
-that was interrupted never looks finished (and its leftovers are removed by the next build).
+The set is written into `<out>.partial/` and renamed to `<out>` only when complete
+(embedded_set.building), so a build that was interrupted never looks finished.
 
 Images and JSON depend only on the arguments. Features are float sums whose order depends on the
 CPU and the torch thread count, so shards are byte-identical for the same seed on the same kind of
 machine and thread count; elsewhere a few feature values may differ in their last float16 bit.
 The extractor's standardisation is stored beside the manifest (feature_standardization.safetensors),
-so features of new images can be computed like the set's (vldist/shards/extractor_setup.py).
+so features of new images can be computed like the set's (vldist/shards/features/extractor_setup.py).
 """
 
 from __future__ import annotations
 
-import io
 import random
-import re
-import shutil
-from contextlib import contextmanager
-from pathlib import Path
 
 from tqdm import tqdm
 
-from ..data.vocab import Vocab
-from .captions import make_captions
-from .features import RegionFeatureExtractor
-from .proposals import make_proposals
-from .scenes import Scene, generate_scene
-from .standardization import STANDARDIZATION_NAME, save_standardization
-from .writer import MANIFEST_NAME, ShardSetWriter
+from vldist.data.vocab import Vocab
+from vldist.shards.features.extractor import RegionFeatureExtractor
+from vldist.shards.format.layout import STANDARDIZATION_NAME, VOCAB_NAME
+from vldist.shards.format.standardization import save_standardization
+from vldist.shards.format.writer import ShardSetWriter
+from vldist.shards.synthetic.captions import make_captions
+from vldist.shards.synthetic.embedded_set import (SPLITS, building, check_counts, jpeg_bytes, sample_key,
+                                                  split_rng)
+from vldist.shards.synthetic.proposals import make_proposals
+from vldist.shards.synthetic.scenes import Scene, generate_scene
 
-SPLITS = ("train", "val", "test")
+STREAM_NAME = "vldist-synth"  # names the set's random streams: changing it changes every sample
 MAX_REGIONS = 5  # the whole image plus at most 4 objects
 PROPOSALS = 32  # candidate boxes per image for phrase localisation (proposals.py)
-JPEG_QUALITY = 90
 FEATURE_BATCH = 64
 CALIBRATION_SCENES = 256  # scenes whose region features set the per-dimension standardisation
 EXTRACTOR_SEED = 0  # fixed, not the data seed: sets built with other seeds share one extractor
-VOCAB_NAME = "vocab.json"
-# What a shard-set directory may hold; --overwrite deletes nothing else.
-_SET_FILE = re.compile(
-    r"^([A-Za-z0-9_]+-\d{6}\.tar|manifest\.json|vocab\.json|" + re.escape(STANDARDIZATION_NAME) + r")(\.tmp)?$"
-)
-
-
-def split_rng(seed: int, split: str) -> random.Random:
-    """Independent, reproducible stream per split (str seeds are hashed with SHA-512, not hash())."""
-    return random.Random(f"vldist-synth:{seed}:{split}")
-
-
-def sample_key(split: str, index: int) -> str:
-    return f"{split}-{index:07d}"
-
-
-def jpeg_bytes(scene: Scene) -> bytes:
-    buf = io.BytesIO()
-    scene.image.save(buf, format="JPEG", quality=JPEG_QUALITY)
-    return buf.getvalue()
 
 
 def region_boxes(scene: Scene) -> list[list[int]]:
@@ -93,71 +70,15 @@ def sample_metadata(key: str, split: str, scene: Scene, captions: list[str], see
     return meta
 
 
-def check_target(out: Path, overwrite: bool) -> None:
-    """Refuse to build over an existing set (unless overwrite) or over unrelated files (ever)."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise FileExistsError(f"{out} exists and is not a directory; choose another --out")
-    entries = sorted(p.name for p in out.iterdir())
-    if not entries:
-        return
-    foreign = [name for name in entries if not _SET_FILE.match(name)]
-    if foreign:
-        raise FileExistsError(
-            f"{out} holds files that are not part of a shard set ({', '.join(foreign[:5])}); "
-            "it is left alone even with --overwrite: choose another --out or empty it yourself"
-        )
-    if not overwrite:
-        what = "a shard set" if MANIFEST_NAME in entries else "an unfinished shard set (no manifest.json)"
-        raise FileExistsError(f"{out} already holds {what}; pass --overwrite (overwrite=True) to "
-                              "replace it, or choose another --out")
-
-
-def check_counts(counts: dict[str, int]) -> None:
-    if counts["train"] < 1 or counts["val"] < 0 or counts["test"] < 0:
-        raise ValueError(f"need n_train >= 1 and n_val, n_test >= 0, got {counts}")
-
-
-@contextmanager
-def building(out_dir, overwrite: bool):
-    """Where a new set is written: `<out>.partial`, renamed to `out` when the block ends, removed
-    if it raises (so a set that is there is always complete)."""
-    out = Path(out_dir)
-    check_target(out, overwrite)
-    partial = out.with_name(out.name + ".partial")
-    if partial.exists():  # left by an interrupted build
-        shutil.rmtree(partial)
-    try:
-        yield partial
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    _install(partial, out)
-
-
-def _install(partial: Path, out: Path) -> None:
-    """Move the finished build to `out`, replacing what check_target allowed to be replaced."""
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        out.rename(old)
-        partial.rename(out)
-        shutil.rmtree(old)
-    else:
-        partial.rename(out)
-
-
 def calibrated_extractor(backbone: str = "resnet50", weights: str | None = None, feature_size: int = 96,
                          layer: str = "layer2", grid: int = 2, image_size: int = 128,
                          device: str = "cpu") -> RegionFeatureExtractor:
     """The extractor of a synth set: seeded with EXTRACTOR_SEED and standardised on the regions of
     CALIBRATION_SCENES scenes of their own fixed stream (the same for every data seed). A set built
-    before its statistics were stored gets them back from here (vldist/shards/extractor_setup.py)."""
+    before its statistics were stored gets them back from here (vldist/shards/features/extractor_setup.py)."""
     extractor = RegionFeatureExtractor(backbone, weights=weights, input_size=feature_size, seed=EXTRACTOR_SEED,
                                        layer=layer, grid=grid, device=device)
-    calibration_rng = split_rng(EXTRACTOR_SEED, "calibration")
+    calibration_rng = split_rng(STREAM_NAME, EXTRACTOR_SEED, "calibration")
     calibration = [generate_scene(calibration_rng, image_size) for _ in range(CALIBRATION_SCENES)]
     extractor.calibrate([s.image for s in calibration], [region_boxes(s) for s in calibration])
     return extractor
@@ -170,7 +91,7 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
     """Render, caption and featurise the synthetic splits into a shard set at `out_dir`.
 
     feature_size is the side the extractor resizes images to; layer and grid pick the ResNet stage
-    and the roi_align grid (see features.py for why layer2 with a 2x2 grid is the default).
+    and the roi_align grid (see features/extractor.py for why layer2 with a 2x2 grid is the default).
     `proposals`: candidate boxes per image for phrase localisation, with their features (0: none).
     Returns the manifest.
     """
@@ -189,7 +110,7 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
         with tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress) as bar, \
                 ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer:
             for split in SPLITS:
-                rng = split_rng(seed, split)
+                rng = split_rng(STREAM_NAME, seed, split)
                 pending: list[tuple[Scene, dict]] = []
                 for index in range(counts[split]):
                     scene = generate_scene(rng, image_size)
