@@ -26,6 +26,7 @@ from tqdm import tqdm
 from vldist.data.vocab import Vocab
 from vldist.files import sha256_file, write_json_atomic
 from vldist.shards.convert.base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
+from vldist.shards.convert.formats import FORMATS
 from vldist.shards.format.layout import MANIFEST_NAME, STANDARDIZATION_NAME, VOCAB_NAME
 from vldist.shards.format.standardization import save_standardization, standardization_in
 from vldist.shards.format.writer import ShardFile, build_manifest, check_split, sample_members
@@ -282,8 +283,6 @@ _WORKER: dict = {}
 
 
 def _init_worker(name: str, setup, ticks) -> None:
-    from vldist.shards.convert import FORMATS
-
     _WORKER["make"] = FORMATS[name].worker(setup)
     _WORKER["ticks"] = ticks
 
