@@ -76,29 +76,30 @@ class Run:
     kept: bool  # finished before this invocation
 
 
-def _commit() -> str | None:
+def _commit(cwd: Path | None = None) -> str | None:
     try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=REPO,
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=cwd or REPO,
                               capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def train_once(job: str, run_dir: Path, argv: list[str], results: str = "metrics.json") -> Run:
+def train_once(job: str, run_dir: Path, argv: list[str], results: str = "metrics.json", cwd: Path | None = None) -> Run:
     """`python -m vldist.train JOB ARGV output.dir=RUN_DIR` in a fresh process, its output in
     run_dir/train.log, unless run_dir/`results` is there from an earlier invocation (kept: an
     interrupted bench resumes, a rerun trains nothing). `results`: where the job writes its
-    metrics under run_dir (a staged job: in its stage's directory, e.g. cl/metrics.json)."""
+    metrics under run_dir (a staged job: in its stage's directory, e.g. cl/metrics.json). `cwd`:
+    run in that checkout instead (its vldist: `python -m` imports the working directory's)."""
     record = run_dir / RUN_RECORD
     kept = (run_dir / results).exists()
     if not kept:
         run_dir.mkdir(parents=True, exist_ok=True)
-        commit = _commit()
+        commit = _commit(cwd)
         start = time.perf_counter()
         with open(run_dir / "train.log", "w") as log:
             done = subprocess.run([sys.executable, "-m", "vldist.train", job, *argv, f"output.dir={run_dir}"],
-                                  stdout=log, stderr=subprocess.STDOUT)
+                                  stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         if done.returncode != 0:
             sys.exit(f"{run_dir}: training failed (exit {done.returncode}), see {run_dir / 'train.log'}")
         seconds = round(time.perf_counter() - start, 1)

@@ -24,6 +24,7 @@ METHODS = {
     "cl": ("cl_ablation.py", "captioning.md"),
     "l2c": ("l2c_ablation.py", "l2c.md"),
     "laviter": ("laviter_ablation.py", "laviter.md"),
+    "duplicates": ("duplicates_ablation.py", "benchmarks.md"),  # the demo before and after no self-negatives
 }
 
 
