@@ -34,7 +34,6 @@ from torch import nn
 from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError, JobConfig, updated
 from vldist.data.samples import require_region_features
-from vldist.data.vocab import Vocab
 from vldist.distributed.zero import whole_parameters
 from vldist.distributed.collectives import global_sum
 from vldist.losses import cross_rank_contrastive_captioning_loss
@@ -134,9 +133,9 @@ class CLCaptionRecipe(CaptionerRecipe):
     description = "Contrastive Learning for captioning (Dai & Lin 2017): target vs frozen reference, from an MLE captioner"
     ModelConfig = CLCaptionConfig
 
-    def __init__(self, config: JobConfig, vocab: Vocab, feature_dim: int | None = None):
-        super().__init__(config, vocab, feature_dim)
-        self._step = 0  # the optimizer step in progress (updates())
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._step = 0  # the optimizer step in progress (start_step)
         self._micro = 0  # losses() calls within it (gradient accumulation)
         self._replaced_at: int | None = None
         self.last_draw: dict | None = None  # the newest negatives, for inspection (tests)
