@@ -51,7 +51,7 @@ class DamsmRecipe:
     def optimizer_groups(self, module: nn.Module) -> dict:
         return {"main": list(module.parameters())}
 
-    def updates(self, step: int) -> None:
+    def start_step(self, step: int) -> None:
         pass
 
     def losses(self, model: nn.Module, batch: dict) -> dict:
