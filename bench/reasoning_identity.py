@@ -351,15 +351,45 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def summary(results: list[dict]) -> str:
+    """One markdown row per probed run: its reasoning layers' BN weight, the residual branch
+    against the layer's input (evaluation mode, over real regions), and what skipping all of them
+    changes; each over the layers, as mean (min-max)."""
+    def spread(values: list[float]) -> str:
+        return f"{sum(values) / len(values):.3g} ({min(values):.2g}-{max(values):.2g})"
+
+    head = ["run", "step", "layers", "mean \\|gamma\\|", "branch / input", "input RMS per element",
+            "skipping them changes the output by"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        layers = list(r["layers"].values())
+        if not layers:
+            lines.append(f"| {r['run']} | {r['step']} | 0 | – | – | – | – |")
+            continue
+        lines.append("| " + " | ".join([
+            r["run"], str(r["step"]), str(len(layers)), spread([x["gamma_mean_abs"] for x in layers]),
+            spread([x["running"]["branch_ratio_mean"] for x in layers]),
+            spread([x["running"]["input_rms"] for x in layers]),
+            f"{r['skip_all_change']['running']['mean']:.3g}"]) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="run directories or checkpoints (vsrn or l2c)")
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories or checkpoints (vsrn or l2c)")
+    parser.add_argument("--from", dest="from_results", type=Path, metavar="JSON",
+                        help="print the summary table of a --json file and probe nothing")
     parser.add_argument("--split", default="test")
     parser.add_argument("--batches", type=int, default=4, help="eval batches run through the model")
     parser.add_argument("--shards", help="shard directory (default: the one each run was trained on)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     parser.add_argument("--json", type=Path, help="write the numbers here")
     args = parser.parse_args(argv)
+    if args.from_results is not None:
+        print(summary(json.loads(args.from_results.read_text())))
+        return 0
+    if not args.runs:
+        parser.error("give run directories to probe, or --from a results file")
     results = []
     for path in args.runs:
         try:
@@ -374,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")
+    print(summary(results))
     return 0
 
 

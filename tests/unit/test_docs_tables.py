@@ -70,6 +70,21 @@ def test_the_docs_show_the_tables_of_the_committed_results(results):
         at = found + len(block)
 
 
+# results files other benches print a table of with --from: file -> (bench, page)
+OTHER_TABLES = {
+    "reasoning_identity_vsrn.json": ("reasoning_identity.py", "vsrn.md"),
+    "reasoning_identity_l2c.json": ("reasoning_identity.py", "l2c.md"),
+}
+
+
+@pytest.mark.parametrize("name", [name for name in OTHER_TABLES if (RESULTS / name).is_file()])
+def test_the_docs_show_the_other_tables_of_committed_results(name):
+    script, page = OTHER_TABLES[name]
+    table = _from(script, RESULTS / name).strip()
+    assert table in (REPO / "docs" / page).read_text(), (
+        f"docs/{page} does not hold `python bench/{script} --from docs/results/{name}` verbatim:\n\n{table}")
+
+
 @pytest.mark.skip(reason="results of the issue-23 reruns not committed yet")
 def test_every_ablation_has_results():
     found = {path.name for path in RESULTS.glob("*_ablation.json")}
