@@ -18,6 +18,8 @@ from vldist.losses.hinge import hardest_negative_hinge
 from vldist.losses.negatives import draw_negatives
 from vldist.losses.not_negative import other_image_rows
 
+from test_two_branch_loss import direct_loss  # tests/unit is on sys.path: pytest prepends it
+
 # rows 1 and 4 are one image (its copy may carry another caption)
 IDENTITY = torch.tensor([10, 11, 12, 13, 11, 14])
 
@@ -76,27 +78,8 @@ def test_hinge_not_negative_contract():
 # --- two-branch ranking loss ------------------------------------------------------------------------
 
 def ranking_without_copies(image, text, text_image, identity, margin, top_k, l_image, l_text, l_neighbors):
-    """Eq. 3-6 loop by loop; a candidate is a negative only when its image is another image."""
-    ids, owner = identity.tolist(), text_image.tolist()
-
-    def d(a, b):
-        return torch.linalg.vector_norm(a - b)
-
-    def top_k_sum(hinges):
-        hinges = sorted(hinges, key=lambda h: float(h.detach()), reverse=True)[:top_k]
-        return sum((h.clamp(min=0) for h in hinges), torch.tensor(0.0, dtype=image.dtype))
-
-    total = torch.tensor(0.0, dtype=image.dtype)
-    for j, i in enumerate(owner):
-        other_text = [k for k in range(len(owner)) if ids[owner[k]] != ids[i]]
-        other_images = [k for k in range(len(ids)) if ids[k] != ids[i]]
-        total = total + l_image * top_k_sum([margin + d(image[i], text[j]) - d(image[i], text[k]) for k in other_text])
-        total = total + l_text * top_k_sum([margin + d(text[j], image[i]) - d(text[j], image[k]) for k in other_images])
-        for p, ip in enumerate(owner):  # neighbours: the other sentences this sample brought
-            if ip == i and p != j:
-                total = total + l_neighbors * top_k_sum(
-                    [margin + d(text[j], text[p]) - d(text[j], text[k]) for k in other_text])
-    return total
+    """Eq. 3-6 loop by loop (test_two_branch_loss's reading); a negative's image is another image."""
+    return direct_loss(image, text, text_image, margin, top_k, l_image, l_text, l_neighbors, identity=identity)
 
 
 @pytest.mark.parametrize("top_k", [1, 3])

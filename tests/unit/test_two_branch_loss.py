@@ -7,9 +7,12 @@ import torch.nn.functional as F
 from vldist.losses.two_branch import two_branch_ranking_loss
 
 
-def direct_loss(image, text, text_image, margin, top_k, l_image, l_text, l_neighbors):
-    """Every (anchor, positive) pair, its negatives listed one by one, the K largest hinges summed."""
-    text_image = text_image.tolist()
+def direct_loss(image, text, text_image, margin, top_k, l_image, l_text, l_neighbors, identity=None):
+    """Every (anchor, positive) pair, its negatives listed one by one, the K largest hinges summed.
+    A candidate is a negative only when its image is another image: another row, or, given each
+    image row's identity, a row of another identity (a copy of the same image is no negative)."""
+    owner = text_image.tolist()
+    ids = list(range(image.shape[0])) if identity is None else identity.tolist()
 
     def d(a, b):
         return torch.linalg.vector_norm(a - b)
@@ -19,19 +22,15 @@ def direct_loss(image, text, text_image, margin, top_k, l_image, l_text, l_neigh
         return sum((h.clamp(min=0) for h in hinges), torch.tensor(0.0, dtype=image.dtype))
 
     total = torch.tensor(0.0, dtype=image.dtype)
-    for j, i in enumerate(text_image):  # image anchor i, its sentence j positive
-        negatives = [k for k in range(len(text_image)) if text_image[k] != i]
-        total = total + l_image * top_k_sum([margin + d(image[i], text[j]) - d(image[i], text[k]) for k in negatives])
-    for j, i in enumerate(text_image):  # sentence anchor j, its image i positive
-        negatives = [k for k in range(image.shape[0]) if k != i]
-        total = total + l_text * top_k_sum([margin + d(text[j], image[i]) - d(text[j], image[k]) for k in negatives])
-    for j, i in enumerate(text_image):  # sentence anchor j, another sentence p of image i positive
-        for p, ip in enumerate(text_image):
-            if ip != i or p == j:
-                continue
-            negatives = [k for k in range(len(text_image)) if text_image[k] != i]
-            total = total + l_neighbors * top_k_sum(
-                [margin + d(text[j], text[p]) - d(text[j], text[k]) for k in negatives])
+    for j, i in enumerate(owner):  # sentence j and its image i: the anchors of Eq. 3-6
+        other_text = [k for k in range(len(owner)) if ids[owner[k]] != ids[i]]
+        other_images = [k for k in range(len(ids)) if ids[k] != ids[i]]
+        total = total + l_image * top_k_sum([margin + d(image[i], text[j]) - d(image[i], text[k]) for k in other_text])
+        total = total + l_text * top_k_sum([margin + d(text[j], image[i]) - d(text[j], image[k]) for k in other_images])
+        for p, ip in enumerate(owner):  # neighbours: another sentence p of image i is the positive
+            if ip == i and p != j:
+                total = total + l_neighbors * top_k_sum(
+                    [margin + d(text[j], text[p]) - d(text[j], text[k]) for k in other_text])
     return total
 
 
