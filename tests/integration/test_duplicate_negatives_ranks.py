@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))
 from test_duplicate_negatives import (  # noqa: E402
     cross_entropy_without_copies,
     hinge_without_copies,
-    ranking_without_copies,
 )
+from test_two_branch_loss import direct_loss  # noqa: E402  (Eq. 3-6 loop by loop, copies left out by identity)
 
 from vldist.losses.damsm import cosine_matrix, word_region_scores  # noqa: E402
 
@@ -43,8 +43,8 @@ def reference(objective: str, inputs: dict) -> tuple[torch.Tensor, dict]:
     if objective == "two_branch":
         leaves = {k: inputs[k].clone().requires_grad_() for k in ("image", "sentences")}
         text_image = torch.arange(worker.B).repeat_interleave(2)
-        return ranking_without_copies(leaves["image"], leaves["sentences"], text_image, identity, 0.1, 3, 1.0, 2.0,
-                                      0.2), leaves
+        return direct_loss(leaves["image"], leaves["sentences"], text_image, 0.1, 3, 1.0, 2.0, 0.2,
+                           identity=identity), leaves
     leaves = {k: inputs[k].clone().requires_grad_() for k in ("words", "regions", "sentence", "global_image")}
     part = objective[len("damsm_"):]
     if part.startswith("words"):

@@ -75,12 +75,7 @@ def test_hinge_not_negative_contract():
         hardest_negative_hinge(scores, positives, not_negative=not_negative[:1])
 
 
-# --- two-branch ranking loss ------------------------------------------------------------------------
-
-def ranking_without_copies(image, text, text_image, identity, margin, top_k, l_image, l_text, l_neighbors):
-    """Eq. 3-6 loop by loop (test_two_branch_loss's reading); a negative's image is another image."""
-    return direct_loss(image, text, text_image, margin, top_k, l_image, l_text, l_neighbors, identity=identity)
-
+# --- two-branch ranking loss (reference: test_two_branch_loss.direct_loss with identities) -------
 
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_two_branch_ranking_leaves_the_copy_out(top_k):
@@ -91,7 +86,7 @@ def test_two_branch_ranking_leaves_the_copy_out(top_k):
                                                                        dtype=torch.float64), dim=1).requires_grad_()
     args = (0.1, top_k, 1.0, 2.0, 0.2)
     loss = two_branch_ranking_loss(image, text, text_image, *args, identity=IDENTITY)
-    ref = ranking_without_copies(image, text, text_image, IDENTITY, *args)
+    ref = direct_loss(image, text, text_image, *args, identity=IDENTITY)
     # the loss keeps distances differentiable at 0 (sqrt(d^2 + 1e-8)): equal to ~1e-8
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
     for g_loss, g_ref in zip(torch.autograd.grad(loss, (image, text)), torch.autograd.grad(ref, (image, text))):
@@ -258,9 +253,8 @@ def test_embedding_network_and_cl_pass_the_identity(planted_shards, monkeypatch)
         loss = recipe.losses(model, batch)["loss"]
         out = model(batch["images"], batch["tokens"])
         cfg = recipe.cfg
-        ref = ranking_without_copies(out["image"].double(), out["text"].double(), batch["text_image"],
-                                     batch["identity"], cfg.margin, cfg.top_k, cfg.lambda_image, cfg.lambda_text,
-                                     cfg.lambda_text_neighbors)
+        ref = direct_loss(out["image"].double(), out["text"].double(), batch["text_image"], cfg.margin, cfg.top_k,
+                          cfg.lambda_image, cfg.lambda_text, cfg.lambda_text_neighbors, identity=batch["identity"])
     assert loss.item() == pytest.approx(ref.item(), rel=1e-4)
 
 
