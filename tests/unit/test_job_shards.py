@@ -59,3 +59,41 @@ def test_embedded_sets_are_built_only_when_missing_and_allowed(tmp_path, monkeyp
     (tmp_path / "shards" / "synth").mkdir(parents=True)
     build_missing(load_config("vsrn", []), OneSet)
     assert built == ["shards/synth"]  # there now: not built again
+
+
+def _slow_builder(directory: str) -> None:
+    """A stand-in for an embedded set's builder: it counts its calls and takes long enough that
+    two processes started together overlap, writing through .partial as the real builders do."""
+    from pathlib import Path
+    import time
+
+    with open(f"{directory}.calls", "a") as calls:
+        calls.write("built\n")
+    partial = Path(f"{directory}.partial")
+    partial.mkdir()
+    time.sleep(1.0)
+    (partial / "manifest.json").write_text("{}")
+    partial.rename(directory)
+
+
+def _build_in_process(cwd: str) -> None:
+    import os
+
+    os.chdir(cwd)
+    job_shards.EMBEDDED_SETS["shards/synth"] = (__name__, "_slow_builder", "a test set")
+    job_shards.build_embedded("shards/synth")
+
+
+def test_two_processes_building_one_set_build_it_once(tmp_path):
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # real processes: a file lock is per process
+    processes = [context.Process(target=_build_in_process, args=(str(tmp_path),)) for _ in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(60)
+    assert [p.exitcode for p in processes] == [0, 0]
+    assert (tmp_path / "shards" / "synth.calls").read_text() == "built\n"
+    assert (tmp_path / "shards" / "synth" / "manifest.json").exists()
+    assert not (tmp_path / "shards" / "synth.partial").exists()

@@ -8,6 +8,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from filelock import FileLock
+
 from vldist.config import DataConfig
 from vldist.data.shardset import ShardSet
 from vldist.data.streams import stream_sources
@@ -33,9 +35,19 @@ def build_missing(config, recipe_cls) -> None:
     """Build the embedded sets the job reads that are not there yet (data.build_if_missing)."""
     for directory in [config.data.shards, *stream_sets(config, recipe_cls)]:
         if directory in EMBEDDED_SETS and config.data.build_if_missing and not Path(directory).exists():
-            module, builder, what = EMBEDDED_SETS[directory]
-            log.info("shards '%s' not found: building %s (once, about a minute)", directory, what)
-            getattr(importlib.import_module(module), builder)(directory)
+            build_embedded(directory)
+
+
+def build_embedded(directory: str) -> None:
+    """Build one embedded set unless another process has: two jobs started at once in one
+    directory (two benches, a job beside the tests) would otherwise write the same .partial files."""
+    Path(directory).parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{directory}.lock"):
+        if Path(directory).exists():  # built while this process waited for the lock
+            return
+        module, builder, what = EMBEDDED_SETS[directory]
+        log.info("shards '%s' not found: building %s (once, about a minute)", directory, what)
+        getattr(importlib.import_module(module), builder)(directory)
 
 
 @dataclass
