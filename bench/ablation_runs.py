@@ -19,18 +19,20 @@ The results file (schema "vldist-ablation/1"; no absolute paths, no host names):
      "seeds": [0, 1, 2],
      "rows": {"<row key>": {"label": "Mean-pool", "job": "vsrn", "overrides": ["model.rrr_layers=0", ...],
                             "runs": {"0": {"metrics": {"rsum": 410.9, ...}, "seconds": 301.5,
-                                           "commit": "76ab57c"}, ...}},
+                                           "commit": "76ab57c", "torch": "2.14.1"}, ...}},
               ...}}
 
 A run's "metrics" are the bench's named numbers from its metrics.json (the bench's METRICS; a
 number the run did not report, or NaN, is left out); "seconds" is the training process's wall
-time and "commit" `git describe --always --dirty` when it started (both null for a run trained
-before the bench recorded them, in <run>/bench_run.json).
+time, "commit" `git describe --always --dirty` when it started and "torch" the installed torch's
+version (null for a run trained before the bench recorded them, in <run>/bench_run.json): the same
+commit on another torch version trains to other last digits, enough to move a 3-seed mean.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import shlex
@@ -74,6 +76,7 @@ class Run:
     seconds: float | None  # the training process's wall time; None: unknown (trained before it was recorded)
     commit: str | None
     kept: bool  # finished before this invocation
+    torch: str | None = None  # the torch version it trained with; None: unknown (trained before it was recorded)
 
 
 def _commit(cwd: Path | None = None) -> str | None:
@@ -103,9 +106,18 @@ def train_once(job: str, run_dir: Path, argv: list[str], results: str = "metrics
         if done.returncode != 0:
             sys.exit(f"{run_dir}: training failed (exit {done.returncode}), see {run_dir / 'train.log'}")
         seconds = round(time.perf_counter() - start, 1)
-        record.write_text(json.dumps({"seconds": seconds, "commit": commit}) + "\n")
+        record.write_text(json.dumps({"seconds": seconds, "commit": commit, "torch": _torch_version()}) + "\n")
     info = json.loads(record.read_text()) if record.exists() else {}
-    return Run(json.loads((run_dir / results).read_text()), info.get("seconds"), info.get("commit"), kept)
+    return Run(json.loads((run_dir / results).read_text()), info.get("seconds"), info.get("commit"), kept,
+               info.get("torch"))
+
+
+def _torch_version() -> str | None:
+    """The installed torch's version, read from its metadata (the bench itself never imports torch)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def pick(metrics: dict, paths: dict[str, tuple[str, ...]]) -> dict[str, float]:
@@ -304,7 +316,8 @@ class Recorder:
                                                "runs": {}})
         if entry["overrides"] != portable(overrides):
             raise ValueError(f"row {row.key!r}: overrides differ between seeds")
-        entry["runs"][str(seed)] = {"metrics": metrics, "seconds": run.seconds, "commit": run.commit}
+        entry["runs"][str(seed)] = {"metrics": metrics, "seconds": run.seconds, "commit": run.commit,
+                                    "torch": run.torch}
         took = "kept" if run.kept else f"{run.seconds:.0f} s"
         shown = ", ".join(f"{c.head} {c.scale * metrics[c.metric]:.{c.digits}f}" for c in self.progress
                           if c.metric in metrics)

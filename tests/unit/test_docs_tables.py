@@ -169,6 +169,25 @@ def test_results_files_hold_no_absolute_path_and_the_command_only_what_changes_r
     assert parser.parse_args([]).results == REPO / "docs" / "results" / "toy_ablation.json"
 
 
+def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
+    """A finished run is not trained again; its seconds, commit and torch version (the same commit
+    on another torch trains to other last digits) reach the results file's entry."""
+    ar = _module("ablation_runs")
+    run_dir = tmp_path / "row" / "seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.json").write_text(json.dumps({"test": {"rsum": 101.5}}))
+    (run_dir / ar.RUN_RECORD).write_text(json.dumps({"seconds": 12.5, "commit": "abc1234", "torch": "2.14.1"}))
+    run = ar.train_once("vsrn", run_dir, [])
+    assert run.kept and (run.seconds, run.commit, run.torch) == (12.5, "abc1234", "2.14.1")
+    record = ar.Recorder([ar.Col("rsum", "rsum")])
+    record(ar.Row("row", "Row", "vsrn"), 0, run, ar.pick(run.metrics, {"rsum": ("test", "rsum")}))
+    assert record.rows["row"]["runs"]["0"] == {"metrics": {"rsum": 101.5}, "seconds": 12.5, "commit": "abc1234",
+                                               "torch": "2.14.1"}
+    assert "Row, seed 0: rsum 101.5 (kept)" in capsys.readouterr().out
+    (run_dir / ar.RUN_RECORD).unlink()  # trained before runs were recorded: all unknown
+    assert (ar.train_once("vsrn", run_dir, []).torch, ar.train_once("vsrn", run_dir, []).commit) == (None, None)
+
+
 def test_pick_keeps_the_named_numbers_a_run_reported():
     ar = _module("ablation_runs")
     metrics = {"test": {"full": {"rsum": 400.5}, "captions": {"meteor": float("nan")}}, "best_epoch": 15}
