@@ -29,7 +29,11 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    shards: str = Field("shards/synth", description="shard directory (manifest.json + <split>-*.tar)")
+    shards: str = Field("shards/synth", description="shard directory (manifest.json + <split>-*.tar), or its URL "
+                        "(s3://bucket/prefix, gs://..., https://host/prefix: any fsspec filesystem)")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of the URL's fsspec filesystem (e.g. {endpoint_url: ...}); "
+        "credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never from here")
     build_if_missing: bool = Field(True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent")
     train_split: str = "train"
     val_split: str = "val"
@@ -46,6 +50,15 @@ class DataConfig(Section):
     vocab_min_count: int = Field(
         1, ge=1, description="words seen fewer times in the train captions become <unk> (captioning papers: 5)"
     )
+
+
+    @field_validator("storage_options", "shards")
+    @classmethod
+    def _no_credentials(cls, value, info):
+        from vldist.store.credentials import refuse_credentials
+
+        refuse_credentials(info.field_name, value)
+        return value
 
 
 class TrainConfig(Section):
@@ -251,6 +264,12 @@ def describe_errors(err: ValidationError, config_class: type[BaseModel]) -> str:
         key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(unknown_key_message(key, config_class))
+        elif key.startswith("data.storage_options"):  # may hold a credential: never echoed
+            lines.append(f"{key}: {e['msg']}")
+        elif key == "data.shards" and isinstance(e.get("input"), str):  # a URL: without its credentials
+            from vldist.store.location import redact
+
+            lines.append(f"{key}: {e['msg']} (got {redact(e['input'])!r})")
         else:
             lines.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
     return "invalid job config:\n  " + "\n  ".join(lines)

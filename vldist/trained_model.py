@@ -19,7 +19,7 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
         raw["data"] = {**raw.get("data", {}), "shards": shards}
     config = validate_job(raw)
     recipe_cls = get_recipe(config.recipe)
-    shard_set = ShardSet.open(config.data.shards)
+    shard_set = ShardSet.open(config.data.shards, config.data.storage_options)
     try:
         vocab = Vocab.load(ckpt / "vocab.json")
     except ValueError as err:

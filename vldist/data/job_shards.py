@@ -66,5 +66,6 @@ class JobShards:
 
 def open_job_shards(config, recipe_cls) -> JobShards:
     """Open the job's shard sets, once each (build the embedded ones first with build_missing)."""
-    return JobShards(ShardSet.open(config.data.shards),
-                     {d: ShardSet.open(d) for d in stream_sets(config, recipe_cls)})
+    options = config.data.storage_options
+    return JobShards(ShardSet.open(config.data.shards, options),
+                     {d: ShardSet.open(d, options) for d in stream_sets(config, recipe_cls)})

@@ -1,18 +1,22 @@
-"""A shard set on disk: its manifest, the shard files of each split, and its vocabulary."""
+"""A shard set, in a local directory or at a URL (vldist/store): its manifest, the shard files of
+each split, and its vocabulary."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from vldist.data.vocab import Vocab
 from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
+from vldist.store.location import filesystem, is_url, join, open_binary, redact
 
 
 class ShardsNotFoundError(FileNotFoundError):
@@ -23,7 +27,9 @@ class ShardsUnfitError(ValueError):
     """The shard set lacks what the recipe reads (e.g. region features); the message says how to add it."""
 
 
-def _how_to_build(directory: Path) -> str:
+def _how_to_build(directory: str | Path) -> str:
+    if is_url(directory):
+        return "Check the URL and that the set is there (its manifest.json and <split>-*.tar)."
     return (
         f"Build the embedded dataset with `python -m vldist.shards synth --out {directory}`, "
         "or set data.shards=<dir> to a shard set you converted (see shards/README.md)."
@@ -32,37 +38,74 @@ def _how_to_build(directory: Path) -> str:
 
 @dataclass
 class ShardSet:
-    directory: Path
+    directory: Path | str  # a local directory, or a URL (str) read through fsspec
     manifest: dict
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # data.storage_options
     _counted: dict[str, int] = field(default_factory=dict, repr=False)  # splits counted without a manifest
 
     @classmethod
-    def open(cls, directory: str | Path) -> "ShardSet":
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise ShardsNotFoundError(f"shard directory '{directory}' does not exist. {_how_to_build(directory)}")
-        manifest_path = directory / MANIFEST_NAME
-        manifest = {}
-        if manifest_path.is_file():
+    def open(cls, directory: str | Path, storage_options: dict[str, Any] | None = None) -> "ShardSet":
+        storage_options = dict(storage_options or {})
+        if is_url(directory):
+            directory = str(directory).rstrip("/")
+            fs, path = filesystem(directory, storage_options)
+            present = fs.isdir(path)
+        else:
+            directory = Path(directory)
+            present = directory.is_dir()
+        if not present:
+            raise ShardsNotFoundError(f"shard directory '{redact(directory)}' does not exist. {_how_to_build(directory)}")
+        shards = cls(directory, {}, storage_options)
+        text = shards._read_text(MANIFEST_NAME)
+        if text is not None:
             try:
-                manifest = json.loads(manifest_path.read_text())
+                shards.manifest = json.loads(text)
             except ValueError as err:
-                raise ShardsUnfitError(f"{manifest_path} is not valid JSON ({err}); rebuild or fix the shard set") from err
-        return cls(directory, manifest)
+                raise ShardsUnfitError(f"{redact(join(directory, MANIFEST_NAME))} is not valid JSON ({err}); rebuild or "
+                                       "fix the shard set") from err
+        return shards
+
+    def _read_text(self, name: str) -> str | None:
+        """A file of the set as text; None when it is not there."""
+        if not is_url(self.directory):
+            path = Path(self.directory) / name
+            return path.read_text() if path.is_file() else None
+        fs, path = filesystem(str(join(self.directory, name)), self.storage_options)
+        return fs.cat_file(path).decode() if fs.isfile(path) else None
+
+    @contextlib.contextmanager
+    def _tar(self, url: str):
+        """A shard as a TarFile: local ones with random access (headers only are read), remote ones
+        as a stream read once front to back."""
+        if not is_url(url):
+            with tarfile.open(url) as tar:
+                yield tar
+            return
+        with open_binary(url, self.storage_options) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            yield tar
+
+    def _listing(self) -> set[str]:
+        """The names of the files in the set's directory (one listing, not a request per shard)."""
+        if not is_url(self.directory):
+            return {p.name for p in Path(self.directory).iterdir()}
+        fs, path = filesystem(str(self.directory), self.storage_options)
+        return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)}
 
     def urls(self, split: str) -> list[str]:
         """Shard files of a split: from the manifest, else every `<split>-*.tar` in the directory."""
         listed = self.manifest.get("splits", {}).get(split, {}).get("shards")
-        paths = [self.directory / s["file"] for s in listed] if listed else sorted(self.directory.glob(f"{split}-*.tar"))
-        if not paths:
+        present = self._listing()
+        names = [s["file"] for s in listed] if listed else \
+            sorted(n for n in present if n.startswith(f"{split}-") and n.endswith(".tar"))
+        if not names:
             raise ShardsNotFoundError(
-                f"no shards for split '{split}' in '{self.directory}' (expected files {split}-000000.tar ...). "
+                f"no shards for split '{split}' in '{redact(self.directory)}' (expected files {split}-000000.tar ...). "
                 + _how_to_build(self.directory)
             )
-        missing = [str(p) for p in paths if not p.is_file()]
+        missing = [redact(join(self.directory, n)) for n in names if n not in present]
         if missing:
             raise ShardsNotFoundError(f"shards listed in the manifest are missing: {', '.join(missing)}")
-        return [str(p) for p in paths]
+        return [str(join(self.directory, n)) for n in names]
 
     def num_samples(self, split: str) -> int | None:
         """From the manifest; without one, counted from the tar headers (shards from other tools)."""
@@ -72,7 +115,7 @@ class ShardSet:
         if split not in self._counted:  # a scan of every header: once per split, not per evaluation
             keys = set()
             for url in self.urls(split):
-                with tarfile.open(url) as tar:
+                with self._tar(url) as tar:
                     keys.update((url, m.name.partition(".")[0]) for m in tar if m.isfile())
             self._counted[split] = len(keys)
         return self._counted[split]
@@ -83,7 +126,7 @@ class ShardSet:
         if dim is not None or self.manifest:
             return dim
         for url in self.urls("train"):
-            with tarfile.open(url) as tar:
+            with self._tar(url) as tar:
                 for member in tar:
                     if member.name.endswith(".regions.npy"):
                         regions = np.load(io.BytesIO(tar.extractfile(member).read()), allow_pickle=False)
@@ -95,29 +138,31 @@ class ShardSet:
         With `min_count` > 1 (words seen fewer times become <unk>, as captioning papers do) it is
         always built from the train captions: vocab.json keeps no counts. `also`: other sets a job
         trains on (L2C's single-image captions), whose train captions join the vocabulary."""
-        own = [self.directory / VOCAB_NAME] if min_count == 1 and not also else []
         name = "vocab" + (f"-min{min_count}" if min_count > 1 else "") + ("-streams" if also else "")
         cached = cache_dir / (name + ".json")
-        for path in (*own, cached):
-            if path.is_file():
-                try:
-                    return Vocab.load(path)
-                except ValueError as err:
-                    raise ShardsUnfitError(str(err)) from None
+        own = self._read_text(VOCAB_NAME) if min_count == 1 and not also else None
+        if own is not None:
+            return self._vocab_of(own, join(self.directory, VOCAB_NAME))
+        if cached.is_file():
+            return self._vocab_of(cached.read_text(), cached)
         vocab = Vocab.build(itertools.chain(self.train_captions(), *(other.train_captions() for other in also)),
                             min_count)
         cache_dir.mkdir(parents=True, exist_ok=True)
         vocab.save(cached)
         return vocab
 
+    @staticmethod
+    def _vocab_of(text: str, where: str | Path) -> Vocab:
+        try:
+            return Vocab.from_json(text, redact(where))
+        except ValueError as err:
+            raise ShardsUnfitError(str(err)) from None
+
     def train_captions(self):
         """Every caption of the train split, in shard order (read from the JSON members only)."""
-        import webdataset as wds
-
+        from vldist.data.shard_stream import shard_samples
         from vldist.data.skips import skipped
 
-        samples = wds.tarfile_samples(
-            ({"url": u} for u in self.urls("train")), handler=skipped, select_files=lambda n: n.endswith(".json")
-        )
+        samples = shard_samples(self.urls("train"), skipped, lambda n: n.endswith(".json"), self.storage_options)
         for sample in samples:
             yield from json.loads(sample["json"]).get("captions", [])

@@ -61,10 +61,20 @@ class Vocab:
     @classmethod
     def load(cls, path: str | Path) -> "Vocab":
         try:
-            words = json.loads(Path(path).read_text())["words"]
-        except (OSError, ValueError, KeyError) as err:
+            text = Path(path).read_text()
+        except OSError as err:
+            raise ValueError(f"cannot read the vocabulary {path}: {err}. Delete it and it is rebuilt from the "
+                             "train captions.") from err
+        return cls.from_json(text, str(path))
+
+    @classmethod
+    def from_json(cls, text: str, where: str) -> "Vocab":
+        """A vocabulary from vocab.json's text (`where`: where it was read, for the message)."""
+        try:
+            words = json.loads(text)["words"]
+        except (ValueError, KeyError, TypeError) as err:
             raise ValueError(
-                f"cannot read the vocabulary {path}: {err}. Delete it and it is rebuilt from the "
+                f"cannot read the vocabulary {where}: {err}. Delete it and it is rebuilt from the "
                 "train captions."
             ) from err
         return cls(words)

@@ -36,6 +36,7 @@ from vldist.preemption import STOP_FILE, TrainingStopped, signal_numbers, write_
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import validate_job
 from vldist.run_lock import check_free
+from vldist.store.location import is_url
 
 # A rank's run: (config, on_checkpoint, stop_file) -> results on rank 0 (vldist.runner.run)
 TrainFunction = Callable[..., "dict | None"]
@@ -63,11 +64,16 @@ def run_dir(config: JobConfig) -> Path:
     return Path(config.ray.storage_path).expanduser().resolve() / config.ray.name.format(recipe=config.recipe)
 
 
+def absolute(where: str) -> str:
+    """A local path made absolute; a URL (s3://...) as it is: every worker reads the same store."""
+    return where if is_url(where) else str(Path(where).expanduser().resolve())
+
+
 def worker_config(config: JobConfig) -> JobConfig:
     """The config the workers run: absolute paths (workers start in other directories, maybe on
     other machines) and the run directory as output."""
     return config.model_copy(update={
-        "data": config.data.model_copy(update={"shards": str(Path(config.data.shards).expanduser().resolve())}),
+        "data": config.data.model_copy(update={"shards": absolute(config.data.shards)}),
         "output": config.output.model_copy(update={"dir": str(run_dir(config))}),
         # a job submitted again carries on where it stopped (a new run needs a new ray.name)
         "train": config.train.model_copy(update={"resume": config.train.resume or "auto"}),

@@ -1,0 +1,71 @@
+"""A shard set's location: a local path, or a URL read through fsspec.
+
+fsspec does the reading (s3fs, gcsfs, its own HTTP filesystem); this module only keeps URLs and
+paths apart (pathlib turns 's3://bucket/set' into 's3:/bucket/set'), strips credentials from every
+URL it names in a message, and turns a missing filesystem package into the extra to install."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two letters at least: 'C:\' is a Windows path
+# the pip extra (pyproject.toml) that installs each scheme's fsspec filesystem
+EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+
+
+class StoreSupportMissing(ImportError):
+    """The URL's filesystem package is not installed; the message names the extra."""
+
+
+def is_url(where: str | Path) -> bool:
+    """A URL (scheme://...) rather than a local path; file:// counts as a URL too."""
+    return isinstance(where, str) and bool(_SCHEME.match(where))
+
+
+def redact(where: str | Path) -> str:
+    """The location as messages may show it: a URL without user:password@ and without its query
+    (where signed URLs carry their signature)."""
+    if not is_url(where):
+        return str(where)
+    parts = urlsplit(str(where))
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}"  # not urlunsplit: it drops the // of memory:///x
+
+
+def join(base: str | Path, *names: str) -> str | Path:
+    """A path or URL inside `base`, of the same kind."""
+    if is_url(base):
+        return posixpath.join(str(base).rstrip("/"), *names)
+    return Path(base).joinpath(*names)
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None):
+    """(fsspec filesystem, path inside it) for a URL. fsspec caches instances per process and
+    builds new ones after a fork, so loader workers call this themselves."""
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as err:
+        scheme = urlsplit(url).scheme
+        extra = EXTRAS.get(scheme)
+        how = f'pip install "vldist[{extra}]"' if extra else f"install the fsspec filesystem for {scheme}://"
+        raise StoreSupportMissing(f"reading {redact(url)} needs {scheme}:// support, which is not installed: {how} "
+                                  f"({err})") from None
+
+
+def open_binary(where: str | Path, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
+    """The file at a local path or URL, opened for reading bytes."""
+    if not is_url(where):
+        return open(where, "rb")
+    fs, path = filesystem(str(where), storage_options)
+    # shards are read front to back once: over HTTP one streaming GET (block_size=0), which also
+    # serves servers that ignore Range requests; elsewhere fsspec's read-ahead blocks
+    sequential = {"block_size": 0} if urlsplit(str(where)).scheme in ("http", "https") else {"cache_type": "readahead"}
+    return fs.open(path, "rb", **sequential)
