@@ -34,6 +34,8 @@ class DataConfig(Section):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="options of the URL's fsspec filesystem (e.g. {endpoint_url: ...}); "
         "credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never from here")
+    retries: int = Field(8, ge=0, description="reading a shard set at a URL: tries again after a dropped, reset or "
+                         "cut connection (resuming at the byte reached) before the shard is skipped and counted")
     build_if_missing: bool = Field(True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent")
     train_split: str = "train"
     val_split: str = "val"

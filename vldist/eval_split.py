@@ -24,7 +24,7 @@ def eval_loader(config, recipe, shards, split: str, shielded_signals=()):
     spec = StreamSpec(
         urls=shards.urls(split), keep=recipe.sample_keys, optional=recipe.optional_keys, sample_fn=recipe.eval_sample,
         collate_fn=recipe.collate_eval, batch_size=config.data.eval_batch_size, seed=config.seed,
-        storage_options=shards.storage_options,
+        access=shards.access,
     )
     return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)), shielded_signals)
 

@@ -12,7 +12,7 @@ from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
-from vldist.store.location import StoreSupportMissing
+from vldist.store.location import StoreSupportMissing, StoreUnreachable
 from vldist.trainer import NonFiniteLossError
 
 DONE = 0
@@ -25,7 +25,8 @@ INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports): ended at once
 # CaptionMetricsError, and refuses to start rather than fails.
 EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
     (REFUSED, (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
-               OutputDirInUse, JavaNotFoundError, StoreSupportMissing)),
+               OutputDirInUse, JavaNotFoundError, StoreSupportMissing,
+               StoreUnreachable)),
     (FAILED, (RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError)),
     (STOPPED, (TrainingStopped, RunStopped)),
     (INTERRUPTED, (KeyboardInterrupt,)),

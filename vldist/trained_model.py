@@ -8,6 +8,7 @@ from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import validate_job
+from vldist.store.access import StoreAccess
 
 
 def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
@@ -19,7 +20,7 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
         raw["data"] = {**raw.get("data", {}), "shards": shards}
     config = validate_job(raw)
     recipe_cls = get_recipe(config.recipe)
-    shard_set = ShardSet.open(config.data.shards, config.data.storage_options)
+    shard_set = ShardSet.open(config.data.shards, StoreAccess.of(config.data))
     try:
         vocab = Vocab.load(ckpt / "vocab.json")
     except ValueError as err:

@@ -16,12 +16,13 @@ from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
-from vldist.store.location import StoreSupportMissing
+from vldist.store.location import StoreSupportMissing, StoreUnreachable
 from vldist.trainer import NonFiniteLossError
 
 
 @pytest.mark.parametrize("error", [ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError,
-                                   IncompatibleCheckpoint, OutputDirInUse, JavaNotFoundError, StoreSupportMissing])
+                                   IncompatibleCheckpoint, OutputDirInUse, JavaNotFoundError, StoreSupportMissing,
+                                   StoreUnreachable])
 def test_refusals_exit_2_with_the_error_line(error):
     assert exit_status(error("what is wrong")) == (REFUSED, "error: what is wrong") == (2, "error: what is wrong")
 

@@ -13,6 +13,7 @@ from filelock import FileLock
 from vldist.config import DataConfig
 from vldist.data.shardset import ShardSet
 from vldist.data.streams import stream_sources
+from vldist.store.access import StoreAccess
 
 log = logging.getLogger("vldist.train")
 
@@ -66,6 +67,6 @@ class JobShards:
 
 def open_job_shards(config, recipe_cls) -> JobShards:
     """Open the job's shard sets, once each (build the embedded ones first with build_missing)."""
-    options = config.data.storage_options
-    return JobShards(ShardSet.open(config.data.shards, options),
-                     {d: ShardSet.open(d, options) for d in stream_sets(config, recipe_cls)})
+    access = StoreAccess.of(config.data)
+    return JobShards(ShardSet.open(config.data.shards, access),
+                     {d: ShardSet.open(d, access) for d in stream_sets(config, recipe_cls)})

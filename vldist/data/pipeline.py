@@ -16,7 +16,6 @@ import math
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import webdataset as wds
@@ -26,6 +25,7 @@ from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
 from vldist.preemption import ignore_in_worker, interrupts_deferred
+from vldist.store.access import StoreAccess
 
 SampleFn = Callable[[dict, random.Random], "dict | None"]
 CollateFn = Callable[[list[dict]], dict]
@@ -42,7 +42,7 @@ class StreamSpec:
     rank: int = 0
     world_size: int = 1
     optional: tuple[str, ...] = ()  # members read when present (L2C: masks, which only some sets store)
-    storage_options: dict[str, Any] = field(default_factory=dict)  # data.storage_options, for URLs
+    access: StoreAccess = field(default_factory=StoreAccess)  # how URLs are read: data.storage_options, data.retries
 
 
 def _seed(*parts: int) -> int:
@@ -57,7 +57,7 @@ def _worker() -> tuple[int, int]:
 def _raw(spec: StreamSpec, urls) -> Iterator[dict]:
     """Undecoded samples of the given shards, holding only the members the recipe keeps."""
     wanted = tuple("." + k for k in (*spec.keep, *spec.optional))
-    return shard_samples(urls, skipped, lambda n: n.endswith(wanted), spec.storage_options)
+    return shard_samples(urls, skipped, lambda n: n.endswith(wanted), spec.access)
 
 
 def _prepared(spec: StreamSpec, sample: dict, rng: random.Random) -> dict | None:

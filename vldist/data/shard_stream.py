@@ -5,18 +5,19 @@ because WebDataset's own openers reach s3:// and gs:// only through command-line
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 from webdataset.tariterators import group_by_keys, tar_file_expander
 
-from vldist.store.location import open_binary, redact
+from vldist.store.access import StoreAccess
+from vldist.store.location import redact
+from vldist.store.reader import open_shard
 
 
-def _opened(urls: Iterable[str], storage_options: dict[str, Any] | None,
+def _opened(urls: Iterable[str], access: StoreAccess | None,
             handler: Callable[[Exception], bool]) -> Iterator[dict]:
     for url in urls:
         try:
-            stream = open_binary(url, storage_options)
+            stream = open_shard(url, access)
         except Exception as exn:  # noqa: BLE001 - the handler decides (count and skip, or stop)
             exn.args = exn.args + (redact(url),)
             if handler(exn):
@@ -27,7 +28,7 @@ def _opened(urls: Iterable[str], storage_options: dict[str, Any] | None,
 
 def shard_samples(urls: Iterable[str], handler: Callable[[Exception], bool],
                   select_files: Callable[[str], bool] | None = None,
-                  storage_options: dict[str, Any] | None = None) -> Iterator[dict]:
+                  access: StoreAccess | None = None) -> Iterator[dict]:
     """Raw samples ({"__key__", "__url__", member name: bytes}) of the shards, in order."""
-    files = tar_file_expander(_opened(urls, storage_options, handler), handler=handler, select_files=select_files)
+    files = tar_file_expander(_opened(urls, access, handler), handler=handler, select_files=select_files)
     return group_by_keys(files, handler=handler)

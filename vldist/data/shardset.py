@@ -10,13 +10,14 @@ import json
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from vldist.data.vocab import Vocab
 from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
-from vldist.store.location import filesystem, is_url, join, open_binary, redact
+from vldist.store.access import StoreAccess
+from vldist.store.location import filesystem, is_url, join, redact, unreachable
+from vldist.store.reader import open_shard
 
 
 class ShardsNotFoundError(FileNotFoundError):
@@ -40,22 +41,27 @@ def _how_to_build(directory: str | Path) -> str:
 class ShardSet:
     directory: Path | str  # a local directory, or a URL (str) read through fsspec
     manifest: dict
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)  # data.storage_options
+    access: StoreAccess = field(default_factory=StoreAccess, repr=False)  # data.storage_options, data.retries
     _counted: dict[str, int] = field(default_factory=dict, repr=False)  # splits counted without a manifest
 
     @classmethod
-    def open(cls, directory: str | Path, storage_options: dict[str, Any] | None = None) -> "ShardSet":
-        storage_options = dict(storage_options or {})
+    def open(cls, directory: str | Path, access: StoreAccess | None = None) -> "ShardSet":
+        access = access or StoreAccess()
         if is_url(directory):
             directory = str(directory).rstrip("/")
-            fs, path = filesystem(directory, storage_options)
-            present = fs.isdir(path)
+            fs, path = filesystem(directory, access.storage_options)
+            try:
+                present = fs.isdir(path)
+            except FileNotFoundError:
+                present = False
+            except Exception as err:  # noqa: BLE001 - any failure to answer: refused or down, said as one
+                raise unreachable(directory, err) from None
         else:
             directory = Path(directory)
             present = directory.is_dir()
         if not present:
             raise ShardsNotFoundError(f"shard directory '{redact(directory)}' does not exist. {_how_to_build(directory)}")
-        shards = cls(directory, {}, storage_options)
+        shards = cls(directory, {}, access)
         text = shards._read_text(MANIFEST_NAME)
         if text is not None:
             try:
@@ -70,7 +76,7 @@ class ShardSet:
         if not is_url(self.directory):
             path = Path(self.directory) / name
             return path.read_text() if path.is_file() else None
-        fs, path = filesystem(str(join(self.directory, name)), self.storage_options)
+        fs, path = filesystem(str(join(self.directory, name)), self.access.storage_options)
         return fs.cat_file(path).decode() if fs.isfile(path) else None
 
     @contextlib.contextmanager
@@ -81,14 +87,14 @@ class ShardSet:
             with tarfile.open(url) as tar:
                 yield tar
             return
-        with open_binary(url, self.storage_options) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+        with open_shard(url, self.access) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
             yield tar
 
     def _listing(self) -> set[str]:
         """The names of the files in the set's directory (one listing, not a request per shard)."""
         if not is_url(self.directory):
             return {p.name for p in Path(self.directory).iterdir()}
-        fs, path = filesystem(str(self.directory), self.storage_options)
+        fs, path = filesystem(str(self.directory), self.access.storage_options)
         return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)}
 
     def urls(self, split: str) -> list[str]:
@@ -163,6 +169,6 @@ class ShardSet:
         from vldist.data.shard_stream import shard_samples
         from vldist.data.skips import skipped
 
-        samples = shard_samples(self.urls("train"), skipped, lambda n: n.endswith(".json"), self.storage_options)
+        samples = shard_samples(self.urls("train"), skipped, lambda n: n.endswith(".json"), self.access)
         for sample in samples:
             yield from json.loads(sample["json"]).get("captions", [])

@@ -1,4 +1,5 @@
-"""Counting and rate-limited reporting of corrupt samples that the pipeline skips.
+"""Counting and rate-limited reporting of corrupt samples, and shards a store could not serve, that
+the pipeline skips.
 
 Each loader worker is its own process, so each has its own counter; the pipeline attaches the
 number skipped since the last batch to every batch (`batch["skipped"]`, with the first reasons in
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+
+from vldist.store.reader import ShardUnavailable
 
 log = logging.getLogger("vldist.data")
 
@@ -34,7 +37,11 @@ class SkipCounter:
         now = time.monotonic()
         if self.total <= self.first_warnings or now - self._last_warning >= self.then_every_seconds:
             extra = f" ({self._suppressed} more not shown)" if self._suppressed else ""
-            log.warning("skipping corrupt sample #%d: %s: %s%s", self.total, type(exn).__name__, exn, extra)
+            if isinstance(exn, ShardUnavailable):  # its own message, without the stream WebDataset appends
+                what, reason = "an unreadable shard", exn.args[0]
+            else:
+                what, reason = "corrupt sample", exn
+            log.warning("skipping %s #%d: %s: %s%s", what, self.total, type(exn).__name__, reason, extra)
             self._last_warning = now
             self._suppressed = 0
         else:

@@ -69,7 +69,7 @@ class TrainingStreams:
                 urls=shard_set.urls(src.split), keep=src.keys or recipe.sample_keys, sample_fn=sample_fn,
                 collate_fn=collate_fn, batch_size=micro_global // world_size,
                 seed=config.seed + 1_000_003 * index, rank=rank, world_size=world_size,
-                optional=recipe.optional_keys, storage_options=shard_set.storage_options,
+                optional=recipe.optional_keys, access=shard_set.access,
             )
             if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
                 steps = exact_epoch_steps(samples, micro_global, world_size)

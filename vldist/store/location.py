@@ -9,7 +9,7 @@ from __future__ import annotations
 import posixpath
 import re
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two letters at least: 'C:\' is a Windows path
@@ -19,6 +19,18 @@ EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "h
 
 class StoreSupportMissing(ImportError):
     """The URL's filesystem package is not installed; the message names the extra."""
+
+
+class StoreUnreachable(ConnectionError):
+    """A store did not answer, or refused, when a shard set was opened; the message says what to check."""
+
+
+def unreachable(where: str, error: BaseException) -> StoreUnreachable:
+    """The error for a store that failed to answer about `where`, naming what to check."""
+    return StoreUnreachable(
+        f"cannot read {redact(where)}: {type(error).__name__}: {error}. Check the address and that the store is up "
+        "(S3: AWS_ENDPOINT_URL or data.storage_options.endpoint_url), the network from this machine, and the "
+        "credentials in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; GOOGLE_APPLICATION_CREDENTIALS)")
 
 
 def is_url(where: str | Path) -> bool:
@@ -58,14 +70,3 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None):
         how = f'pip install "vldist[{extra}]"' if extra else f"install the fsspec filesystem for {scheme}://"
         raise StoreSupportMissing(f"reading {redact(url)} needs {scheme}:// support, which is not installed: {how} "
                                   f"({err})") from None
-
-
-def open_binary(where: str | Path, storage_options: dict[str, Any] | None = None) -> IO[bytes]:
-    """The file at a local path or URL, opened for reading bytes."""
-    if not is_url(where):
-        return open(where, "rb")
-    fs, path = filesystem(str(where), storage_options)
-    # shards are read front to back once: over HTTP one streaming GET (block_size=0), which also
-    # serves servers that ignore Range requests; elsewhere fsspec's read-ahead blocks
-    sequential = {"block_size": 0} if urlsplit(str(where)).scheme in ("http", "https") else {"cache_type": "readahead"}
-    return fs.open(path, "rb", **sequential)

@@ -1,0 +1,21 @@
+"""How a job reaches its shard sets' store: the filesystem's options and the retry budget of a
+shard read. Picklable and free of open connections, so loader workers carry it across a fork and
+open their own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vldist.store.retry import RetryPolicy
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    storage_options: dict[str, Any] = field(default_factory=dict)  # data.storage_options
+    retry: RetryPolicy = RetryPolicy()
+
+    @classmethod
+    def of(cls, data) -> "StoreAccess":
+        """From a job's data section (data.storage_options, data.retries)."""
+        return cls(dict(data.storage_options), RetryPolicy(retries=data.retries))

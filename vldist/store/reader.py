@@ -1,0 +1,112 @@
+"""A remote shard read front to back that survives the network: when a connection drops, resets or
+ends early, the object is opened again and the read goes on at the byte it had reached (a ranged
+read where the filesystem can seek, else the bytes before it are read again and dropped). The tar
+parser above sees the same bytes as from an unbroken read, so no sample is lost or repeated and
+every rank's stream stays what it would have been."""
+
+from __future__ import annotations
+
+import io
+import logging
+import random
+import time
+from pathlib import Path
+from typing import IO, Callable
+from urllib.parse import urlsplit
+
+from vldist.store.access import StoreAccess
+from vldist.store.location import filesystem, is_url, redact
+from vldist.store.retry import ReadInterrupted, transient
+
+log = logging.getLogger("vldist.data")
+_SKIP_CHUNK = 1 << 20
+
+
+class ShardUnavailable(OSError):
+    """A shard could not be read within the retry budget; the message says where and what was tried."""
+
+
+class ResumableReader(io.RawIOBase):
+    """Bytes of one object at `url`, resumed at the current offset after transient errors."""
+
+    def __init__(self, url: str, access: StoreAccess | None = None, sleep: Callable[[float], None] = time.sleep):
+        super().__init__()
+        self.url, self.access, self.sleep = url, access or StoreAccess(), sleep
+        self.position = 0
+        self.size: int | None = None
+        self.reopened = 0  # times the object was opened again after an error
+        self._file = None
+        self._rng = random.Random()  # jitter of its own: the data streams' generators stay untouched
+        self._http = urlsplit(url).scheme in ("http", "https")
+
+    def readable(self) -> bool:
+        return True
+
+    def _open(self):
+        fs, path = filesystem(self.url, self.access.storage_options)
+        if self.size is None:
+            self.size = fs.size(path)  # to tell an early end from the object's end
+        # over HTTP one streaming GET (block_size=0), which servers that ignore Range serve too;
+        # elsewhere read-ahead blocks and a seek to resume (a ranged read)
+        stream = fs.open(path, "rb", **({"block_size": 0} if self._http else {"cache_type": "readahead"}))
+        if self.position:
+            if self._http:
+                left = self.position
+                while left:
+                    chunk = stream.read(min(left, _SKIP_CHUNK))
+                    if not chunk:
+                        raise ReadInterrupted(f"ended after {self.position - left} of the {self.position} bytes to skip")
+                    left -= len(chunk)
+            else:
+                stream.seek(self.position)
+        return stream
+
+    def readinto(self, buffer) -> int:
+        failures = 0
+        while True:
+            try:
+                if self._file is None:
+                    self._file = self._open()
+                data = self._file.read(len(buffer))
+                if not data and self.size is not None and self.position < self.size:
+                    raise ReadInterrupted(f"ended at byte {self.position} of {self.size}")
+            except Exception as error:  # noqa: BLE001 - sorted below: transient ones are tried again
+                self._drop()
+                failures += 1
+                if not transient(error):
+                    raise
+                if failures > self.access.retry.retries:
+                    raise ShardUnavailable(f"{redact(self.url)}: {failures} tries failed at byte {self.position}"
+                                           f"{f' of {self.size}' if self.size else ''}; last: "
+                                           f"{type(error).__name__}: {error}") from None
+                wait = self.access.retry.wait(failures, self._rng)
+                log.debug("reading %s: %s at byte %d, again in %.1f s", redact(self.url), type(error).__name__,
+                          self.position, wait)
+                self.sleep(wait)
+                self.reopened += 1
+                continue
+            buffer[:len(data)] = data
+            self.position += len(data)
+            return len(data)
+
+    def _drop(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except Exception:  # noqa: BLE001 - a broken connection may fail to close; it is dropped anyway
+                pass
+            self._file = None
+
+    def close(self) -> None:
+        self._drop()
+        super().close()
+
+    def __repr__(self) -> str:  # WebDataset puts the stream into error messages: no credentials there
+        return f"<ResumableReader {redact(self.url)} at byte {self.position}>"
+
+
+def open_shard(where: str | Path, access: StoreAccess | None = None) -> IO[bytes]:
+    """A shard opened for reading front to back: a local file as it is, a URL through ResumableReader."""
+    if not is_url(where):
+        return open(where, "rb")
+    return io.BufferedReader(ResumableReader(str(where), access), buffer_size=_SKIP_CHUNK)
