@@ -62,3 +62,17 @@ def test_a_missing_bucket_or_wrong_credentials_are_refused_in_one_line(s3_store,
     done = _train(s3_set, tmp_path / "b", env=wrong)
     assert done.returncode == 2 and f"error: cannot read {s3_set}: " in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "not-the-secret" not in done.stderr
+
+
+def test_two_ranks_under_torchrun_read_the_store_as_the_disk(s3_set, planted_shards, tmp_path):
+    from helpers import TORCHRUN
+
+    results = {}
+    for name, shards in (("local", planted_shards), ("s3", s3_set)):
+        out = tmp_path / name
+        done = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={shards}", f"output.dir={out}",
+                               "train.epochs=1", *SMALL_VSRN], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "x 2), output in" in done.stderr  # two ranks, each reading the shards itself
+        results[name] = json.loads((out / "metrics.json").read_text())
+    assert results["s3"]["test"] == results["local"]["test"]
