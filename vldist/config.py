@@ -36,6 +36,9 @@ class DataConfig(Section):
         "credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never from here")
     retries: int = Field(8, ge=0, description="reading a shard set at a URL: tries again after a dropped, reset or "
                          "cut connection (resuming at the byte reached) before the shard is skipped and counted")
+    cache_dir: str | None = Field(None, description="reading a shard set at a URL: keep each shard here once "
+                                  "downloaded, once per node (node-local disk; off: every epoch reads the store)")
+    cache_max_gb: float = Field(100.0, gt=0, description="data.cache_dir's bound: least recently used shards go")
     build_if_missing: bool = Field(True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent")
     train_split: str = "train"
     val_split: str = "val"

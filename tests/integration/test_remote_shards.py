@@ -110,3 +110,64 @@ def test_a_store_that_does_not_answer_at_the_start_is_refused_in_one_line(tmp_pa
     assert done.returncode == 2
     assert f"error: cannot read http://127.0.0.1:{port}/shards: " in done.stderr
     assert "Check the address and that the store is up" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ranks_and_workers_of_a_node_download_each_shard_once_through_the_cache(two_rank_reference, server,
+                                                                                  planted_shards, tmp_path):
+    from helpers import PREEMPT_JOB, TORCHRUN
+
+    out = tmp_path / "run"
+    done = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={server.set_url}", f"output.dir={out}",
+                           f"data.cache_dir={tmp_path / 'cache'}", "data.workers=2", *PREEMPT_JOB],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    tars = {name: n for name, n in server.faults.gets.items() if name.endswith(".tar")}
+    # 2 ranks x 2 workers x 2 epochs read the shards, each fetched from the server once
+    assert set(tars) == {p.name for p in planted_shards.glob("*.tar")} and set(tars.values()) == {1}
+    reference = json.loads((two_rank_reference / "metrics.json").read_text())
+    assert json.loads((out / "metrics.json").read_text())["test"] == reference["test"]
+
+
+def _cache(tmp_path, max_bytes=1 << 30):
+    from vldist.store.cache import CacheConfig, ShardCache
+    from vldist.store.reader import ResumableReader
+
+    return ShardCache(CacheConfig(str(tmp_path / "cache"), max_bytes)), lambda url: ResumableReader(url)
+
+
+def test_a_changed_cached_copy_is_fetched_again_and_a_bad_download_is_not_kept(server, planted_shards, tmp_path):
+    import hashlib
+
+    from vldist.store.cache import ShardCorrupt
+
+    cache, download = _cache(tmp_path)
+    shard = sorted(planted_shards.glob("val-*.tar"))[0]
+    url, sha = f"{server.set_url}/{shard.name}", hashlib.sha256(shard.read_bytes()).hexdigest()
+    local = cache.fetch(url, download, sha)
+    assert local.read_bytes() == shard.read_bytes() and cache.fetch(url, download, sha) == local
+    assert server.faults.gets[shard.name] == 1
+    with open(local, "r+b") as damaged:  # a partial or damaged copy: another size, another mtime
+        damaged.truncate(100)
+    assert cache.fetch(url, download, sha).read_bytes() == shard.read_bytes()
+    assert server.faults.gets[shard.name] == 2
+    other = sorted(planted_shards.glob("test-*.tar"))[0]
+    with pytest.raises(ShardCorrupt, match=rf"{server.set_url}/{other.name}: the download does not check out"):
+        cache.fetch(f"{server.set_url}/{other.name}", download, sha)  # another shard's checksum
+    assert not cache.entry(f"{server.set_url}/{other.name}").exists()
+    assert not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_the_cache_evicts_the_least_recently_used_shard_beyond_its_bound(server, planted_shards, tmp_path):
+    import os
+
+    shards = sorted(planted_shards.glob("train-*.tar"))[:3]
+    bound = shards[0].stat().st_size + shards[1].stat().st_size + shards[2].stat().st_size - 1
+    cache, download = _cache(tmp_path, bound)
+    urls = [f"{server.set_url}/{s.name}" for s in shards]
+    first = cache.fetch(urls[0], download)
+    cache.fetch(urls[1], download)
+    os.utime(first, ns=(1, first.stat().st_mtime_ns))  # used longest ago
+    cache.fetch(urls[2], download)
+    assert not first.exists() and all(cache.entry(u).exists() for u in urls[1:])
+    cache.fetch(urls[0], download)
+    assert server.faults.gets[shards[0].name] == 2 and server.faults.gets[shards[1].name] == 1

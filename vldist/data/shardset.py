@@ -4,6 +4,7 @@ each split, and its vocabulary."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import json
@@ -69,6 +70,10 @@ class ShardSet:
             except ValueError as err:
                 raise ShardsUnfitError(f"{redact(join(directory, MANIFEST_NAME))} is not valid JSON ({err}); rebuild or "
                                        "fix the shard set") from err
+        if is_url(directory):  # what a cached download is checked against
+            shards.access = dataclasses.replace(access, checksums={
+                str(join(directory, s["file"])): s["sha256"] for split in shards.manifest.get("splits", {}).values()
+                for s in split.get("shards", []) if s.get("sha256")})
         return shards
 
     def _read_text(self, name: str) -> str | None:

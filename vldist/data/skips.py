@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vldist.store.reader import ShardUnavailable
+from vldist.store.retry import ShardUnavailable
 
 log = logging.getLogger("vldist.data")
 

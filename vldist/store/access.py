@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vldist.store.cache import CacheConfig
 from vldist.store.retry import RetryPolicy
 
 
@@ -14,8 +15,11 @@ from vldist.store.retry import RetryPolicy
 class StoreAccess:
     storage_options: dict[str, Any] = field(default_factory=dict)  # data.storage_options
     retry: RetryPolicy = RetryPolicy()
+    cache: CacheConfig | None = None  # data.cache_dir: remote shards read through a per-node cache
+    checksums: dict[str, str] = field(default_factory=dict)  # shard URL -> sha256, from the set's manifest
 
     @classmethod
     def of(cls, data) -> "StoreAccess":
-        """From a job's data section (data.storage_options, data.retries)."""
-        return cls(dict(data.storage_options), RetryPolicy(retries=data.retries))
+        """From a job's data section (data.storage_options, data.retries, data.cache_dir, data.cache_max_gb)."""
+        cache = CacheConfig(data.cache_dir, int(data.cache_max_gb * 2**30)) if data.cache_dir else None
+        return cls(dict(data.storage_options), RetryPolicy(retries=data.retries), cache)

@@ -16,14 +16,11 @@ from urllib.parse import urlsplit
 
 from vldist.store.access import StoreAccess
 from vldist.store.location import filesystem, is_url, redact
-from vldist.store.retry import ReadInterrupted, transient
+from vldist.store.cache import ShardCache
+from vldist.store.retry import ReadInterrupted, ShardUnavailable, transient
 
 log = logging.getLogger("vldist.data")
 _SKIP_CHUNK = 1 << 20
-
-
-class ShardUnavailable(OSError):
-    """A shard could not be read within the retry budget; the message says where and what was tried."""
 
 
 class ResumableReader(io.RawIOBase):
@@ -106,7 +103,13 @@ class ResumableReader(io.RawIOBase):
 
 
 def open_shard(where: str | Path, access: StoreAccess | None = None) -> IO[bytes]:
-    """A shard opened for reading front to back: a local file as it is, a URL through ResumableReader."""
+    """A shard opened for reading front to back: a local file as it is, a URL through ResumableReader,
+    or, with data.cache_dir, from this node's cached copy (store/cache.py)."""
     if not is_url(where):
         return open(where, "rb")
+    access = access or StoreAccess()
+    if access.cache is not None:  # read from this node's copy, downloaded once
+        url = str(where)
+        local = ShardCache(access.cache).fetch(url, lambda u: ResumableReader(u, access), access.checksums.get(url))
+        return open(local, "rb")
     return io.BufferedReader(ResumableReader(str(where), access), buffer_size=_SKIP_CHUNK)

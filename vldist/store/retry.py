@@ -17,6 +17,11 @@ _TRANSIENT_NAMES = {"ClientPayloadError", "ClientConnectionError", "ServerDiscon
 _TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException"}
 
 
+class ShardUnavailable(OSError):
+    """A shard could not be read within the retry budget, or its download did not check out; the
+    message says where and what was tried."""
+
+
 class ReadInterrupted(ConnectionError):
     """A read ended before the object's size: a connection closed early without an error."""
 
