@@ -76,3 +76,70 @@ def test_two_ranks_under_torchrun_read_the_store_as_the_disk(s3_set, planted_sha
         assert "x 2), output in" in done.stderr  # two ranks, each reading the shards itself
         results[name] = json.loads((out / "metrics.json").read_text())
     assert results["s3"]["test"] == results["local"]["test"]
+
+
+def _shards_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "vldist.shards", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+SMALL_SYNTH = ["--train", "40", "--val", "10", "--test", "10", "--shard-size", "20", "--quiet"]
+
+
+def test_synth_writes_to_the_store_as_to_disk_and_verify_checks_it_there(s3_store, tmp_path):
+    import hashlib
+
+    url = "s3://vldist-tests/synth-small"
+    done = _shards_cli("synth", "--out", url, "--stage", tmp_path / "stage", *SMALL_SYNTH)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"published {url}" in done.stdout and not any((tmp_path / "stage").iterdir())  # staging removed
+    local = tmp_path / "local"
+    assert _shards_cli("synth", "--out", local, *SMALL_SYNTH).returncode == 0
+    fs = s3_store.filesystem()
+    remote = {path.rsplit("/", 1)[1]: hashlib.sha256(fs.cat_file(path)).hexdigest()
+              for path in fs.ls(url.removeprefix("s3://"))}
+    assert remote == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir()}
+    checked = _shards_cli("verify", url)
+    assert checked.returncode == 0 and checked.stdout.strip().endswith(")") and "; ok (" in checked.stdout
+    again = _shards_cli("synth", "--out", url, "--stage", tmp_path / "stage", *SMALL_SYNTH)
+    assert again.returncode == 2 and "already holds a shard set; pass --overwrite" in again.stderr
+    # a damaged object in the store is found by verify, by name
+    name = sorted(n for n in remote if n.startswith("train-"))[0]
+    data = bytearray(fs.cat_file(f"vldist-tests/synth-small/{name}"))
+    data[-2000] ^= 0xFF
+    fs.pipe_file(f"vldist-tests/synth-small/{name}", bytes(data))
+    damaged = _shards_cli("verify", url)
+    assert damaged.returncode == 1 and f"problem: {name}: sha256 differs from manifest.json" in damaged.stdout
+
+
+def test_a_set_being_written_is_refused_and_an_interrupted_upload_resumes(s3_store, planted_shards, tmp_path):
+    from vldist.data.shardset import ShardSet, ShardsNotFoundError
+    from vldist.store.publish import INCOMPLETE, publish_set
+
+    url, fs = "s3://vldist-tests/resumed", s3_store.filesystem()
+    # an upload interrupted after two shards: the marker and those files are in the store, no manifest
+    fs.pipe_file(f"vldist-tests/resumed/{INCOMPLETE}", b"")
+    for path in sorted(planted_shards.glob("train-*.tar"))[:2]:
+        fs.put_file(str(path), f"vldist-tests/resumed/{path.name}")
+    with pytest.raises(ShardsNotFoundError, match="is being written, or its upload was interrupted"):
+        ShardSet.open(url)
+    files = [p for p in planted_shards.iterdir() if p.is_file()]
+    assert publish_set(planted_shards, url) == len(files) - 2  # the two already there are not sent again
+    assert ShardSet.open(url).manifest == ShardSet.open(planted_shards).manifest
+    assert INCOMPLETE not in {p.rsplit("/", 1)[1] for p in fs.ls("vldist-tests/resumed", refresh=True)}
+
+
+def test_a_conversion_writes_to_the_store_as_to_disk(s3_store, tmp_path):
+    from dataset_fixtures import make_precomp
+
+    from vldist.data.shardset import ShardSet
+
+    make_precomp(tmp_path / "f30k_precomp", {"train": 30, "dev": 6, "test": 8})
+    url, local = "s3://vldist-tests/converted", tmp_path / "local"
+    for out in (url, local):
+        done = _shards_cli("convert", "precomp", "--src", tmp_path / "f30k_precomp", "--out", out, "--stage",
+                           tmp_path / "stage", "--shard-size", "10", "--workers", "1", "--quiet")
+        assert done.returncode == 0, done.stderr[-3000:]
+    remote = ShardSet.open(url)
+    assert remote.manifest == ShardSet.open(local).manifest and remote.num_samples("train") == 30
+    assert _shards_cli("verify", url).returncode == 0

@@ -18,6 +18,7 @@ from vldist.data.vocab import Vocab
 from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
 from vldist.store.access import StoreAccess
 from vldist.store.location import filesystem, is_url, join, redact, unreachable
+from vldist.store.publish import INCOMPLETE
 from vldist.store.reader import open_shard
 
 
@@ -53,10 +54,14 @@ class ShardSet:
             fs, path = filesystem(directory, access.storage_options)
             try:
                 present = fs.isdir(path)
+                writing = present and fs.exists(f"{path}/{INCOMPLETE}")
             except FileNotFoundError:
                 present = False
             except Exception as err:  # noqa: BLE001 - any failure to answer: refused or down, said as one
                 raise unreachable(directory, err) from None
+            if writing:
+                raise ShardsNotFoundError(f"the shard set at {redact(directory)} is being written, or its upload was "
+                                          "interrupted: wait for it, or rerun the command that writes it")
         else:
             directory = Path(directory)
             present = directory.is_dir()

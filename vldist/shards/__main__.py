@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from vldist.shards.features.extractor_args import add_extractor_arguments
+from vldist.store.location import is_url, redact
 
 
 def _add_synth(sub) -> None:
@@ -20,7 +21,7 @@ def _add_synth(sub) -> None:
         description="Render scenes of 1-4 coloured shapes, write five captions per image and ResNet "
                     "region features into WebDataset shards. The same arguments give the same bytes.",
     )
-    p.add_argument("--out", required=True, type=Path, help="directory to create, e.g. shards/synth")
+    p.add_argument("--out", required=True, help="directory to create, e.g. shards/synth, or a URL (s3://bucket/synth)")
     p.add_argument("--train", type=int, default=5000, help="train images (default 5000)")
     p.add_argument("--val", type=int, default=500, help="validation images (default 500)")
     p.add_argument("--test", type=int, default=1000, help="test images (default 1000)")
@@ -31,6 +32,8 @@ def _add_synth(sub) -> None:
     p.add_argument("--proposals", type=int, default=32,
                    help="candidate boxes per image for phrase localisation, with features (default 32; 0: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
+    p.add_argument("--stage", help="with --out URL: where the set is built before it is uploaded "
+                                   "(default ~/.cache/vldist/staging)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -56,7 +59,7 @@ def _add_synth_pairs(sub) -> None:
                     "write about five descriptions of the difference per pair (naming image1 and image2) "
                     "and both foreground masks into WebDataset shards. The same arguments give the same bytes.",
     )
-    p.add_argument("--out", required=True, type=Path, help="directory to create, e.g. shards/synth_pairs")
+    p.add_argument("--out", required=True, help="directory to create, e.g. shards/synth_pairs, or a URL")
     p.add_argument("--train", type=int, default=2000, help="train pairs (default 2000)")
     p.add_argument("--val", type=int, default=250, help="validation pairs (default 250)")
     p.add_argument("--test", type=int, default=500, help="test pairs (default 500)")
@@ -64,6 +67,8 @@ def _add_synth_pairs(sub) -> None:
     p.add_argument("--shard-size", type=int, default=500, help="samples per tar shard (default 500)")
     p.add_argument("--image-size", type=int, default=128, help="image side in pixels (default 128)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
+    p.add_argument("--stage", help="with --out URL: where the set is built before it is uploaded "
+                                   "(default ~/.cache/vldist/staging)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -92,7 +97,7 @@ def _add_verify(sub) -> None:
         description="Check a shard set against its manifest (files, sha256, counts) and decode every "
                     "member of every sample. Exits 0 when all is well, 1 when it found problems.",
     )
-    p.add_argument("dir", type=Path, help="the shard set directory")
+    p.add_argument("dir", help="the shard set directory, or its URL (s3://..., https://...)")
     p.add_argument("--max-problems", type=int, default=50, help="problems to print (default 50; all are counted)")
 
 
@@ -100,7 +105,7 @@ def _run_verify(args) -> int:
     from vldist.shards.format.verify import verify
 
     start = time.perf_counter()
-    report = verify(args.dir)
+    report = verify(args.dir if is_url(args.dir) else Path(args.dir))
     for line in report.problems[: args.max_problems]:
         print(f"problem: {line}")
     if len(report.problems) > args.max_problems:
@@ -125,7 +130,7 @@ def _add_convert(sub) -> None:
         f = formats.add_parser(name, help=converter.summary, description=converter.__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
         f.add_argument("--src", required=True, type=Path, help="the source (see the description above)")
-        f.add_argument("--out", required=True, type=Path, help="the shard set directory to write")
+        f.add_argument("--out", required=True, help="the shard set directory to write, or a URL (s3://...)")
         f.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
         f.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                        help="worker processes, each writing whole shards (default: the CPU count)")
@@ -133,6 +138,8 @@ def _add_convert(sub) -> None:
                        help="bad input: stop at the first problem (default), or skip it and list it in "
                             "<out>/skipped.jsonl")
         f.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+        f.add_argument("--stage", help="with --out URL: where the set is built before it is uploaded; a conversion "
+                                       "interrupted there resumes (default ~/.cache/vldist/staging)")
         f.add_argument("--quiet", action="store_true", help="no progress bar")
         f.add_argument("--max-listed", type=int, default=20, help="skipped samples to print (default 20; all are in skipped.jsonl)")
         converter.add_arguments(f)
@@ -170,6 +177,32 @@ def _run_convert(args) -> int:
     return 0
 
 
+def _write(args, run) -> int:
+    """Run a command that writes a set: into --out, or, for a URL, into a local staging directory
+    of its own (the same for the same URL: a conversion interrupted there resumes) that is then
+    published to the store, manifest last (vldist/store/publish.py), and removed."""
+    if not is_url(args.out):
+        args.out = Path(args.out)
+        return run(args)
+    import hashlib
+    import shutil
+
+    from vldist.store.publish import publish_set
+
+    url = args.out.rstrip("/")
+    staging = Path(args.stage or Path.home() / ".cache" / "vldist" / "staging") / \
+        hashlib.sha256(redact(url).encode()).hexdigest()[:16]
+    args.out, overwrite = staging, args.overwrite
+    if args.command != "convert":  # a rendered set is built again whole; a conversion resumes in its staging
+        args.overwrite = True
+    code = run(args)
+    if code == 0:
+        sent = publish_set(staging, url, overwrite=overwrite)
+        print(f"published {redact(url)}: {sent} files (manifest last)")
+        shutil.rmtree(staging)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vldist.shards", description="Build shard sets.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -178,16 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     _add_convert(sub)
     _add_verify(sub)
     args = parser.parse_args(argv)
+    runs = {"synth": _run_synth, "synth-pairs": _run_synth_pairs, "convert": _run_convert, "verify": _run_verify}
     try:
-        if args.command == "synth":
-            return _run_synth(args)
-        if args.command == "synth-pairs":
-            return _run_synth_pairs(args)
-        if args.command == "convert":
-            return _run_convert(args)
+        if args.command in ("synth", "synth-pairs", "convert"):
+            return _write(args, runs[args.command])
         if args.command == "verify":
             return _run_verify(args)
-    except (FileExistsError, ValueError, RuntimeError) as err:  # not bad data: bad arguments
+    except (FileExistsError, ValueError, RuntimeError, ConnectionError) as err:  # not bad data: arguments, store
         print(f"error: {err}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")

@@ -6,14 +6,19 @@ its sample count; every sample's members decode (`json` with a non-empty `captio
 the same for the named images of pair samples, `img1.jpg`, `img1.regions.npy`);
 keys are unique across the set; the feature standardisation the manifest names
 (`features.standardization`) reads, holds finite values and has the manifest's feature size.
-Each problem names the shard and the key (or the file).
+Each problem names the shard and the key (or the file). A set at a URL (s3://...) is checked the
+same way, one file at a time downloaded to a temporary directory (vldist/store), so a remote set
+needs no local room beyond its largest shard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import shutil
 import tarfile
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,48 +92,87 @@ def _read_shard(path: Path, split: str, feature_dim: int | None, keys: Counter, 
     return len(samples)
 
 
-def _check_standardization(directory: Path, features: dict, report: Report) -> None:
+def _check_standardization(files: "_Files", features: dict, report: Report) -> None:
     name = features.get("standardization")
     if not name:
         return
     from vldist.shards.format.standardization import load_standardization
 
-    if not (directory / name).is_file():
+    if name not in files.names:
         report.problem(name, "named in manifest.json (features.standardization) but missing")
         return
     try:
-        load_standardization(directory / name, features.get("dim"))
+        with files.local(name) as path:
+            load_standardization(path, features.get("dim"))
     except ValueError as err:
         report.problem(name, str(err))
 
 
-def verify(directory: Path) -> Report:
-    directory, report, keys = Path(directory), Report(), Counter()
-    manifest_path = directory / MANIFEST_NAME
-    if not directory.is_dir():
+class _Files:
+    """The files of a set by name, each as a local path: the directory's own, or (a URL) each
+    downloaded to a temporary directory while it is checked, then removed."""
+
+    def __init__(self, where: str | Path, access=None):
+        from vldist.data.shardset import ShardSet
+        from vldist.store.access import StoreAccess
+        from vldist.store.location import is_url
+
+        self.remote = is_url(where)
+        self.where = str(where).rstrip("/") if self.remote else Path(where)
+        self.access = access
+        try:
+            listing = ShardSet(self.where, {}, access or StoreAccess())._listing
+            self.names = listing() if self.remote or self.where.is_dir() else None
+        except FileNotFoundError:
+            self.names = None
+
+    @contextlib.contextmanager
+    def local(self, name: str):
+        if not self.remote:
+            yield self.where / name
+            return
+        from vldist.store.location import join
+        from vldist.store.reader import ResumableReader
+
+        scratch = Path(tempfile.mkdtemp(prefix="vldist-verify-"))
+        try:
+            with ResumableReader(str(join(self.where, name)), self.access) as source, open(scratch / name, "wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+            yield scratch / name
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def verify(directory: str | Path, access=None) -> Report:
+    """Check the set at a local directory or a URL (`access`: a vldist.store StoreAccess for it)."""
+    report, keys = Report(), Counter()
+    files = _Files(directory, access)
+    if files.names is None:
         report.problem(str(directory), "no such directory")
         return report
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
+    if MANIFEST_NAME in files.names:
+        with files.local(MANIFEST_NAME) as path:
+            manifest = json.loads(path.read_text())
         feature_dim = (manifest.get("features") or {}).get("dim")
-        _check_standardization(directory, manifest.get("features") or {}, report)
+        _check_standardization(files, manifest.get("features") or {}, report)
         for split, entry in manifest.get("splits", {}).items():
             for shard in entry.get("shards", []):
-                path = directory / shard["file"]
-                if not path.is_file():
+                if shard["file"] not in files.names:
                     report.problem(shard["file"], "listed in manifest.json but missing")
                     continue
-                if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
-                    report.problem(shard["file"], "sha256 differs from manifest.json (changed or damaged)")
-                count = _read_shard(path, split, feature_dim, keys, report)
+                with files.local(shard["file"]) as path:
+                    if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
+                        report.problem(shard["file"], "sha256 differs from manifest.json (changed or damaged)")
+                    count = _read_shard(path, split, feature_dim, keys, report)
                 if "samples" in shard and count != shard["samples"]:
                     report.problem(shard["file"], f"holds {count} samples, manifest.json says {shard['samples']}")
     else:
-        tars = sorted(directory.glob("*-*.tar"))
+        tars = [n for n in sorted(files.names) if n.endswith(".tar") and "-" in n]
         if not tars:
             report.problem(str(directory), "no manifest.json and no <split>-NNNNNN.tar shards")
-        for path in tars:
-            _read_shard(path, path.name.rsplit("-", 1)[0], None, keys, report)
+        for name in tars:
+            with files.local(name) as path:
+                _read_shard(path, name.rsplit("-", 1)[0], None, keys, report)
     for key, n in keys.items():
         if n > 1:
             report.problem(key, f"key appears in {n} samples; keys must be unique across the set")
