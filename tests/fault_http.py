@@ -1,7 +1,7 @@
 """A static HTTP server on 127.0.0.1 that fails on request, for the remote-shard tests: it serves
 a directory (as Python's http.server does, ignoring Range requests, as many static servers do) and,
 per file, cuts the connection after a number of bytes of a response, or answers with an error
-status, as a planned sequence of faults; it counts every GET of each file."""
+status, as a planned sequence of faults, or goes down altogether; it counts every GET of each file."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class Faults:
         self.cut: dict[str, list[int]] = defaultdict(list)
         self.status: dict[str, list[int]] = defaultdict(list)
         self.always: dict[str, int] = {}
+        self.down = False  # every request, files and listings, answered 503
         self.gets: Counter = Counter()
         self.cuts: Counter = Counter()
 
@@ -45,7 +46,16 @@ class _Handler(SimpleHTTPRequestHandler):
     def log_message(self, *args):  # the test's output stays the job's
         pass
 
+    def do_HEAD(self):
+        if self.faults.down:
+            self.send_error(503, "store down (fault injected by the test)")
+            return
+        super().do_HEAD()
+
     def do_GET(self):
+        if self.faults.down:
+            self.send_error(503, "store down (fault injected by the test)")
+            return
         path = Path(self.translate_path(self.path))
         fault = self.faults.next_fault(path.name) if path.is_file() else None
         if fault is None:

@@ -13,6 +13,7 @@ from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
 from vldist.store.location import StoreSupportMissing, StoreUnreachable
+from vldist.store.retry import StoreLost
 from vldist.trainer import NonFiniteLossError
 
 DONE = 0
@@ -27,7 +28,7 @@ EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
     (REFUSED, (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
                OutputDirInUse, JavaNotFoundError, StoreSupportMissing,
                StoreUnreachable)),
-    (FAILED, (RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError)),
+    (FAILED, (RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost)),
     (STOPPED, (TrainingStopped, RunStopped)),
     (INTERRUPTED, (KeyboardInterrupt,)),
 )

@@ -171,3 +171,27 @@ def test_the_cache_evicts_the_least_recently_used_shard_beyond_its_bound(server,
     assert not first.exists() and all(cache.entry(u).exists() for u in urls[1:])
     cache.fetch(urls[0], download)
     assert server.faults.gets[shards[0].name] == 2 and server.faults.gets[shards[1].name] == 1
+
+
+def test_a_store_that_goes_down_mid_run_ends_it_in_one_line_and_the_run_resumes_once_it_is_back(server, tmp_path):
+    from helpers import wait_for_step
+
+    out = tmp_path / "run"
+    job = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={server.set_url}", f"output.dir={out}",
+           "train.epochs=20", "train.log_every=1", "train.save_every_steps=2", "data.retries=1", *SMALL_VSRN]
+    proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_step(out, 3, proc)
+        server.faults.down = True
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert f"error: the store of {server.set_url}/" in stderr and "stopped answering" in stderr
+    assert "train.resume=latest carries on" in stderr and "Traceback" not in stderr
+    server.faults.down = False  # back: the run carries on from its last checkpoint
+    done = subprocess.run([*job, "train.resume=latest", "train.epochs=2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resum" in done.stderr.lower()

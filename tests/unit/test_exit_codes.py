@@ -17,6 +17,7 @@ from vldist.preemption import TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
 from vldist.store.location import StoreSupportMissing, StoreUnreachable
+from vldist.store.retry import StoreLost
 from vldist.trainer import NonFiniteLossError
 
 
@@ -28,7 +29,7 @@ def test_refusals_exit_2_with_the_error_line(error):
 
 
 @pytest.mark.parametrize("error", [RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError,
-                                   NonFiniteLossError])
+                                   NonFiniteLossError, StoreLost])
 def test_failures_exit_1_with_the_error_line(error):
     assert exit_status(error("what failed")) == (FAILED, "error: what failed") == (1, "error: what failed")
 

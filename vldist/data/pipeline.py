@@ -267,4 +267,11 @@ class Loader:
                 yield batch
         finally:
             with interrupts_deferred():
-                del batches  # the workers are joined here, not in a __del__ at some later moment
+                # the workers are joined here, not in a __del__ at some later moment: a worker's error
+                # re-raised here keeps the iterator alive in a reference cycle (the exception's traceback
+                # holds its frames), and workers that ignore SIGTERM (shielded stop signals) would then
+                # hold the process at exit
+                shutdown = getattr(batches, "_shutdown_workers", None)
+                if shutdown is not None:
+                    shutdown()
+                del batches

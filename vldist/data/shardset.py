@@ -45,6 +45,7 @@ class ShardSet:
     manifest: dict
     access: StoreAccess = field(default_factory=StoreAccess, repr=False)  # data.storage_options, data.retries
     _counted: dict[str, int] = field(default_factory=dict, repr=False)  # splits counted without a manifest
+    _names: set[str] | None = field(default=None, repr=False)  # a remote set's file names, listed once
 
     @classmethod
     def open(cls, directory: str | Path, access: StoreAccess | None = None) -> "ShardSet":
@@ -101,11 +102,14 @@ class ShardSet:
             yield tar
 
     def _listing(self) -> set[str]:
-        """The names of the files in the set's directory (one listing, not a request per shard)."""
+        """The names of the files in the set's directory (one listing, not a request per shard; a
+        remote set's once per run: evaluations do not ask the store again)."""
         if not is_url(self.directory):
             return {p.name for p in Path(self.directory).iterdir()}
-        fs, path = filesystem(str(self.directory), self.access.storage_options)
-        return {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)}
+        if self._names is None:
+            fs, path = filesystem(str(self.directory), self.access.storage_options)
+            self._names = {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)}
+        return self._names
 
     def urls(self, split: str) -> list[str]:
         """Shard files of a split: from the manifest, else every `<split>-*.tar` in the directory."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from vldist.store.retry import ShardUnavailable
+from vldist.store.retry import ShardUnavailable, StoreLost
 
 log = logging.getLogger("vldist.data")
 
@@ -30,6 +30,8 @@ class SkipCounter:
         self._suppressed = 0
 
     def __call__(self, exn: BaseException) -> bool:
+        if isinstance(exn, StoreLost):  # not a sample's fault: the run ends (webdataset re-raises nothing itself)
+            raise exn
         self.total += 1
         self.pending += 1
         if len(self.reasons) < self.reasons_kept:

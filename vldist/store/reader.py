@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from vldist.store.access import StoreAccess
 from vldist.store.location import filesystem, is_url, redact
 from vldist.store.cache import ShardCache
-from vldist.store.retry import ReadInterrupted, ShardUnavailable, transient
+from vldist.store.retry import ReadInterrupted, RetryPolicy, ShardUnavailable, StoreLost, transient
 
 log = logging.getLogger("vldist.data")
 _SKIP_CHUNK = 1 << 20
@@ -73,9 +73,16 @@ class ResumableReader(io.RawIOBase):
                 if not transient(error):
                     raise
                 if failures > self.access.retry.retries:
-                    raise ShardUnavailable(f"{redact(self.url)}: {failures} tries failed at byte {self.position}"
-                                           f"{f' of {self.size}' if self.size else ''}; last: "
-                                           f"{type(error).__name__}: {error}") from None
+                    last = error.__cause__ if isinstance(error, FileNotFoundError) and error.__cause__ else error
+                    tried = (f"{failures} tries failed at byte {self.position}{f' of {self.size}' if self.size else ''}; "
+                             f"last: {type(last).__name__}: {last}")
+                    if not self._store_answers():
+                        raise StoreLost(
+                            f"the store of {redact(self.url)} stopped answering ({tried}; and its directory did not "
+                            "answer either). Check that the store is up, the network from this machine and the "
+                            "credentials; the checkpoints written before are whole: train.resume=latest carries on "
+                            "once the store is back") from None
+                    raise ShardUnavailable(f"{redact(self.url)}: {tried}") from None
                 wait = self.access.retry.wait(failures, self._rng)
                 log.debug("reading %s: %s at byte %d, again in %.1f s", redact(self.url), type(error).__name__,
                           self.position, wait)
@@ -85,6 +92,22 @@ class ResumableReader(io.RawIOBase):
             buffer[:len(data)] = data
             self.position += len(data)
             return len(data)
+
+    def _store_answers(self) -> bool:
+        """Whether the shard's directory still answers (a few quick tries): tells a lost shard,
+        skipped, from a lost store, which ends the run."""
+        parent = self.url.rstrip("/").rsplit("/", 1)[0]
+        quick = RetryPolicy(retries=2, first_wait=0.5, max_wait=2.0)
+        for attempt in range(quick.retries + 1):
+            try:
+                fs, path = filesystem(parent, self.access.storage_options)
+                fs.invalidate_cache()
+                return fs.isdir(path)
+            except Exception as error:  # noqa: BLE001 - sorted: a lasting error is an answer
+                if not transient(error):
+                    return True
+                self.sleep(quick.wait(attempt + 1, self._rng))
+        return False
 
     def _drop(self) -> None:
         if self._file is not None:

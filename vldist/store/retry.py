@@ -22,6 +22,22 @@ class ShardUnavailable(OSError):
     message says where and what was tried."""
 
 
+class StoreLost(RuntimeError):
+    """The store stopped answering during a run: not one shard, the store (the message says which,
+    what was tried and what to check). Raised through the loader, it ends the run; the checkpoints
+    written before stay whole."""
+
+    def __init__(self, message: str):
+        # a loader worker's error reaches the main process as exc_type("Caught ... Original
+        # Traceback ...: <message>"): keep the message, not the worker's traceback
+        if "Original Traceback" in message:
+            message = message.rstrip().rsplit(f"{type(self).__name__}: ", 1)[-1]
+        super().__init__(message)
+
+    def __str__(self) -> str:  # the message alone: WebDataset appends the stream and the URL to args
+        return str(self.args[0])
+
+
 class ReadInterrupted(ConnectionError):
     """A read ended before the object's size: a connection closed early without an error."""
 
@@ -46,6 +62,8 @@ def transient(error: BaseException) -> bool:
     """Whether another try may succeed: a dropped, reset or truncated connection, a timeout, a
     store that is busy (HTTP 429, 5xx, S3's SlowDown). A missing object, a refused credential or any
     other 4xx is not."""
+    if isinstance(error, FileNotFoundError) and error.__cause__ is not None:
+        return transient(error.__cause__)  # fsspec's HTTP reports any failed HEAD as missing: its cause says why
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
         return False
     status = getattr(error, "status", None) or getattr(error, "status_code", None)
