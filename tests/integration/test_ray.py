@@ -272,3 +272,21 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
     assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'}" in out
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["steps"] == 4 * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2
+
+
+def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, planted_shards, tmp_path):
+    fs = s3_store.filesystem()
+    if not fs.exists("vldist-tests"):
+        fs.mkdir("vldist-tests")
+    fs.put(str(planted_shards), "vldist-tests/ray-planted", recursive=True)
+    # the credentials as the job's environment (a cluster would set them on its nodes: cluster/ray/README.md)
+    runtime_env = json.dumps({"env_vars": s3_store.environment})
+    proc = subprocess.run([*RAY, "job", "submit", "--address", ray_head, "--runtime-env-json", runtime_env, "--",
+                           sys.executable, "-m", "vldist.train", "vsrn", "data.shards=s3://vldist-tests/ray-planted",
+                           f"ray.storage_path={tmp_path}", "train.epochs=2", f"metrics.port={free_port_pair()}", *JOB],
+                          capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
+    metrics = json.loads((tmp_path / "vsrn" / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 14
+    assert metrics["config"]["data"]["shards"] == "s3://vldist-tests/ray-planted"  # not made a local path
