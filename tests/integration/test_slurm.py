@@ -79,3 +79,34 @@ def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(pl
     final = f"step-{PREEMPT_STEPS:08d}"
     assert_same_weights(weights(out / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))
     assert "terminate called" not in log
+
+
+@pytest.mark.skipif(available() is not None, reason=str(available()))
+def test_a_job_reads_its_shards_from_s3_on_two_tasks(s3_store, planted_shards, tmp_path, two_rank_reference):
+    """train.sbatch with data.shards=s3://...: the credentials in the job's environment (srun hands
+    them to every task), the run equal to the same 2-rank job from local disk."""
+    fs = s3_store.filesystem()
+    if not fs.exists("vldist-tests"):
+        fs.mkdir("vldist-tests")
+    fs.put(str(planted_shards), "vldist-tests/slurm-planted", recursive=True)
+    out = tmp_path / "run"
+    with slurm_cluster(tmp_path / "slurm") as env:
+        submit = subprocess.run(
+            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
+             f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}",
+             "--export=ALL,MASTER_ADDR=127.0.0.1,PYTHON=" + sys.executable,  # ALL: the AWS_* variables too
+             str(REPO / "cluster/slurm/train.sbatch"), "vsrn", "data.shards=s3://vldist-tests/slurm-planted",
+             f"output.dir={out}", *PREEMPT_JOB],
+            env={**env, **s3_store.environment}, capture_output=True, text=True, timeout=30,
+        )
+        assert submit.returncode == 0, submit.stderr
+        job_id = submit.stdout.strip().split(";")[0]
+        deadline = time.time() + 300
+        while "JobState=COMPLETED" not in (state := _job(env, job_id)):
+            assert "JobState=FAILED" not in state and "JobState=CANCELLED" not in state, \
+                state + (tmp_path / f"slurm-{job_id}.out").read_text()[-3000:]
+            assert time.time() < deadline, "the job did not finish"
+            time.sleep(0.5)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["config"]["data"]["shards"] == "s3://vldist-tests/slurm-planted"
+    assert metrics["test"] == json.loads((two_rank_reference / "metrics.json").read_text())["test"]

@@ -43,8 +43,17 @@ def test_messages_show_urls_without_credentials():
     assert redact(Path("shards/synth")) == "shards/synth"
 
 
+def _without_s3fs(monkeypatch):
+    """As if s3fs were not installed, even where an earlier test imported it (fsspec keeps the class)."""
+    registry = sys.modules["fsspec.registry"]  # the module (fsspec.registry the attribute is its mapping)
+
+    monkeypatch.setitem(sys.modules, "s3fs", None)
+    for protocol in ("s3", "s3a"):
+        monkeypatch.delitem(registry._registry, protocol, raising=False)
+
+
 def test_a_missing_filesystem_package_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "s3fs", None)  # as if s3fs were not installed
+    _without_s3fs(monkeypatch)
     with pytest.raises(StoreSupportMissing, match=r'pip install "vldist\[s3\]"'):
         filesystem("s3://bucket/set")
 
@@ -52,7 +61,7 @@ def test_a_missing_filesystem_package_names_the_extra(monkeypatch):
 def test_a_job_on_a_url_without_its_filesystem_exits_2_with_one_line(monkeypatch, tmp_path, capsys):
     from vldist.train import main as train_main
 
-    monkeypatch.setitem(sys.modules, "s3fs", None)
+    _without_s3fs(monkeypatch)
     assert train_main(["vsrn", "data.shards=s3://bucket/set", f"output.dir={tmp_path}", "metrics.enabled=false"]) == 2
     err = capsys.readouterr().err
     assert 'error: reading s3://bucket/set needs s3:// support' in err and 'pip install "vldist[s3]"' in err

@@ -15,8 +15,8 @@ from typing import IO, Callable
 from urllib.parse import urlsplit
 
 from vldist.store.access import StoreAccess
-from vldist.store.location import filesystem, is_url, redact
 from vldist.store.cache import ShardCache
+from vldist.store.location import filesystem, is_url, redact
 from vldist.store.retry import ReadInterrupted, RetryPolicy, ShardUnavailable, StoreLost, transient
 
 log = logging.getLogger("vldist.data")
