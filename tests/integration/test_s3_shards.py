@@ -141,3 +141,28 @@ def test_a_conversion_writes_to_the_store_as_to_disk(s3_store, tmp_path):
     remote = ShardSet.open(url)
     assert remote.manifest == ShardSet.open(local).manifest and remote.num_samples("train") == 30
     assert _shards_cli("verify", url).returncode == 0
+
+
+def test_each_shard_goes_up_when_finished_and_the_set_opens_only_when_whole(s3_store, tmp_path):
+    import time
+
+    from vldist.data.shardset import ShardSet, ShardsNotFoundError
+    from vldist.shards.format.writer import ShardSetWriter
+    from vldist.store.publish import INCOMPLETE, upload_while_building
+
+    url, fs, local = "s3://vldist-tests/streamed", s3_store.filesystem(), tmp_path / "building"
+    listed = lambda: {p.rsplit("/", 1)[1] for p in fs.ls("vldist-tests/streamed", refresh=True)}  # noqa: E731
+    with upload_while_building(local, url, every_s=0.1) as publisher:
+        writer = ShardSetWriter(local, shard_size=2, source="test")
+        for i in range(3):  # one whole shard (train-000000.tar) and one still open
+            writer.write("train", {"__key__": f"train-{i:07d}", "json": {"captions": [f"caption {i}"]}})
+        deadline = time.monotonic() + 30
+        while "train-000000.tar" not in listed() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert listed() == {INCOMPLETE, "train-000000.tar"}  # the finished shard, not the open one, no manifest
+        with pytest.raises(ShardsNotFoundError, match="is being written"):
+            ShardSet.open(url)
+        writer.close()
+    assert publisher.finish(local) == 3  # two shards and the manifest, each sent once
+    assert listed() == {"train-000000.tar", "train-000001.tar", "manifest.json"}
+    assert ShardSet.open(url).num_samples("train") == 3

@@ -120,9 +120,9 @@ def test_a_missing_remote_set_or_shard_says_which(remote_copy):
         ShardSet.open("memory://nowhere/set")
     shards = ShardSet.open(remote_copy)
     first = f"{remote_copy}/{shards.manifest['splits']['test']['shards'][0]['file']}"
-    fsspec.filesystem("memory").rm(first.removeprefix("memory://"))  # gone before the set is listed
+    fsspec.filesystem("memory").rm(first.removeprefix("memory://"))  # gone before the set is opened (and listed)
     with pytest.raises(ShardsNotFoundError, match="missing: " + first):
-        shards.urls("test")
+        ShardSet.open(remote_copy).urls("test")
 
 
 def test_ray_workers_get_absolute_paths_and_urls_unchanged():

@@ -17,7 +17,7 @@ import numpy as np
 from vldist.data.vocab import Vocab
 from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
 from vldist.store.access import StoreAccess
-from vldist.store.location import filesystem, is_url, join, redact, unreachable
+from vldist.store.location import StoreSupportMissing, filesystem, is_url, join, list_names, redact, unreachable
 from vldist.store.publish import INCOMPLETE
 from vldist.store.reader import open_shard
 
@@ -50,25 +50,25 @@ class ShardSet:
     @classmethod
     def open(cls, directory: str | Path, access: StoreAccess | None = None) -> "ShardSet":
         access = access or StoreAccess()
-        if is_url(directory):
+        names = None
+        if is_url(directory):  # one listing answers whether the set is there, whole, and what it holds
             directory = str(directory).rstrip("/")
-            fs, path = filesystem(directory, access.storage_options)
             try:
-                present = fs.isdir(path)
-                writing = present and fs.exists(f"{path}/{INCOMPLETE}")
-            except FileNotFoundError:
-                present = False
+                names = list_names(directory, access.storage_options)
+            except StoreSupportMissing:
+                raise
             except Exception as err:  # noqa: BLE001 - any failure to answer: refused or down, said as one
                 raise unreachable(directory, err) from None
-            if writing:
+            if names is not None and INCOMPLETE in names:
                 raise ShardsNotFoundError(f"the shard set at {redact(directory)} is being written, or its upload was "
                                           "interrupted: wait for it, or rerun the command that writes it")
+            present = names is not None
         else:
             directory = Path(directory)
             present = directory.is_dir()
         if not present:
             raise ShardsNotFoundError(f"shard directory '{redact(directory)}' does not exist. {_how_to_build(directory)}")
-        shards = cls(directory, {}, access)
+        shards = cls(directory, {}, access, _names=None if names is None else set(names))
         text = shards._read_text(MANIFEST_NAME)
         if text is not None:
             try:
@@ -87,8 +87,10 @@ class ShardSet:
         if not is_url(self.directory):
             path = Path(self.directory) / name
             return path.read_text() if path.is_file() else None
+        if name not in self._listing():
+            return None
         fs, path = filesystem(str(join(self.directory, name)), self.access.storage_options)
-        return fs.cat_file(path).decode() if fs.isfile(path) else None
+        return fs.cat_file(path).decode()
 
     @contextlib.contextmanager
     def _tar(self, url: str):
@@ -105,10 +107,9 @@ class ShardSet:
         """The names of the files in the set's directory (one listing, not a request per shard; a
         remote set's once per run: evaluations do not ask the store again)."""
         if not is_url(self.directory):
-            return {p.name for p in Path(self.directory).iterdir()}
+            return set(list_names(self.directory) or ())
         if self._names is None:
-            fs, path = filesystem(str(self.directory), self.access.storage_options)
-            self._names = {name.rstrip("/").rsplit("/", 1)[-1] for name in fs.ls(path, detail=False)}
+            self._names = set(list_names(self.directory, self.access.storage_options) or ())
         return self._names
 
     def urls(self, split: str) -> list[str]:

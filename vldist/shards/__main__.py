@@ -179,15 +179,16 @@ def _run_convert(args) -> int:
 
 def _write(args, run) -> int:
     """Run a command that writes a set: into --out, or, for a URL, into a local staging directory
-    of its own (the same for the same URL: a conversion interrupted there resumes) that is then
-    published to the store, manifest last (vldist/store/publish.py), and removed."""
+    of its own (the same for the same URL: a conversion interrupted there resumes) whose shards are
+    uploaded as each is finished, the manifest last once the set is whole (vldist/store/publish.py);
+    the staging directory is then removed."""
     if not is_url(args.out):
         args.out = Path(args.out)
         return run(args)
     import hashlib
     import shutil
 
-    from vldist.store.publish import publish_set
+    from vldist.store.publish import upload_while_building
 
     url = args.out.rstrip("/")
     staging = Path(args.stage or Path.home() / ".cache" / "vldist" / "staging") / \
@@ -195,9 +196,11 @@ def _write(args, run) -> int:
     args.out, overwrite = staging, args.overwrite
     if args.command != "convert":  # a rendered set is built again whole; a conversion resumes in its staging
         args.overwrite = True
-    code = run(args)
+        shutil.rmtree(staging, ignore_errors=True)  # no shard of an earlier build may be uploaded as this one's
+    with upload_while_building(staging, url, overwrite=overwrite) as publisher:
+        code = run(args)
     if code == 0:
-        sent = publish_set(staging, url, overwrite=overwrite)
+        sent = publisher.finish(staging)
         print(f"published {redact(url)}: {sent} files (manifest last)")
         shutil.rmtree(staging)
     return code

@@ -57,6 +57,23 @@ def join(base: str | Path, *names: str) -> str | Path:
     return Path(base).joinpath(*names)
 
 
+def list_names(where: str | Path, storage_options: dict[str, Any] | None = None) -> dict[str, int | None] | None:
+    """{name: size} of the files directly in a local directory or under a URL (one listing request;
+    sizes are None where a store does not say, as HTTP indexes); None when there is no such directory.
+    A store that fails to answer raises its own error (callers say what to check: unreachable())."""
+    if not is_url(where):
+        where = Path(where)
+        if not where.is_dir():
+            return None
+        return {p.name: p.stat().st_size for p in where.iterdir() if p.is_file()}
+    fs, path = filesystem(str(where), storage_options)
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return None
+    return {e["name"].rstrip("/").rsplit("/", 1)[-1]: e.get("size") for e in entries if e.get("type") != "directory"}
+
+
 def filesystem(url: str, storage_options: dict[str, Any] | None = None):
     """(fsspec filesystem, path inside it) for a URL. fsspec caches instances per process and
     builds new ones after a fork, so loader workers call this themselves."""

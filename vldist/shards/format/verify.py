@@ -113,18 +113,14 @@ class _Files:
     downloaded to a temporary directory while it is checked, then removed."""
 
     def __init__(self, where: str | Path, access=None):
-        from vldist.data.shardset import ShardSet
         from vldist.store.access import StoreAccess
-        from vldist.store.location import is_url
+        from vldist.store.location import is_url, list_names
 
         self.remote = is_url(where)
         self.where = str(where).rstrip("/") if self.remote else Path(where)
-        self.access = access
-        try:
-            listing = ShardSet(self.where, {}, access or StoreAccess())._listing
-            self.names = listing() if self.remote or self.where.is_dir() else None
-        except FileNotFoundError:
-            self.names = None
+        self.access = access or StoreAccess()
+        listed = list_names(self.where, self.access.storage_options)
+        self.names = None if listed is None else set(listed)
 
     @contextlib.contextmanager
     def local(self, name: str):
