@@ -166,3 +166,64 @@ def test_each_shard_goes_up_when_finished_and_the_set_opens_only_when_whole(s3_s
     assert publisher.finish(local) == 3  # two shards and the manifest, each sent once
     assert listed() == {"train-000000.tar", "train-000001.tar", "manifest.json"}
     assert ShardSet.open(url).num_samples("train") == 3
+
+
+@pytest.fixture
+def proxy(s3_store):
+    """A fault-injecting proxy on 127.0.0.1 in front of the store (tests/fault_proxy.py)."""
+    from fault_proxy import FaultProxy
+
+    with FaultProxy(s3_store.endpoint) as proxy:
+        yield proxy
+
+
+def _keys_per_rank(urls, access, make_stream, workers=2):
+    import io
+
+    import numpy as np
+
+    from vldist.data.pipeline import StreamSpec, make_loader
+
+    def sample(raw, rng):
+        return {"key": raw["__key__"], "regions": np.load(io.BytesIO(raw["regions.npy"]))}
+
+    def collate(samples):
+        return {"keys": [s["key"] for s in samples]}
+
+    keys = []
+    for rank in range(2):
+        spec = StreamSpec(urls=urls, keep=("json", "regions.npy"), sample_fn=sample, collate_fn=collate, batch_size=8,
+                          seed=3, rank=rank, world_size=2, access=access)
+        keys.append([k for batch in make_loader(make_stream(spec), workers) for k in batch["keys"]])
+    return keys
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_through_a_proxy_that_cuts_stalls_and_refuses_every_sample_arrives_as_from_disk(split, s3_set, planted_shards,
+                                                                                       proxy):
+    """The retry promise against the real store: each shard's first request answered 503 Slow Down,
+    its first GET stalled past the client's read timeout, the next seven cut halfway (more than
+    s3fs's own five tries: vldist's reader resumes); the samples of each rank, in order and counted
+    per key, are those read from local disk."""
+    from collections import Counter
+
+    from vldist.data.pipeline import EvalStream, TrainStream
+    from vldist.data.shardset import ShardSet
+    from vldist.store.access import StoreAccess
+
+    local = ShardSet.open(planted_shards).urls(split)
+    access = StoreAccess(storage_options={"endpoint_url": proxy.url, "config_kwargs": {"read_timeout": 1}})
+    remote = ShardSet.open(s3_set, access).urls(split)
+    for url in local:
+        name, size = url.rsplit("/", 1)[1], (planted_shards / url.rsplit("/", 1)[1]).stat().st_size
+        proxy.faults.slow_down[name], proxy.faults.stall[name], proxy.faults.cut[name] = 1, [2.0], [size // 2] * 7
+    make = (lambda spec: TrainStream(spec, 6, shuffle_buffer=40)) if split == "train" else EvalStream
+    expected = _keys_per_rank(local, StoreAccess(), make)
+    got = _keys_per_rank(remote, access, make)
+    assert got == expected and [Counter(k) for k in got] == [Counter(k) for k in expected]
+    if split == "test":  # an evaluation reads every sample of the split exactly once
+        assert sorted(got[0] + got[1]) == sorted(set(got[0] + got[1]))
+        assert len(got[0] + got[1]) == ShardSet.open(planted_shards).num_samples("test")
+    reached = [name for name in proxy.faults.cut if proxy.faults.requests[name]]  # training draws shards at random
+    assert len(reached) >= 2 and all(not proxy.faults.slow_down[n] and not proxy.faults.stall[n] and
+                                     not proxy.faults.cut[n] for n in reached)  # each fault of each was met
