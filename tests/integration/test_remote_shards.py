@@ -195,3 +195,21 @@ def test_a_store_that_goes_down_mid_run_ends_it_in_one_line_and_the_run_resumes_
     done = subprocess.run([*job, "train.resume=latest", "train.epochs=2"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resum" in done.stderr.lower()
+
+
+def test_a_shard_lost_in_an_exact_epoch_ends_the_run_in_one_line_rather_than_skewing_the_ranks(planted_shards, server,
+                                                                                               tmp_path, capsys):
+    """Exact epochs (data.resampled=false) read every shard on every rank in one order: a shard
+    skipped on one rank would shift that rank's rows against the others', so a lost shard ends the
+    run, exit 1, saying what to do, where a resampled run skips it (the test above)."""
+    from vldist.train import main as train_main
+
+    lost = sorted(planted_shards.glob("train-*.tar"))[1].name
+    server.faults.always[lost] = 503
+    code = train_main(["vsrn", f"data.shards={server.set_url}", f"output.dir={tmp_path / 'run'}", "train.epochs=1",
+                       "data.resampled=false", "data.retries=1", *SMALL_VSRN])
+    err = capsys.readouterr().err
+    assert code == 1 and server.faults.gets[lost] >= 2
+    line = next(line for line in err.splitlines() if line.startswith("error: "))
+    assert f"{server.set_url}/{lost}: 2 tries failed" in line and "An exact epoch (data.resampled=false)" in line
+    assert "train.resume=latest" in line and "Traceback" not in err

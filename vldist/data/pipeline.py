@@ -26,6 +26,7 @@ from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
 from vldist.preemption import ignore_in_worker, interrupts_deferred
 from vldist.store.access import StoreAccess
+from vldist.store.retry import ShardLostInExactEpoch, ShardUnavailable
 
 SampleFn = Callable[[dict, random.Random], "dict | None"]
 CollateFn = Callable[[list[dict]], dict]
@@ -54,10 +55,22 @@ def _worker() -> tuple[int, int]:
     return (info.id, info.num_workers) if info else (0, 1)
 
 
-def _raw(spec: StreamSpec, urls) -> Iterator[dict]:
+def _raw(spec: StreamSpec, urls, handler=skipped) -> Iterator[dict]:
     """Undecoded samples of the given shards, holding only the members the recipe keeps."""
     wanted = tuple("." + k for k in (*spec.keep, *spec.optional))
-    return shard_samples(urls, skipped, lambda n: n.endswith(wanted), spec.access)
+    return shard_samples(urls, handler, lambda n: n.endswith(wanted), spec.access)
+
+
+def _skipped_unless_a_shard_is_lost(exn: BaseException) -> bool:
+    """The exact epoch's handler: a corrupt sample is skipped and counted as anywhere, a shard lost
+    after its retries ends the run (ShardLostInExactEpoch says why and what to do)."""
+    if isinstance(exn, ShardUnavailable):
+        raise ShardLostInExactEpoch(
+            f"{exn.args[0]}. An exact epoch (data.resampled=false) reads every shard on every rank in one order, "
+            "and skipping this one would put the ranks' batches out of step, so the run ends here; the checkpoints "
+            "written before are whole. Check the store, then carry on with train.resume=latest, or train with "
+            "data.resampled=true, which skips a lost shard and goes on") from None
+    return skipped(exn)
 
 
 def _prepared(spec: StreamSpec, sample: dict, rng: random.Random) -> dict | None:
@@ -189,7 +202,7 @@ class ExactEpochStream(IterableDataset):
         b, world = self.spec.batch_size, self.spec.world_size
         steps = exact_epoch_steps(self.samples, b * world, world)
         rng = random.Random(_seed(self.spec.seed, self.epoch))  # the same on every rank and worker
-        raw = _raw(self.spec, rng.sample(self.spec.urls, len(self.spec.urls)))
+        raw = _raw(self.spec, rng.sample(self.spec.urls, len(self.spec.urls)), _skipped_unless_a_shard_is_lost)
         if self.shuffle_buffer > 1:
             raw = wds.filters._shuffle(raw, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
         sample_rng = random.Random(_seed(self.spec.seed, self.epoch, self.spec.rank))

@@ -38,6 +38,12 @@ class StoreLost(RuntimeError):
         return str(self.args[0])
 
 
+class ShardLostInExactEpoch(StoreLost):
+    """A shard failed for good in an exact epoch (data.resampled=false), where every rank reads
+    every shard in one global order: skipping it on one rank would put the ranks' batches out of
+    step, so the run ends instead (the message says what to do)."""
+
+
 class ReadInterrupted(ConnectionError):
     """A read ended before the object's size: a connection closed early without an error."""
 
