@@ -16,8 +16,10 @@ a shard takes less time to fetch than the steps it feeds take to compute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,17 +54,12 @@ def run_job(source: str, out: Path, steps: int, extra: list[str], env: dict) -> 
             "data_wait_share": statistics.mean(r["data_wait_share"] for r in records), "records": len(records)}
 
 
-def main() -> None:
-    import os
-
+@contextlib.contextmanager
+def remote_copies(shards: Path):
+    """The set at `shards` served over HTTP (Python's http.server) and copied into a SeaweedFS S3
+    store, both on 127.0.0.1: yields (the store's environment, HTTP URL, S3 URL, a scratch directory)."""
     from seaweed import start_s3_store
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shards", type=Path, default=REPO / "shards" / "synth")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_remote_shards")
-    args = parser.parse_args()
-    shards = args.shards.resolve()
     scratch = Path(tempfile.mkdtemp(prefix="vldist-bench-"))
     size = sum(f.stat().st_size for f in shards.iterdir() if f.is_file())
     store = start_s3_store(scratch, volumes=max(8, 2 * size // (64 << 20) + 4))
@@ -72,20 +69,32 @@ def main() -> None:
         fs = store.filesystem()
         fs.mkdir("bench")
         fs.put(str(shards), "bench/set", recursive=True)
-        env = {**os.environ, **store.environment}
-        http = f"http://127.0.0.1:{httpd.server_address[1]}/{shards.name}"
+        yield store.environment, f"http://127.0.0.1:{httpd.server_address[1]}/{shards.name}", "s3://bench/set", scratch
+    finally:
+        httpd.shutdown()
+        store.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main() -> None:
+    import os
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shards", type=Path, default=REPO / "shards" / "synth")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_remote_shards")
+    args = parser.parse_args()
+    with remote_copies(args.shards.resolve()) as (store_env, http, s3, scratch):
+        env = {**os.environ, **store_env}
         cache = [f"data.cache_dir={scratch / 'cache'}"]
-        cases = [("local disk", str(shards), []), ("HTTP", http, []), ("S3, no cache", "s3://bench/set", []),
-                 ("S3, cache cold", "s3://bench/set", cache), ("S3, cache warm", "s3://bench/set", cache)]
+        cases = [("local disk", str(args.shards.resolve()), []), ("HTTP", http, []), ("S3, no cache", s3, []),
+                 ("S3, cache cold", s3, cache), ("S3, cache warm", s3, cache)]
         print(f"VSRN, {args.steps} steps of data.batch_size (the job's), data.workers 2; mean over progress records")
         print("| source | samples/s | data-wait share |\n|---|---|---|")
         for index, (name, source, extra) in enumerate(cases):
             result = run_job(source, args.out / str(index), args.steps, extra, env)
             print(f"| {name} | {result['samples_per_second']:.0f} | {100 * result['data_wait_share']:.1f}% |",
                   flush=True)
-    finally:
-        httpd.shutdown()
-        store.stop()
 
 
 if __name__ == "__main__":
