@@ -61,10 +61,10 @@ def trained_vsrn(planted_shards, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def s3_store(tmp_path_factory):
-    """A real S3-compatible store on 127.0.0.1 (tests/seaweed.py), once per session; its
-    credentials in this process's environment (AWS_*), as a cluster node would have them."""
-    import os
-
+    """A real S3-compatible store on 127.0.0.1 (tests/seaweed.py), once per session. Its
+    credentials (store.environment, the AWS_* variables) are handed to what needs them: a test's
+    subprocess environment, a Ray job's runtime_env, tests/integration/test_s3_shards.py's own
+    environment during each of its tests; never left in the session's environment."""
     pytest.importorskip("s3fs", reason="S3 support is an extra: pip install \"vldist[s3]\"")
     from seaweed import start_s3_store
 
@@ -72,12 +72,5 @@ def s3_store(tmp_path_factory):
         store = start_s3_store(tmp_path_factory.mktemp("seaweedfs"))
     except FileNotFoundError as missing:
         pytest.skip(f"no SeaweedFS: {missing}")
-    saved = {name: os.environ.get(name) for name in store.environment}
-    os.environ.update(store.environment)
     yield store
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
     store.stop()

@@ -13,6 +13,14 @@ import pytest
 from helpers import SMALL_VSRN
 
 
+@pytest.fixture(autouse=True)
+def store_credentials(s3_store, monkeypatch):
+    """The store's credentials in the environment during each test here, as a cluster node has
+    them: jobs started here (and their subprocesses) find them where s3fs looks."""
+    for name, value in s3_store.environment.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="module")
 def s3_set(s3_store, planted_shards):
     """The planted set uploaded to s3://vldist-tests/planted."""
