@@ -61,7 +61,7 @@ def test_a_job_trains_and_evaluates_from_s3_as_from_disk_and_writes_no_secret(s3
     assert leaked == []
 
 
-def test_a_missing_bucket_or_wrong_credentials_are_refused_in_one_line(s3_store, s3_set, tmp_path):
+def test_a_missing_bucket_or_wrong_or_missing_credentials_are_refused_in_one_line(s3_store, s3_set, tmp_path):
     import os
 
     done = _train("s3://no-such-bucket/planted", tmp_path / "a")
@@ -70,6 +70,13 @@ def test_a_missing_bucket_or_wrong_credentials_are_refused_in_one_line(s3_store,
     done = _train(s3_set, tmp_path / "b", env=wrong)
     assert done.returncode == 2 and f"error: cannot read {s3_set}: " in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "not-the-secret" not in done.stderr
+    # no credentials at all (and no instance metadata to ask: the test's traffic stays on loopback)
+    bare = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    done = _train(s3_set, tmp_path / "c", env={**bare, "AWS_EC2_METADATA_DISABLED": "true",
+                                               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                                               "AWS_CONFIG_FILE": str(tmp_path / "none")})
+    assert done.returncode == 2 and f"error: cannot read {s3_set}: " in done.stderr, done.stderr[-2000:]
+    assert "AWS_ACCESS_KEY_ID" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_two_ranks_under_torchrun_read_the_store_as_the_disk(s3_set, two_rank_reference, tmp_path):
