@@ -11,6 +11,7 @@ from torch import nn
 
 from vldist.distributed.engine import Engine, grad_norm, pick_device
 from vldist.launch.environment import adopt_slurm_environment
+from vldist.launch.network import choose_gloo_interface
 
 OPTIMIZER_FILE = "optimizer.pt"
 
@@ -21,6 +22,7 @@ class AccelerateEngine(Engine):
         from accelerate import Accelerator
 
         adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
+        choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         on_cpu = pick_device(job.train.device).type == "cpu"
         self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else job.engine.mixed_precision)
         state = self.accelerator.state

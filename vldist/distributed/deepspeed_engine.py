@@ -28,6 +28,7 @@ from vldist.config import ConfigError
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
 from vldist.launch.environment import adopt_slurm_environment
+from vldist.launch.network import choose_gloo_interface
 
 SUBDIR, TAG = "deepspeed", "zero"
 
@@ -66,6 +67,7 @@ class DeepSpeedEngine(Engine):
         """job: the JobConfig (train.device, the engine section, the batch and clipping settings)."""
         device = pick_device(job.train.device)
         adopt_slurm_environment()
+        choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         self.deepspeed = _import_deepspeed(device.type == "cuda")
         self.deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()

@@ -88,6 +88,24 @@ def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches
     }
 
 
+def assert_same_step(many: dict, one: dict) -> None:
+    """The step of W ranks (`many`) is the one-process step (`one`): losses, gradients, update
+    (tolerances: tests/integration/test_distributed_equivalence.py's docstring)."""
+    import pytest
+
+    for key in ("loss", "matching", "caption"):
+        assert many[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    for name, grad in one["grads"].items():
+        assert torch.allclose(many["grads"][name], grad, rtol=1e-4, atol=1e-4), name
+    start = dict(build_model(make_recipe(True)).named_parameters())
+    moved = 0
+    for name, param in one["params"].items():
+        update_one, update_many = param - start[name].detach(), many["params"][name] - start[name].detach()
+        assert torch.allclose(update_many, update_one, rtol=1e-4, atol=1e-4), name
+        moved += int(update_one.abs().max() > 0)
+    assert moved > 10  # the step really changed the model
+
+
 def make_engine(backend: str, recipe: VSRNRecipe) -> Engine:
     if backend == "accelerate":
         return cpu_engine()
