@@ -14,12 +14,14 @@ says why not, for a skip)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 SUBNET = "198.18.0"  # node i is SUBNET.(i+1)/24, inside the namespaces only
@@ -106,20 +108,31 @@ class Nodes:
         self.processes.append(process)
         return process
 
-    def kill(self, process: subprocess.Popen) -> None:
-        """Kill a process started on a node and everything it started, as a lost node would lose them."""
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            pass
+    def pids(self, node: int) -> list[int]:
+        """Every process in the node's network namespace (`ip netns pids`): also those that left
+        the session they were started in (torchrun starts its ranks in sessions of their own)."""
+        listed = subprocess.run(["ip", "netns", "pids", self.namespaces[node]], capture_output=True, text=True)
+        return [int(pid) for pid in listed.stdout.split()]
+
+    def power_off(self, node: int) -> None:
+        """Kill every process of `node` at once, as a node that loses power loses them."""
+        for _ in range(3):  # a process forking meanwhile leaves a child: look again
+            for pid in self.pids(node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        for process in self.processes:  # reap those started there
+            if process.args[3] == self.namespaces[node]:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(30)
 
     def close(self) -> None:
+        for node in range(self.count):
+            self.power_off(node)
         for process in self.processes:
-            self.kill(process)
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
         for namespace in [*self.namespaces, self.bridge]:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
         shutil.rmtree(self._scratch, ignore_errors=True)

@@ -29,23 +29,26 @@ def one_process():
     return worker.step(cpu_engine(), worker.make_recipe(gather=True))
 
 
+def torchrun_command(nodes: Nodes, node: int, per_node: int, script: list[str], run_id: str) -> list[str]:
+    """`torchrun --nnodes N --nproc-per-node per_node` for `node`, the rendezvous on node 0 (by
+    address, and told it is the host: its own name may resolve to loopback)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes.count), "--nproc-per-node",
+            str(per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{nodes.addresses[0]}:{RENDEZVOUS_PORT}",
+            "--rdzv-id", run_id, *(["--rdzv-conf", "is_host=1"] if node == 0 else []), "--local-addr",
+            nodes.addresses[node], *script]
+
+
 def torchrun_on_nodes(nodes: Nodes, per_node: int, script: list[str], run_id: str) -> list[subprocess.Popen]:
-    """`torchrun --nnodes N --nproc-per-node per_node` on every node, the rendezvous on node 0
-    (by address, and told it is the host: its own name may resolve to loopback)."""
-    return [nodes.popen(i, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes.count),
-                            "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d",
-                            "--rdzv-endpoint", f"{nodes.addresses[0]}:{RENDEZVOUS_PORT}", "--rdzv-id", run_id,
-                            *(["--rdzv-conf", "is_host=1"] if i == 0 else []), "--local-addr", nodes.addresses[i],
-                            *script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for i in range(nodes.count)]
+    """torchrun_command started on every node, its output captured."""
+    return [nodes.popen(i, torchrun_command(nodes, i, per_node, script, run_id), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True) for i in range(nodes.count)]
 
 
 def finished(processes: list[subprocess.Popen], timeout: float = 240) -> list[str]:
-    outputs = []
-    for process in processes:
-        out, _ = process.communicate(timeout=timeout)
-        assert process.returncode == 0, out[-4000:]
-        outputs.append(out)
+    """The outputs of every process, once each has exited 0 (else all of them in the failure)."""
+    outputs = [process.communicate(timeout=timeout)[0] for process in processes]
+    assert all(process.returncode == 0 for process in processes), \
+        "\n\n".join(f"node {i}, exit {p.returncode}:\n{out[-3000:]}" for i, (p, out) in enumerate(zip(processes, outputs)))
     return outputs
 
 
@@ -59,3 +62,4 @@ def test_torchrun_on_two_nodes_takes_the_step_of_one_process(one_process, tmp_pa
     many = torch.load(out, weights_only=True)
     assert many["world_size"] == 2 * per_node
     worker.assert_same_step(many, one_process)
+
