@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -95,16 +96,18 @@ class Nodes:
     def hosts_file(self, node: int) -> Path:
         return self._scratch / f"hosts.{node}"
 
-    def command(self, node: int, argv: list[str], hosts: bool = True) -> list[str]:
+    def command(self, node: int, argv: list[str], hosts: bool = True, hidden: tuple = ()) -> list[str]:
         """`argv` as run on `node`: in its network namespace, under its hostname, with the nodes'
-        /etc/hosts (hosts=False: the machine's, where the other nodes' names do not resolve)."""
+        /etc/hosts (hosts=False: the machine's, where the other nodes' names do not resolve);
+        each `hidden` directory looks empty there (a tmpfs over it), as a disk the node lacks."""
         setup = f"mount --bind {self.hosts_file(node)} /etc/hosts && " if hosts else ""
+        setup += "".join(f"mount -t tmpfs vldist-test-hidden {shlex.quote(str(path))} && " for path in hidden)
         return ["ip", "netns", "exec", self.namespaces[node], "unshare", "--uts", "--mount", "--propagation",
                 "private", "sh", "-c", f'{setup}hostname {self.hostnames[node]} && exec "$@"', "sh", *argv]
 
-    def popen(self, node: int, argv: list[str], hosts: bool = True, **kwargs) -> subprocess.Popen:
+    def popen(self, node: int, argv: list[str], hosts: bool = True, hidden: tuple = (), **kwargs) -> subprocess.Popen:
         """Start `argv` on `node` in a session of its own (killed with its group at the end)."""
-        process = subprocess.Popen(self.command(node, argv, hosts), start_new_session=True, **kwargs)
+        process = subprocess.Popen(self.command(node, argv, hosts, hidden), start_new_session=True, **kwargs)
         self.processes.append(process)
         return process
 

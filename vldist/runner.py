@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vldist.config import JobConfig
 from vldist.data.job_shards import build_missing, open_job_shards
+from vldist.data.shardset import ShardsNotFoundError
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects
 from vldist.preemption import stop_requests
@@ -24,6 +25,27 @@ from vldist.telemetry.prometheus import start_rank_metrics
 from vldist.trainer import Trainer
 
 log = logging.getLogger("vldist.train")
+
+
+def _raise_if_any_rank_failed(failure: Exception | None, cls: type[Exception]) -> None:
+    """Every rank raises when any rank failed, with the first failing rank's message (a set on
+    some nodes' disks only names its host): rank 0 reports it, and no rank goes on alone into a
+    collective that would wait for the others."""
+    failures = [message for message in gather_objects(None if failure is None else str(failure)) if message]
+    if failure is not None:
+        raise failure
+    if failures:
+        raise cls(failures[0])
+
+
+def _opened_on_every_rank(open_sets):
+    failure = None
+    try:
+        opened = open_sets()
+    except ShardsNotFoundError as err:
+        opened, failure = None, err
+    _raise_if_any_rank_failed(failure, ShardsNotFoundError)
+    return opened
 
 
 def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, last: bool = True) -> dict | None:
@@ -39,10 +61,10 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, la
             with output_dir_lock(engine, config.output_dir):
                 if not engine.is_main:
                     logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
-                if engine.is_main:
+                if engine.local_rank == 0:  # each node: the embedded sets are the same bytes wherever built
                     build_missing(config, recipe_cls)
-                engine.barrier()  # rank 0 builds missing shards; the others wait, then open them
-                shards = open_job_shards(config, recipe_cls)
+                engine.barrier()  # a node's first rank builds missing shards (once per disk: a file lock); the others wait
+                shards = _opened_on_every_rank(lambda: open_job_shards(config, recipe_cls))
                 # the other streams' captions join the vocabulary
                 vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count, tuple(shards.others.values()))
                 recipe = recipe_cls(config, vocab, shards.main.feature_dim(), uniform_shapes=engine.uniform_shapes)
@@ -67,10 +89,8 @@ def output_dir_lock(engine, directory: Path):
         try:
             lock = RunLock(directory).acquire()
         except OutputDirInUse as err:
-            error = str(err)
-    refused = [e for e in gather_objects(error) if e]
-    if refused:
-        raise OutputDirInUse(refused[0])
+            error = err
+    _raise_if_any_rank_failed(error, OutputDirInUse)
     try:
         yield
     finally:

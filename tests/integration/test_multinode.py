@@ -38,10 +38,12 @@ def torchrun_command(nodes: Nodes, node: int, per_node: int, script: list[str], 
             nodes.addresses[node], *script]
 
 
-def torchrun_on_nodes(nodes: Nodes, per_node: int, script: list[str], run_id: str) -> list[subprocess.Popen]:
-    """torchrun_command started on every node, its output captured."""
-    return [nodes.popen(i, torchrun_command(nodes, i, per_node, script, run_id), stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, text=True) for i in range(nodes.count)]
+def torchrun_on_nodes(nodes: Nodes, per_node: int, script: list[str], run_id: str,
+                      hidden: dict[int, tuple] | None = None) -> list[subprocess.Popen]:
+    """torchrun_command started on every node, its output captured; `hidden`: per node, the
+    directories its disk lacks."""
+    return [nodes.popen(i, torchrun_command(nodes, i, per_node, script, run_id), hidden=(hidden or {}).get(i, ()),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(nodes.count)]
 
 
 def finished(processes: list[subprocess.Popen], timeout: float = 240) -> list[str]:
@@ -63,3 +65,20 @@ def test_torchrun_on_two_nodes_takes_the_step_of_one_process(one_process, tmp_pa
     assert many["world_size"] == 2 * per_node
     worker.assert_same_step(many, one_process)
 
+
+
+def test_a_shard_set_that_one_node_lacks_is_named_with_that_node(planted_shards, tmp_path):
+    """The set on node 0's disk only (hidden on node 1): the job stops with the path and node 1's
+    name, and what to do, instead of a rank failing somewhere in the data pipeline."""
+    from helpers import SMALL_VSRN
+
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={tmp_path / 'run'}",
+           "train.epochs=1", *SMALL_VSRN]
+    with Nodes(2) as nodes:
+        processes = torchrun_on_nodes(nodes, 1, job, tmp_path.name, hidden={1: (planted_shards.parent,)})
+        outputs = [process.communicate(timeout=240)[0] for process in processes]
+    assert processes[0].returncode != 0 and processes[1].returncode != 0  # neither node trains alone
+    said = "".join(outputs)  # rank 0, on either node, reports the error of the rank that met it
+    assert f"error: shard directory '{planted_shards}' does not exist on node1" in said, \
+        [line for line in said.splitlines() if "error" in line.lower()]
+    assert "put it on a disk they share, on each node, or in object storage" in said

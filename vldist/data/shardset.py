@@ -8,6 +8,7 @@ import dataclasses
 import io
 import itertools
 import json
+import socket
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,8 @@ def _how_to_build(directory: str | Path) -> str:
         return "Check the URL and that the set is there (its manifest.json and <split>-*.tar)."
     return (
         f"Build the embedded dataset with `python -m vldist.shards synth --out {directory}`, "
-        "or set data.shards=<dir> to a shard set you converted (see shards/README.md)."
+        "or set data.shards=<dir> to a shard set you converted (see shards/README.md). On several nodes, "
+        "every node reads the set: put it on a disk they share, on each node, or in object storage (a URL)."
     )
 
 
@@ -67,7 +69,10 @@ class ShardSet:
             directory = Path(directory)
             present = directory.is_dir()
         if not present:
-            raise ShardsNotFoundError(f"shard directory '{redact(directory)}' does not exist. {_how_to_build(directory)}")
+            # a local path names the host: on a cluster, the set may be on some nodes' disks only
+            where = "" if is_url(directory) else f" on {socket.gethostname()}"
+            raise ShardsNotFoundError(f"shard directory '{redact(directory)}' does not exist{where}. "
+                                      f"{_how_to_build(directory)}")
         shards = cls(directory, {}, access, _names=None if names is None else set(names))
         text = shards._read_text(MANIFEST_NAME)
         if text is not None:
