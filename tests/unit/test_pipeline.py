@@ -68,6 +68,21 @@ def test_every_rank_yields_the_same_number_of_batches(planted_shards, workers):
     assert counts == [steps, steps]
 
 
+def test_the_shuffle_buffer_holds_raw_bytes_and_only_yielded_samples_are_decoded(planted_shards):
+    """Decoding after the shuffle (as WebDataset's and open_clip's pipelines do): a rank that takes
+    3 batches of 8 through a buffer of 100 decodes 24 samples, not the 100 the buffer filled with."""
+    urls = ShardSet.open(planted_shards).urls("train")
+    decoded = []
+
+    def counting(raw, rng):
+        decoded.append(raw["__key__"])
+        return _sample(raw, rng)
+
+    spec = StreamSpec(urls=urls, keep=("json", "regions.npy"), sample_fn=counting, collate_fn=_collate, batch_size=8)
+    keys = [k for b in make_loader(TrainStream(spec, 3, shuffle_buffer=100), 0) for k in b["keys"]]
+    assert len(keys) == 24 and decoded == keys
+
+
 def test_training_order_is_seeded_by_rank_and_epoch(planted_shards):
     urls = ShardSet.open(planted_shards).urls("train")
 

@@ -84,7 +84,12 @@ def _prepared(spec: StreamSpec, sample: dict, rng: random.Random) -> dict | None
 
 def _decoded(spec: StreamSpec, urls: Iterator[str], rng: random.Random) -> Iterator[dict]:
     """Samples of the given shards, corrupt ones skipped and counted."""
-    for sample in _raw(spec, urls):
+    return _decode_each(spec, _raw(spec, urls), rng)
+
+
+def _decode_each(spec: StreamSpec, raw: Iterator[dict], rng: random.Random) -> Iterator[dict]:
+    """The recipe's samples of raw ones, corrupt ones skipped and counted."""
+    for sample in raw:
         try:
             missing = [k for k in spec.keep if k not in sample]
             if missing:
@@ -158,11 +163,16 @@ class TrainStream(IterableDataset):
         mine = self.batches_per_rank // workers + (worker < self.batches_per_rank % workers)
         if mine == 0:
             return
-        rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch))
+        rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch))  # draws and shuffle
+        sample_rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch, 1))  # the recipe's
         draws = _ShardDraws(self.spec.urls, rng)
-        samples = draws.count_readable(_decoded(self.spec, iter(draws), rng))
+        raw = _raw(self.spec, iter(draws))
         if self.shuffle_buffer > 1:
-            samples = wds.filters._shuffle(samples, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
+            # The buffer holds raw bytes and only what it yields is decoded (as WebDataset's and
+            # open_clip's pipelines do): what the buffer still holds when the rank's batches are
+            # done was never decoded for nothing, and each epoch's first fill is bytes, not arrays.
+            raw = wds.filters._shuffle(raw, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
+        samples = draws.count_readable(_decode_each(self.spec, raw, sample_rng))
         yield from _batches(self.spec, samples, limit=mine, partial=False)
 
 
