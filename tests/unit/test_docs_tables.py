@@ -85,7 +85,6 @@ def test_the_docs_show_the_other_tables_of_committed_results(name):
         f"docs/{page} does not hold `python bench/{script} --from docs/results/{name}` verbatim:\n\n{table}")
 
 
-@pytest.mark.skip(reason="results of the issue-23 reruns not committed yet")
 def test_every_ablation_has_results():
     found = {path.name for path in RESULTS.glob("*_ablation.json")}
     expected = {f"{method}_ablation.json" for method in METHODS}
