@@ -30,26 +30,18 @@ class ProxyFaults:
         self.stall: dict[str, list[float]] = defaultdict(list)
         self.cut: dict[str, list[int]] = defaultdict(list)
         self.requests: Counter = Counter()
-        self.injected: Counter = Counter()  # faults done, by kind
-
-    def clear(self) -> None:
-        with self.lock:
-            self.slow_down.clear(), self.stall.clear(), self.cut.clear(), self.requests.clear(), self.injected.clear()
 
     def take(self, method: str, name: str) -> tuple[str, float] | None:
         with self.lock:
             self.requests[name] += 1
             if self.slow_down[name] > 0:
                 self.slow_down[name] -= 1
-                self.injected["503"] += 1
                 return "503", 0
             if method != "GET":
                 return None
             if self.stall[name]:
-                self.injected["stall"] += 1
                 return "stall", self.stall[name].pop(0)
             if self.cut[name]:
-                self.injected["cut"] += 1
                 return "cut", self.cut[name].pop(0)
         return None
 

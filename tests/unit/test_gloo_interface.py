@@ -5,7 +5,7 @@ from vldist.launch.network import choose_gloo_interface, interface_towards
 
 
 def test_a_users_choice_one_host_and_a_loopback_master_are_left_alone():
-    assert choose_gloo_interface({"GLOO_SOCKET_IFNAME": "ib0", "MASTER_ADDR": "10.0.0.1", "WORLD_SIZE": "4"}) is None
+    assert choose_gloo_interface({"GLOO_SOCKET_IFNAME": "ib0", "MASTER_ADDR": "198.18.0.1", "WORLD_SIZE": "4"}) is None
     one_host = {"MASTER_ADDR": "127.0.0.1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
     assert choose_gloo_interface(one_host) is None and "GLOO_SOCKET_IFNAME" not in one_host
     loopback = {"MASTER_ADDR": "localhost", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}

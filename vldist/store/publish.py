@@ -25,8 +25,9 @@ class SetPublisher:
 
     def __init__(self, url: str, access: StoreAccess | None = None, overwrite: bool = False):
         self.url = url.rstrip("/")
-        self.fs, self.root = filesystem(self.url, (access or StoreAccess()).storage_options)
-        self.there = list_names(self.url, (access or StoreAccess()).storage_options) or {}
+        options = (access or StoreAccess()).storage_options
+        self.fs, self.root = filesystem(self.url, options)
+        self.there = list_names(self.url, options) or {}
         self.overwrite = overwrite
         self.sent = 0
 
