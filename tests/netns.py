@@ -32,7 +32,7 @@ def unavailable() -> str | None:
     """Why nodes cannot be made here, or None."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return f"no `{tool}` command"
     probe = f"vlt{secrets.token_hex(3)}-probe"
@@ -102,8 +102,13 @@ class Nodes:
         each `hidden` directory looks empty there (a tmpfs over it), as a disk the node lacks."""
         setup = f"mount --bind {self.hosts_file(node)} /etc/hosts && " if hosts else ""
         setup += "".join(f"mount -t tmpfs vldist-test-hidden {shlex.quote(str(path))} && " for path in hidden)
-        return ["ip", "netns", "exec", self.namespaces[node], "unshare", "--uts", "--mount", "--propagation",
-                "private", "sh", "-c", f'{setup}hostname {self.hostnames[node]} && exec "$@"', "sh", *argv]
+        # nsenter --net, not `ip netns exec`: that one mounts the namespace's own /sys, without the
+        # cgroup filesystems slurmd needs
+        return ["unshare", "--uts", "--mount", "--propagation", "private", "nsenter", self._net(node),
+                "sh", "-c", f'{setup}hostname {self.hostnames[node]} && exec "$@"', "sh", *argv]
+
+    def _net(self, node: int) -> str:
+        return f"--net=/run/netns/{self.namespaces[node]}"
 
     def popen(self, node: int, argv: list[str], hosts: bool = True, hidden: tuple = (), **kwargs) -> subprocess.Popen:
         """Start `argv` on `node` in a session of its own (killed with its group at the end)."""
@@ -125,7 +130,7 @@ class Nodes:
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
         for process in self.processes:  # reap those started there
-            if process.args[3] == self.namespaces[node]:
+            if self._net(node) in process.args:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(30)
 

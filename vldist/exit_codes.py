@@ -9,6 +9,7 @@ from vldist.config import ConfigError
 from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
 from vldist.eval_split import EmptySplitError
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
+from vldist.distributed.peer_loss import PeerLost
 from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.run_lock import OutputDirInUse
@@ -28,7 +29,7 @@ EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
     (REFUSED, (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
                OutputDirInUse, JavaNotFoundError, StoreSupportMissing,
                StoreUnreachable)),
-    (FAILED, (RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost)),
+    (FAILED, (RunFailed, PeerLost, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost)),
     (STOPPED, (TrainingStopped, RunStopped)),
     (INTERRUPTED, (KeyboardInterrupt,)),
 )

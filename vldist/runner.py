@@ -17,6 +17,7 @@ from vldist.data.job_shards import build_missing, open_job_shards
 from vldist.data.shardset import ShardsNotFoundError
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects
+from vldist.distributed.peer_loss import peer_loss_reported
 from vldist.preemption import stop_requests
 from vldist.recipes import get_recipe
 from vldist.run_lock import OutputDirInUse, RunLock
@@ -73,7 +74,8 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, la
                 log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.main.directory, engine.device,
                          engine.world_size, config.output_dir)
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
-                results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop, start).fit()
+                with peer_loss_reported(engine.rank, engine.world_size, config.output_dir / "checkpoints"):
+                    results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop, start).fit()
                 return results if engine.is_main else None
         finally:
             if metrics is not None:

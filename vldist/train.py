@@ -16,6 +16,7 @@ import sys
 
 from vldist.checkpoint import step_checkpoints
 from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
+from vldist.distributed.peer_loss import PeerLost
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.launch import ray_train
 from vldist.recipes import get_recipe, recipe_names
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         config, results = run_stages(load_config(job, overrides))
     except (*REPORTED_ERRORS, KeyboardInterrupt) as err:  # Ctrl-C too: training says what it kept
         code, message = exit_status(err)
-        if _speaks():
+        if _speaks() or isinstance(err, PeerLost):  # rank 0 may be the one lost
             print(message, file=sys.stderr)
         return code
     if results is not None:  # rank 0

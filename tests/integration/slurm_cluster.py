@@ -1,7 +1,10 @@
-"""A real one-node Slurm cluster on 127.0.0.1 for tests: slurmctld + slurmd with a private config.
+"""A real Slurm cluster for tests: slurmctld + slurmd with a private config, on 127.0.0.1 (one
+node), or across test nodes (tests/netns.py: the controller and a slurmd on node 0, a slurmd on
+every other node, each slurmd with its own NodeName and NodeAddr).
 
 Needs root and Debian's slurmctld, slurmd and slurm-client (.ci/run installs them). Auth and
-credentials are off (auth/none), which is only acceptable for a throwaway loopback cluster.
+credentials are off (auth/none), which is only acceptable for a throwaway cluster that no other
+machine can reach.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+from netns import Nodes
 
 NODE = "vldistnode"
 
@@ -33,28 +38,36 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(root: Path) -> str:
-    host = socket.gethostname()
+def _config(root: Path, nodes: Nodes | None) -> str:
+    if nodes is None:  # this machine, on loopback
+        host, names, addresses = socket.gethostname(), [NODE], ["127.0.0.1"]
+        ports = _free_port(), _free_port()
+    else:  # inside the nodes' namespaces the default ports are free
+        host, names, addresses = nodes.hostnames[0], nodes.hostnames, nodes.addresses
+        ports = 6817, 6818
     memory_mb = 4000
     return "\n".join([
         "ClusterName=vldisttest",
-        f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldHost={host}({addresses[0]})",
+        f"SlurmctldPort={ports[0]}",
+        f"SlurmdPort={ports[1]}",
         "AuthType=auth/none", "CredType=cred/none",
         # A requeued job waits until its killed run's credentials expire (120 s by default).
         "AuthInfo=cred_expire=10",
+        # A node that stops answering is DOWN after 10 s (default 300), and its jobs requeued.
+        "SlurmdTimeout=10",
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
         "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none", "ReturnToService=2",
         "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
         "EnforcePartLimits=ALL", "SchedulerParameters=batch_sched_delay=0",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
-        f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={root}/spool",
-        f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd.pid",
-        f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd.log",
-        f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
-        f"RealMemory={memory_mb} State=UNKNOWN",
-        f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
+        # %n: each slurmd's own node name, so that several share one directory
+        f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={root}/spool-%n",
+        f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd-%n.pid",
+        f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd-%n.log",
+        *(f"NodeName={name} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
+          f"RealMemory={memory_mb} State=UNKNOWN" for name, address in zip(names, addresses)),
+        f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
         "",
     ])
 
@@ -68,27 +81,56 @@ def _wait(check, what: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"Slurm test cluster: {what} not ready after {timeout:.0f} s")
 
 
+class SlurmCluster:
+    """The running cluster: `run` a client command (sbatch, scontrol, ...) where the controller
+    answers, `start_slurmd` again on a node that lost it."""
+
+    def __init__(self, root: Path, nodes: Nodes | None):
+        self.root, self.nodes = root, nodes
+        self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
+        self.daemons: list[subprocess.Popen] = []
+
+    def _argv(self, argv: list[str], node: int = 0) -> list[str]:
+        return argv if self.nodes is None else self.nodes.command(node, argv)
+
+    def run(self, argv: list[str], env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(self._argv(argv), env=env or self.env, capture_output=True, text=True, **kwargs)
+
+    def job(self, job_id: str) -> str:
+        """`scontrol show job`: its JobState=, Restarts=, NodeList= ..."""
+        return self.run(["scontrol", "show", "job", job_id]).stdout
+
+    def _daemon(self, argv: list[str], node: int = 0) -> subprocess.Popen:
+        kwargs = dict(env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, **kwargs) if self.nodes is None else self.nodes.popen(node, argv, **kwargs)
+        self.daemons.append(process)
+        return process
+
+    def start_slurmd(self, node: int = 0) -> None:
+        self._daemon(["slurmd", "-D", "-N", NODE if self.nodes is None else self.nodes.hostnames[node]], node)
+
+    def idle_nodes(self) -> int:
+        return self.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split().count("idle")
+
+
 @contextmanager
-def slurm_cluster(root: Path):
-    """Yields the environment (with SLURM_CONF) in which sbatch/squeue talk to the cluster."""
-    for d in ("state", "spool"):
+def slurm_cluster(root: Path, nodes: Nodes | None = None):
+    """Yields the SlurmCluster: one node on 127.0.0.1, or one per test node."""
+    for d in ("state", *(f"spool-{name}" for name in ([NODE] if nodes is None else nodes.hostnames))):
         (root / d).mkdir(parents=True, exist_ok=True)
-    conf = root / "slurm.conf"
-    conf.write_text(_config(root))
-    env = {**os.environ, "SLURM_CONF": str(conf)}
-    procs = [subprocess.Popen(["slurmctld", "-D", "-i"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)]
+    cluster = SlurmCluster(root, nodes)
+    (root / "slurm.conf").write_text(_config(root, nodes))
+    cluster._daemon(["slurmctld", "-D", "-i"])
     try:
-        _wait(lambda: subprocess.run(["scontrol", "ping"], env=env, capture_output=True, text=True).stdout.count("UP") > 0,
-              "slurmctld")
-        procs.append(subprocess.Popen(["slurmd", "-D", "-N", NODE], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        _wait(lambda: "idle" in subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True).stdout,
-              "slurmd (node idle)")
-        yield env
+        _wait(lambda: cluster.run(["scontrol", "ping"]).stdout.count("UP") > 0, "slurmctld")
+        for node in range(1 if nodes is None else nodes.count):
+            cluster.start_slurmd(node)
+        _wait(lambda: cluster.idle_nodes() == (1 if nodes is None else nodes.count), "slurmd (every node idle)")
+        yield cluster
     finally:
-        subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True)
-        _wait(lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip(),
-              "empty queue", timeout=30)
-        for p in reversed(procs):
+        cluster.run(["scancel", "--full", "-u", "root"])
+        _wait(lambda: not cluster.run(["squeue", "-h"]).stdout.strip(), "empty queue", timeout=30)
+        for p in reversed(cluster.daemons):
             p.terminate()
             try:
                 p.wait(timeout=15)

@@ -8,8 +8,15 @@ node to connect to 127.0.1.1, and vldist picks the interface towards MASTER_ADDR
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 from engines import cpu_engine  # noqa: E402
+from helpers import wait_for_step  # noqa: E402
 from netns import Nodes, unavailable  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no test nodes: {unavailable()}")
@@ -82,3 +90,117 @@ def test_a_shard_set_that_one_node_lacks_is_named_with_that_node(planted_shards,
     assert f"error: shard directory '{planted_shards}' does not exist on node1" in said, \
         [line for line in said.splitlines() if "error" in line.lower()]
     assert "put it on a disk they share, on each node, or in object storage" in said
+
+
+def test_a_node_lost_mid_run_comes_back_and_the_run_ends_as_if_never_lost(planted_shards, tmp_path, two_rank_reference):
+    """Node 1 loses every process mid-epoch (as a power failure would) and its torchrun is started
+    again (as a scheduler would): node 0's agent restarts its rank (--max-restarts), both rejoin the
+    rendezvous and resume from the last checkpoint on the disk they share (train.resume=auto); the
+    run ends with the steps and weights of the uninterrupted 2-rank run."""
+    from helpers import PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, weights
+
+    run = tmp_path / "run"
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *PREEMPT_JOB,
+           "train.save_every_steps=4", "train.resume=auto"]
+    # torch >= 2.4 shares the rendezvous store with the ranks, and a surviving agent then never
+    # publishes the new round's master address to a rejoining node (pytorch/pytorch#147064)
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    restarts = ["--max-restarts", "3"]
+    with Nodes(2) as nodes:
+        def start(node: int) -> subprocess.Popen:
+            argv = torchrun_command(nodes, node, 1, job, tmp_path.name)
+            argv[3:3] = restarts  # after `python -m torch.distributed.run`
+            return nodes.popen(node, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+        first, second = start(0), start(1)
+        wait_for_step(run, 9)
+        nodes.power_off(1)
+        lost_output = second.communicate(timeout=30)[0]
+        second = start(1)
+        outputs = finished([first, second], timeout=400)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1, \
+        (lost_output[-2000:], outputs[0][-3000:])
+    resumed = re.search(r"resumed from \S+step-(\d+)", "".join(outputs))
+    assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS
+    assert "error: rank 0 on node0 lost another rank of the run" in outputs[0]  # one line, then the restart
+    final = f"step-{PREEMPT_STEPS:08d}"
+    assert_same_weights(weights(run / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))
+
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+RAY_PORT, DASHBOARD_PORT = 6379, 8265  # inside the nodes' namespaces: nothing else holds them
+WAIT_FOR_NODES = """import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+deadline = time.time() + 120
+while sum(node["Alive"] for node in ray.nodes()) < int(sys.argv[2]):
+    assert time.time() < deadline, ray.nodes()
+    time.sleep(0.5)
+"""
+
+
+def start_ray_node(nodes: Nodes, node: int, env: dict, temps: list[str]) -> subprocess.Popen:
+    """`ray start` on `node`: the head on node 0 (its dashboard on node 0's loopback), a worker node
+    joining it elsewhere; one CPU each, so a group of two workers takes one on each node. Its temp
+    directory is added to `temps`."""
+    role = (["--head", "--port", str(RAY_PORT), "--dashboard-host", "127.0.0.1", "--dashboard-port",
+             str(DASHBOARD_PORT)] if node == 0 else ["--address", f"{nodes.addresses[0]}:{RAY_PORT}"])
+    temps.append(tempfile.mkdtemp(prefix="vn", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    return nodes.popen(node, [*RAY, "start", "--block", *role, "--num-cpus", "1", "--node-ip-address",
+                              nodes.addresses[node], "--temp-dir", temps[-1], "--disable-usage-stats"],
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_ray_nodes(nodes: Nodes, count: int, env: dict) -> None:
+    subprocess.run(nodes.command(0, [sys.executable, "-c", WAIT_FOR_NODES, f"{nodes.addresses[0]}:{RAY_PORT}",
+                                     str(count)]), env=env, check=True, timeout=180, capture_output=True)
+
+
+def submit_on_head(nodes: Nodes, job: list[str], env: dict) -> subprocess.Popen:
+    """`ray job submit` on node 0, once its job agent answers (some seconds after the dashboard)."""
+    submit = [*RAY, "job", "submit", "--address", f"http://127.0.0.1:{DASHBOARD_PORT}", "--"]
+    deadline = time.time() + 120
+    while (probe := subprocess.run(nodes.command(0, [*submit, sys.executable, "-c", "pass"]), env=env,
+                                   capture_output=True, text=True, timeout=120)).returncode != 0:
+        assert "No available agent" in probe.stdout + probe.stderr, (probe.stdout + probe.stderr)[-3000:]
+        assert time.time() < deadline, "the head's job agent did not come up in 120 s"
+        time.sleep(1)
+    return nodes.popen(0, [*submit, sys.executable, *job], env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+
+
+def test_ray_places_a_worker_on_each_node_and_a_lost_node_that_rejoins_loses_nothing(planted_shards, tmp_path,
+                                                                                    two_rank_reference):
+    """A head and a worker node; `ray job submit` on the head places one worker on each. Node 1 then
+    loses every process (its raylet and its worker); started again, it rejoins, Ray Train
+    (FailureConfig) starts the group again and the run resumes from its last checkpoint on the disk
+    the nodes share, to the steps and weights of the uninterrupted 2-rank run."""
+    pytest.importorskip("ray")
+    from helpers import PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, weights
+
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}",
+           "ray.num_workers=2", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]
+    run, temps = tmp_path / "vsrn", []
+    try:
+        with Nodes(2) as nodes:
+            start_ray_node(nodes, 0, env, temps)
+            start_ray_node(nodes, 1, env, temps)
+            wait_for_ray_nodes(nodes, 2, env)
+            submitted = submit_on_head(nodes, job, env)
+            wait_for_step(run, 9, submitted, timeout=300)
+            nodes.power_off(1)
+            start_ray_node(nodes, 1, env, temps)
+            out = submitted.communicate(timeout=420)[0]
+    finally:
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)
+    assert submitted.returncode == 0 and "succeeded" in out, out[-4000:]
+    placed = re.findall(r"\(ip=([\d.]+), pid=\d+\) world_rank=\d", out)  # the group Ray Train started, each time
+    assert len(placed) >= 4 and sorted(placed[:2]) == sorted(placed[2:4]) == sorted(nodes.addresses), placed
+    resumed = re.search(r"resumed from \S+step-(\d+)", out)
+    assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS, out[-4000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1
+    final = f"step-{PREEMPT_STEPS:08d}"
+    assert_same_weights(weights(run / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))

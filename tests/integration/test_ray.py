@@ -120,25 +120,6 @@ def _submit(address, *args, wait=True, job="vsrn"):
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_submitted_job_trains_on_two_workers_and_writes_its_results(ray_head, planted_shards, tmp_path):
-    started = time.time()
-    proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=2",
-                   f"metrics.port={free_port_pair()}", *JOB)
-    wall = time.time() - started
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
-    assert "world_rank=1" in out  # a group of two workers, as the job asked
-    run = tmp_path / "vsrn"
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["steps"] == 14 and metrics["restarts"] == 0
-    assert (run / "checkpoints" / "best" / "model.safetensors").is_file()
-    assert (run / "checkpoints" / "step-00000014" / "COMPLETE").is_file()
-    assert "trained " in out  # the driver printed the results table
-    targets = sorted(p.name for p in (run / "prometheus").glob("*.json"))  # for Prometheus file_sd
-    assert targets == ["rank-0.json", "rank-1.json"]
-    print(f"submit to end: {wall:.1f} s")
-
-
 def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray_head, planted_shards, tmp_path):
     """cl_caption: the MLE captioner stage, then CL from its best checkpoint, both as Ray Train runs."""
     pytest.importorskip("pycocoevalcap")
@@ -148,7 +129,8 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
     sizes = {"hidden": 32, "embed": 16}
     captioner_job = tmp_path / "tiny_captioner.yaml"
     captioner_job.write_text(json.dumps({"recipe": "captioner", "data": data, "model": sizes,  # JSON is YAML
-                                         "train": {"epochs": 1, "lr": 0.005}, "eval": {"self_retrieval_pool": 30}}))
+                                         "train": {"epochs": 1, "lr": 0.005},
+                                         "eval": {"self_retrieval_pool": 30, "baseline": False}}))
     proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
                    f"model.captioner_job={captioner_job}", *(f"data.{k}={v}" for k, v in data.items()),
                    *(f"model.{k}={v}" for k, v in sizes.items()), "train.max_steps=2", "eval.self_retrieval_pool=30",
@@ -160,10 +142,11 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
     assert (mle["recipe"], mle["world_size"]) == ("captioner", 2) and (cl["recipe"], cl["world_size"]) == ("cl_caption", 2)
     assert cl["steps"] == 2
     rows = [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["untrained"], ["mle"], ["cl"])]
-    assert rows == ["untrained", "mle", "cl"], out[-4000:]
+    assert rows == ["mle", "cl"], out[-4000:]  # the MLE stage's result is CL's baseline
 
 
-def test_a_two_branch_job_trains_a_model_per_task_on_the_workers(ray_head, tmp_path):
+def test_a_two_branch_job_localises_phrases_on_the_workers(ray_head, tmp_path):
+    """Phrase localisation, the task only this recipe has (its per-task stages are tested without Ray)."""
     from vldist.shards.synthetic.synth import build_synth
 
     shards = build_synth(tmp_path / "synth", n_train=80, n_val=16, n_test=24, feature_size=32, progress=False)
@@ -171,13 +154,12 @@ def test_a_two_branch_job_trains_a_model_per_task_on_the_workers(ray_head, tmp_p
     proc = _submit(ray_head, f"data.shards={tmp_path / 'synth'}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
                    "model.hidden=32", "model.embed=16", "data.batch_size=20", "data.eval_batch_size=24",
                    "data.shuffle_buffer=50", "train.epochs=1", "metrics.enabled=false", "data.workers=1",
-                   "engine.sync_batchnorm=true", job="two_branch_embed")
+                   "engine.sync_batchnorm=true", "model.tasks=[phrases]", job="two_branch_embed")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
-    for task in ("retrieval", "phrases"):
-        metrics = json.loads((tmp_path / "two_branch_embed" / task / "metrics.json").read_text())
-        assert metrics["world_size"] == 2 and metrics["config"]["model"]["tasks"] == [task]
-    assert "i2t R@1" in out and "phrase localisation:" in out
+    metrics = json.loads((tmp_path / "two_branch_embed" / "metrics.json").read_text())  # one task: no stage directory
+    assert metrics["world_size"] == 2 and metrics["config"]["model"]["tasks"] == ["phrases"]
+    assert "phrase localisation:" in out
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
@@ -198,38 +180,20 @@ def test_an_l2c_job_takes_both_streams_on_two_workers(ray_head, pair_shards, sce
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
 def test_a_laviter_job_runs_its_phases_on_two_workers(ray_head, scene_splits, tmp_path):
+    """Phase 1 (DAMSM alone), then phase 3 from its model (every module: TIM's GAN and ITM too)."""
     from test_laviter_train import TINY
 
     proc = _submit(ray_head, f"data.shards={scene_splits}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
-                   "model.vta_epochs=1", "model.assist_epochs=1", "model.joint_epochs=1", "train.max_steps=2",
+                   "model.pretrain_epochs=0", "model.vta_epochs=1", "model.assist_epochs=0", "model.joint_epochs=1",
+                   "train.max_steps=2",
                    "eval.baseline=false", *TINY, job="laviter")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
-    for phase in ("pretrain", "vta", "assist", "joint"):
+    assert sorted(p.name for p in (tmp_path / "laviter").iterdir() if p.is_dir()) == ["joint", "vta"]
+    for phase in ("vta", "joint"):
         metrics = json.loads((tmp_path / "laviter" / phase / "metrics.json").read_text())
         assert metrics["world_size"] == 2 and metrics["steps"] == 2 and metrics["config"]["model"]["phase"] == phase
     assert "R-prec@1" in out and "AIMCoS" in out
-
-
-def test_a_killed_worker_is_replaced_and_the_run_resumes_to_the_requested_steps(ray_head, planted_shards, tmp_path):
-    job = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "train.epochs=4",
-                  "train.save_every_steps=4", *JOB, wait=False)
-    marker = tmp_path / "vsrn" / "checkpoints" / "step-00000008" / "COMPLETE"
-    deadline = time.time() + 300
-    while not marker.exists():
-        assert job.poll() is None, job.stdout.read()[-4000:]
-        assert time.time() < deadline
-        time.sleep(0.2)
-    workers = subprocess.run(["pgrep", "-f", "^ray::RayTrainWorker"], capture_output=True, text=True).stdout.split()
-    assert workers, "no Ray Train worker process found"
-    os.kill(int(min(workers, key=int)), signal.SIGKILL)  # the oldest: a rank, not a loader worker of it
-    out, _ = job.communicate(timeout=600)
-    assert job.returncode == 0 and "succeeded" in out, out[-4000:]
-    assert "RETRY" in out and "resumed from" in out
-    metrics = json.loads((tmp_path / "vsrn" / "metrics.json").read_text())
-    assert metrics["steps"] == 28 and metrics["restarts"] == 1 and metrics["world_size"] == 2
-    resumed_at = int(re.search(r"resumed from \S+step-(\d+)", out).group(1))
-    assert 4 <= resumed_at <= 8
 
 
 def test_a_bad_config_fails_fast_with_the_config_error(ray_head, tmp_path):
@@ -244,7 +208,7 @@ def test_a_bad_config_fails_fast_with_the_config_error(ray_head, tmp_path):
 
 
 def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_head, planted_shards, tmp_path):
-    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, "train.epochs=4"]
+    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, "train.epochs=3"]
     # Ray kills the driver RAY_JOB_STOP_WAIT_TIME_S after `ray job stop` (3 s by default): give the
     # workers the time a step and a checkpoint take, as docs/preemption.md tells users to.
     runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}})
@@ -262,7 +226,7 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
                           timeout=60).stdout
     assert "asking the workers to checkpoint and stop" in logs and "stopped by SIGTERM" in logs, logs[-4000:]
     step = stop_event(run)["step"]  # where the workers were: `ray job stop` itself takes a few seconds
-    assert 5 <= step < 4 * PREEMPT_EPOCH_STEPS
+    assert 5 <= step < 3 * PREEMPT_EPOCH_STEPS
     verify(run / "checkpoints" / f"step-{step:08d}")
     assert json.loads((run / "stopped.json").read_text())["step"] == step
 
@@ -271,10 +235,12 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
     assert again.returncode == 0 and "succeeded" in out, out[-4000:]
     assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'}" in out
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["steps"] == 4 * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2
+    assert metrics["steps"] == 3 * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2
 
 
 def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, planted_shards, tmp_path):
+    """The job a user submits, its shards in S3: two workers train, and the driver writes the results
+    (a worker lost mid-run, on a node of its own: tests/integration/test_multinode.py)."""
     fs = s3_store.filesystem()
     if not fs.exists("vldist-tests"):
         fs.mkdir("vldist-tests")
@@ -287,6 +253,13 @@ def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, plant
                           capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
-    metrics = json.loads((tmp_path / "vsrn" / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["steps"] == 14
+    assert "world_rank=1" in out  # a group of two workers, as the job asked
+    run = tmp_path / "vsrn"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 14 and metrics["restarts"] == 0
     assert metrics["config"]["data"]["shards"] == "s3://vldist-tests/ray-planted"  # not made a local path
+    assert (run / "checkpoints" / "best" / "model.safetensors").is_file()
+    assert (run / "checkpoints" / "step-00000014" / "COMPLETE").is_file()
+    assert "trained " in out  # the driver printed the results table
+    targets = sorted(p.name for p in (run / "prometheus").glob("*.json"))  # for Prometheus file_sd
+    assert targets == ["rank-0.json", "rank-1.json"]

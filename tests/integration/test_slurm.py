@@ -1,10 +1,11 @@
-"""cluster/slurm/train.sbatch on a real one-node Slurm cluster: 2 srun tasks form one process group,
-and the time-limit warning checkpoints, requeues and resumes the job."""
+"""cluster/slurm/train.sbatch on a real Slurm cluster: on two nodes (tests/netns.py), a task on
+each, the time-limit warning checkpoints, requeues and resumes the job, and a node lost mid-run
+requeues it and it resumes once the node is back; on one node, the shards from S3."""
 
 import json
-import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import (  # noqa: E402
     PREEMPT_EPOCH_STEPS, PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, stop_event, wait_for_step, weights,
 )
+from netns import Nodes  # noqa: E402
+from netns import unavailable as no_nodes  # noqa: E402
 from slurm_cluster import available, slurm_cluster  # noqa: E402
 
 from vldist.checkpoint import step_checkpoints  # noqa: E402
@@ -32,53 +35,77 @@ def test_srun_tasks_are_mapped_and_the_batch_step_is_not():
     assert not adopt_slurm_environment(under_torchrun) and under_torchrun["WORLD_SIZE"] == "4"
 
 
-def _job(env, job_id: str) -> str:
-    return subprocess.run(["scontrol", "show", "job", job_id], env=env, capture_output=True, text=True).stdout
+ONE_TASK_PER_NODE = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
+needs_nodes = pytest.mark.skipif(available() is not None or no_nodes() is not None,
+                                 reason=str(available() or no_nodes()))
 
 
-@pytest.mark.skipif(available() is not None, reason=str(available()))
-def test_time_limit_warning_checkpoints_requeues_and_the_requeued_job_resumes(planted_shards, tmp_path,
-                                                                               two_rank_reference):
-    """The job's --signal=B:USR1 warning reaches the batch script, which forwards it to the 2 srun
-    ranks; they checkpoint the step reached and the script requeues the job, which resumes from it
-    and ends with the weights of an uninterrupted 2-rank run."""
+@contextmanager
+def two_node_cluster(root: Path):
+    with Nodes(2) as nodes, slurm_cluster(root, nodes) as cluster:
+        yield cluster
+
+
+def submit(cluster, tmp_path: Path, out: Path, options: list[str], args: list[str], env: dict | None = None,
+           export: str = "") -> str:
+    """train.sbatch for vsrn (the tasks' MASTER_ADDR: the script's default, the first node's name,
+    unless `export` sets it), its log in tmp_path; returns the job id."""
+    sbatch = cluster.run(["sbatch", "--parsable", *options, f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}",
+                          f"--export=ALL,PYTHON={sys.executable}{export}", str(REPO / "cluster/slurm/train.sbatch"),
+                          "vsrn", f"output.dir={out}", *args], env=env, timeout=30)
+    assert sbatch.returncode == 0, sbatch.stderr
+    return sbatch.stdout.strip().split(";")[0]
+
+
+def wait_for_state(cluster, job_id: str, wanted: str, timeout: float = 300, also: str = "") -> str:
+    """Until the job's state shows `wanted` (and `also`); fails at a state it cannot leave."""
+    deadline = time.time() + timeout
+    while wanted not in (state := cluster.job(job_id)) or also not in state:
+        assert "JobState=FAILED" not in state and "JobState=CANCELLED" not in state, state
+        assert time.time() < deadline, f"no {wanted} {also} after {timeout} s: {state}"
+        time.sleep(0.5)
+    return state
+
+
+@needs_nodes
+def test_a_two_node_job_survives_its_time_limit_and_a_lost_node_and_ends_as_if_uninterrupted(
+        planted_shards, tmp_path, two_rank_reference):
+    """train.sbatch on two nodes, a rank on each. First the time-limit warning (--signal=B:USR1)
+    reaches the batch script on node 0, which forwards it to both ranks: they checkpoint the step
+    reached mid-epoch and the script requeues the job. The second start resumes from it; after the
+    epoch's checkpoint, node 1 loses every process (its slurmd and its rank): Slurm sets it DOWN
+    and requeues the job, and once node 1's slurmd is back the third start resumes from that
+    checkpoint. The run ends with the weights of an uninterrupted 2-rank run."""
     out = tmp_path / "run"
-    with slurm_cluster(tmp_path / "slurm") as env:
-        submit = subprocess.run(
-            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
-             f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}",
-             "--export=ALL,MASTER_ADDR=127.0.0.1,PYTHON=" + sys.executable,
-             str(REPO / "cluster/slurm/train.sbatch"), "vsrn", f"data.shards={planted_shards}", f"output.dir={out}",
-             *PREEMPT_JOB],
-            env=env, capture_output=True, text=True, timeout=30,
-        )
-        assert submit.returncode == 0, submit.stderr
-        job_id = submit.stdout.strip().split(";")[0]
+    with two_node_cluster(tmp_path / "slurm") as cluster:
+        job_id = submit(cluster, tmp_path, out, ONE_TASK_PER_NODE, [f"data.shards={planted_shards}", *PREEMPT_JOB])
         wait_for_step(out, 5)
         # What the time-limit warning does (--signal=B:USR1@N): USR1 to the batch script alone.
-        subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=env, check=True, timeout=30)
-        deadline = time.time() + 300
-        while "Restarts=1" not in (state := _job(env, job_id)) or "JobState=PENDING" not in state:
-            assert "JobState=COMPLETED" not in state and "JobState=FAILED" not in state, state
-            assert time.time() < deadline, "the job was not requeued"
-            time.sleep(0.5)
+        assert cluster.run(["scancel", "--batch", "--signal=USR1", job_id], timeout=30).returncode == 0
+        wait_for_state(cluster, job_id, "JobState=PENDING", also="Restarts=1")
         stopped_at = stop_event(out)["step"]
+        assert 5 <= stopped_at < PREEMPT_EPOCH_STEPS  # mid-epoch, where no periodic checkpoint falls
         assert [p.name for p in step_checkpoints(out / "checkpoints")] == [f"step-{stopped_at:08d}"]
+
         # Slurm starts it again once the first run's credentials expired (AuthInfo=cred_expire)
-        while "JobState=COMPLETED" not in (state := _job(env, job_id)):
-            assert "JobState=FAILED" not in state and "JobState=CANCELLED" not in state, state
-            assert time.time() < deadline, "the requeued job did not finish"
-            time.sleep(0.5)
+        wait_for_step(out, PREEMPT_EPOCH_STEPS + 2)  # past the end of epoch 1 and its checkpoint
+        cluster.nodes.power_off(1)
+        wait_for_state(cluster, job_id, "Restarts=2")
+        cluster.start_slurmd(1)
+        wait_for_state(cluster, job_id, "JobState=COMPLETED")
     log = (tmp_path / f"slurm-{job_id}.out").read_text()
-    assert "time limit near" in log and log.count("SIGUSR1 received") == 2
-    assert f"requeueing job {job_id}" in log and "start 2 on" in log
-    assert f"resumed from {out / 'checkpoints' / f'step-{stopped_at:08d}'}" in log
-    assert 5 <= stopped_at < PREEMPT_EPOCH_STEPS  # mid-epoch, where no periodic checkpoint falls
+    assert "time limit near" in log and log.count("SIGUSR1 received") == 2  # a rank on each node
+    assert f"requeueing job {job_id}" in log and "start 2 on node0" in log and "start 3 on node0" in log
+    checkpoints = out / "checkpoints"
+    assert f"resumed from {checkpoints / f'step-{stopped_at:08d}'}" in log
+    assert f"resumed from {checkpoints / f'step-{PREEMPT_EPOCH_STEPS:08d}'}" in log
+    # the rank on node 0 says in one line what happened (no traceback from inside DDP)
+    assert "error: rank 0 on node0 lost another rank of the run (Read error [198.18.0.2]" in log, log[-3000:]
+    assert "Traceback" not in log and "terminate called" not in log
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1
+    assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 2
     final = f"step-{PREEMPT_STEPS:08d}"
     assert_same_weights(weights(out / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))
-    assert "terminate called" not in log
 
 
 @pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -90,23 +117,13 @@ def test_a_job_reads_its_shards_from_s3_on_two_tasks(s3_store, planted_shards, t
         fs.mkdir("vldist-tests")
     fs.put(str(planted_shards), "vldist-tests/slurm-planted", recursive=True)
     out = tmp_path / "run"
-    with slurm_cluster(tmp_path / "slurm") as env:
-        submit = subprocess.run(
-            ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1",
-             f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}",
-             "--export=ALL,MASTER_ADDR=127.0.0.1,PYTHON=" + sys.executable,  # ALL: the AWS_* variables too
-             str(REPO / "cluster/slurm/train.sbatch"), "vsrn", "data.shards=s3://vldist-tests/slurm-planted",
-             f"output.dir={out}", *PREEMPT_JOB],
-            env={**env, **s3_store.environment}, capture_output=True, text=True, timeout=30,
-        )
-        assert submit.returncode == 0, submit.stderr
-        job_id = submit.stdout.strip().split(";")[0]
-        deadline = time.time() + 300
-        while "JobState=COMPLETED" not in (state := _job(env, job_id)):
-            assert "JobState=FAILED" not in state and "JobState=CANCELLED" not in state, \
-                state + (tmp_path / f"slurm-{job_id}.out").read_text()[-3000:]
-            assert time.time() < deadline, "the job did not finish"
-            time.sleep(0.5)
+    with slurm_cluster(tmp_path / "slurm") as cluster:
+        job_id = submit(cluster, tmp_path, out, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
+                                                 "--cpus-per-task=1"],
+                        ["data.shards=s3://vldist-tests/slurm-planted", *PREEMPT_JOB],
+                        env={**cluster.env, **s3_store.environment},  # --export=ALL: the AWS_* variables too
+                        export=",MASTER_ADDR=127.0.0.1")
+        wait_for_state(cluster, job_id, "JobState=COMPLETED")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["config"]["data"]["shards"] == "s3://vldist-tests/slurm-planted"
     assert metrics["test"] == json.loads((two_rank_reference / "metrics.json").read_text())["test"]
