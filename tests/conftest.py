@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -33,6 +34,13 @@ def scene_images(tmp_path_factory) -> Path:
 def scene_splits(tmp_path_factory) -> Path:
     """Rendered scenes with captions and objects in train / val / test (LAViTeR's images, in miniature)."""
     return write_scene_images(tmp_path_factory.mktemp("scene_splits") / "shards", {"train": 128, "val": 16, "test": 32})
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): two workers at most. Serially the suite used 46 of 98 core-minutes
+    on 2 cores (`time` of .ci/run: 39.7 min user + 6.3 min sys over 49 min); more workers would
+    start more copies of every session service (SeaweedFS, the reference runs) for little gain."""
+    return min(2, os.cpu_count() or 1)
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,7 +39,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(root: Path, nodes: Nodes | None) -> str:
+def _config(root: Path, spool: Path, nodes: Nodes | None) -> str:
     if nodes is None:  # this machine, on loopback
         host, names, addresses = socket.gethostname(), [NODE], ["127.0.0.1"]
         ports = _free_port(), _free_port()
@@ -62,7 +63,7 @@ def _config(root: Path, nodes: Nodes | None) -> str:
         "EnforcePartLimits=ALL", "SchedulerParameters=batch_sched_delay=0",
         "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
         # %n: each slurmd's own node name, so that several share one directory
-        f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={root}/spool-%n",
+        f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={spool}/%n",
         f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd-%n.log",
         *(f"NodeName={name} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
@@ -116,10 +117,13 @@ class SlurmCluster:
 @contextmanager
 def slurm_cluster(root: Path, nodes: Nodes | None = None):
     """Yields the SlurmCluster: one node on 127.0.0.1, or one per test node."""
-    for d in ("state", *(f"spool-{name}" for name in ([NODE] if nodes is None else nodes.hostnames))):
-        (root / d).mkdir(parents=True, exist_ok=True)
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    # the spool holds slurmstepd's sockets, whose paths must fit 108 bytes: a short directory
+    spool = Path(tempfile.mkdtemp(prefix="vs", dir="/tmp"))
+    for name in [NODE] if nodes is None else nodes.hostnames:
+        (spool / name).mkdir()
     cluster = SlurmCluster(root, nodes)
-    (root / "slurm.conf").write_text(_config(root, nodes))
+    (root / "slurm.conf").write_text(_config(root, spool, nodes))
     cluster._daemon(["slurmctld", "-D", "-i"])
     try:
         _wait(lambda: cluster.run(["scontrol", "ping"]).stdout.count("UP") > 0, "slurmctld")
@@ -128,11 +132,14 @@ def slurm_cluster(root: Path, nodes: Nodes | None = None):
         _wait(lambda: cluster.idle_nodes() == (1 if nodes is None else nodes.count), "slurmd (every node idle)")
         yield cluster
     finally:
-        cluster.run(["scancel", "--full", "-u", "root"])
-        _wait(lambda: not cluster.run(["squeue", "-h"]).stdout.strip(), "empty queue", timeout=30)
-        for p in reversed(cluster.daemons):
-            p.terminate()
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        try:
+            cluster.run(["scancel", "--full", "-u", "root"])
+            _wait(lambda: not cluster.run(["squeue", "-h"]).stdout.strip(), "empty queue", timeout=30)
+        finally:  # the daemons go whatever the queue says
+            for p in reversed(cluster.daemons):
+                p.terminate()
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            shutil.rmtree(spool, ignore_errors=True)

@@ -1,10 +1,13 @@
 """Runs across hosts, on "nodes" made of network namespaces on this machine (tests/netns.py:
 their own hostnames and /etc/hosts, addresses in 198.18.0.0/15 that exist only inside them).
 
-torchrun on two nodes, its c10d rendezvous on the first, takes the same training step as one
-process on the whole batch (the cross-rank negatives gathered across hosts), also when each node's
-/etc/hosts maps its own name to 127.0.1.1 as Debian writes it: gloo would then tell the other
-node to connect to 127.0.1.1, and vldist picks the interface towards MASTER_ADDR instead."""
+- torchrun on two nodes, its c10d rendezvous on the first, takes the same training step as one
+  process on the whole batch (the cross-rank negatives gathered across hosts), also when each
+  node's /etc/hosts maps its own name to 127.0.1.1 as Debian writes it: gloo would then tell the
+  other node to connect to 127.0.1.1, and vldist picks the interface towards MASTER_ADDR instead.
+- A shard set on one node's disk only is reported with that node's name.
+- A node lost mid-run and brought back, under torchrun and under Ray (a head and a worker node),
+  ends the run with the weights of an uninterrupted one. (Slurm's: tests/integration/test_slurm.py.)"""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 from engines import cpu_engine  # noqa: E402
-from helpers import wait_for_step  # noqa: E402
+from helpers import PREEMPT_JOB, PREEMPT_STEPS, SMALL_VSRN, assert_same_weights, wait_for_step, weights  # noqa: E402
 from netns import Nodes, unavailable  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no test nodes: {unavailable()}")
@@ -78,8 +81,6 @@ def test_torchrun_on_two_nodes_takes_the_step_of_one_process(one_process, tmp_pa
 def test_a_shard_set_that_one_node_lacks_is_named_with_that_node(planted_shards, tmp_path):
     """The set on node 0's disk only (hidden on node 1): the job stops with the path and node 1's
     name, and what to do, instead of a rank failing somewhere in the data pipeline."""
-    from helpers import SMALL_VSRN
-
     job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={tmp_path / 'run'}",
            "train.epochs=1", *SMALL_VSRN]
     with Nodes(2) as nodes:
@@ -97,19 +98,16 @@ def test_a_node_lost_mid_run_comes_back_and_the_run_ends_as_if_never_lost(plante
     again (as a scheduler would): node 0's agent restarts its rank (--max-restarts), both rejoin the
     rendezvous and resume from the last checkpoint on the disk they share (train.resume=auto); the
     run ends with the steps and weights of the uninterrupted 2-rank run."""
-    from helpers import PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, weights
-
     run = tmp_path / "run"
     job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *PREEMPT_JOB,
            "train.save_every_steps=4", "train.resume=auto"]
     # torch >= 2.4 shares the rendezvous store with the ranks, and a surviving agent then never
     # publishes the new round's master address to a rejoining node (pytorch/pytorch#147064)
     env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    restarts = ["--max-restarts", "3"]
     with Nodes(2) as nodes:
         def start(node: int) -> subprocess.Popen:
             argv = torchrun_command(nodes, node, 1, job, tmp_path.name)
-            argv[3:3] = restarts  # after `python -m torch.distributed.run`
+            argv[3:3] = ["--max-restarts", "3"]  # after `python -m torch.distributed.run`
             return nodes.popen(node, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
         first, second = start(0), start(1)
@@ -176,8 +174,6 @@ def test_ray_places_a_worker_on_each_node_and_a_lost_node_that_rejoins_loses_not
     (FailureConfig) starts the group again and the run resumes from its last checkpoint on the disk
     the nodes share, to the steps and weights of the uninterrupted 2-rank run."""
     pytest.importorskip("ray")
-    from helpers import PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, weights
-
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}",
            "ray.num_workers=2", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]

@@ -100,7 +100,9 @@ def test_a_two_node_job_survives_its_time_limit_and_a_lost_node_and_ends_as_if_u
     assert f"resumed from {checkpoints / f'step-{stopped_at:08d}'}" in log
     assert f"resumed from {checkpoints / f'step-{PREEMPT_EPOCH_STEPS:08d}'}" in log
     # the rank on node 0 says in one line what happened (no traceback from inside DDP)
-    assert "error: rank 0 on node0 lost another rank of the run (Read error [198.18.0.2]" in log, log[-3000:]
+    lost = [line for line in log.splitlines() if "lost another rank" in line]  # gloo's words vary: reset, closed
+    assert lost and lost[0].startswith("error: rank 0 on node0 lost another rank of the run (") and \
+        "[198.18.0.2]" in lost[0], log[-3000:]
     assert "Traceback" not in log and "terminate called" not in log
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 2
