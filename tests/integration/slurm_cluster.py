@@ -87,15 +87,15 @@ class SlurmCluster:
     answers, `start_slurmd` again on a node that lost it."""
 
     def __init__(self, root: Path, nodes: Nodes | None):
-        self.root, self.nodes = root, nodes
+        self.nodes = nodes
+        self.names = [NODE] if nodes is None else nodes.hostnames
         self.env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf")}
         self.daemons: list[subprocess.Popen] = []
 
-    def _argv(self, argv: list[str], node: int = 0) -> list[str]:
-        return argv if self.nodes is None else self.nodes.command(node, argv)
-
     def run(self, argv: list[str], env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(self._argv(argv), env=env or self.env, capture_output=True, text=True, **kwargs)
+        """On node 0, where the controller is (this machine for a one-node cluster)."""
+        argv = argv if self.nodes is None else self.nodes.command(0, argv)
+        return subprocess.run(argv, env=env or self.env, capture_output=True, text=True, **kwargs)
 
     def job(self, job_id: str) -> str:
         """`scontrol show job`: its JobState=, Restarts=, NodeList= ..."""
@@ -108,7 +108,7 @@ class SlurmCluster:
         return process
 
     def start_slurmd(self, node: int = 0) -> None:
-        self._daemon(["slurmd", "-D", "-N", NODE if self.nodes is None else self.nodes.hostnames[node]], node)
+        self._daemon(["slurmd", "-D", "-N", self.names[node]], node)
 
     def idle_nodes(self) -> int:
         return self.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split().count("idle")
@@ -120,16 +120,16 @@ def slurm_cluster(root: Path, nodes: Nodes | None = None):
     (root / "state").mkdir(parents=True, exist_ok=True)
     # the spool holds slurmstepd's sockets, whose paths must fit 108 bytes: a short directory
     spool = Path(tempfile.mkdtemp(prefix="vs", dir="/tmp"))
-    for name in [NODE] if nodes is None else nodes.hostnames:
-        (spool / name).mkdir()
     cluster = SlurmCluster(root, nodes)
+    for name in cluster.names:
+        (spool / name).mkdir()
     (root / "slurm.conf").write_text(_config(root, spool, nodes))
     cluster._daemon(["slurmctld", "-D", "-i"])
     try:
         _wait(lambda: cluster.run(["scontrol", "ping"]).stdout.count("UP") > 0, "slurmctld")
-        for node in range(1 if nodes is None else nodes.count):
+        for node in range(len(cluster.names)):
             cluster.start_slurmd(node)
-        _wait(lambda: cluster.idle_nodes() == (1 if nodes is None else nodes.count), "slurmd (every node idle)")
+        _wait(lambda: cluster.idle_nodes() == len(cluster.names), "slurmd (every node idle)")
         yield cluster
     finally:
         try:
