@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The GPU checks of one lent-GPU session, in one go: the CUDA tests, the region-affinity kernel
+# against eager and torch.compile, and the VSRN demo on CUDA (with its MFU read from the metrics
+# endpoint). Logs go to $OUT (or ./gpu-out). Each step has its own time limit so one slow step
+# leaves the others their time.
+#   bash bench/gpu_checks.sh
+# A GPU image without vldist's pure-Python needs (pydantic, webdataset, pycocoevalcap's Python
+# files) takes them as wheels carried beside the tree, installed with
+# `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` and PYTHONPATH=/tmp/site.
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+
+timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
+  tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py \
+  tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py \
+  tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+
+(timeout 80 python3 bench/gcn_kernel.py --repeats 20 && timeout 60 python3 bench/gcn_kernel.py --dtype bf16 --repeats 20) \
+  > "$OUT/gcn_kernel.txt" 2>&1; tail -5 "$OUT/gcn_kernel.txt"
+
+start=$(date +%s)
+timeout 90 python3 -m vldist.shards synth --out shards/synth > "$OUT/demo.txt" 2>&1
+echo "shards built in $(( $(date +%s) - start )) s" | tee -a "$OUT/demo.txt"
+( while sleep 15; do curl -s 127.0.0.1:9400/metrics | grep -E "^vldist_(model_flops|samples_per_second|cuda_memory)" ; done ) >> "$OUT/mfu.txt" 2>&1 &
+poll=$!
+start=$(date +%s)
+timeout 150 python3 -m vldist.train vsrn train.device=cuda engine.mixed_precision=bf16 output.dir=runs/gpu-demo >> "$OUT/demo.txt" 2>&1; rc=$?
+echo "trained in $(( $(date +%s) - start )) s, exit $rc" | tee -a "$OUT/demo.txt"
+kill $poll
+tail -15 "$OUT/demo.txt"; sort -u "$OUT/mfu.txt" | tail -8
