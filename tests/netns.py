@@ -122,6 +122,13 @@ class Nodes:
         listed = subprocess.run(["ip", "netns", "pids", self.namespaces[node]], capture_output=True, text=True)
         return [int(pid) for pid in listed.stdout.split()]
 
+    def freeze(self, node: int) -> None:
+        """Stop every process of `node` (SIGSTOP), as a host that stops answering but keeps its
+        connections open; power_off or close ends them."""
+        for pid in self.pids(node):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
     def power_off(self, node: int) -> None:
         """Kill every process of `node` at once, as a node that loses power loses them."""
         for _ in range(3):  # a process forking meanwhile leaves a child: look again

@@ -22,6 +22,7 @@ from vldist.checkpoint import (
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.distributed.collectives import gather_objects
+from vldist.distributed.heartbeat import heartbeat
 
 log = logging.getLogger("vldist.train")
 
@@ -67,6 +68,10 @@ class Checkpointer:
         """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
         shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all.
         A write that fails on any rank (a full disk) fails the save on every rank together."""
+        with heartbeat.phase_of(f"checkpoint {name}"):
+            self._save(name, meta)
+
+    def _save(self, name: str, meta: dict) -> None:
         directory, start = self.path(name), time.perf_counter()
         rng_states = gather_objects(torch.get_rng_state())
         model_state = self.engine.model_state_dict()  # whole weights on rank 0

@@ -94,6 +94,12 @@ class TrainConfig(Section):
         ["SIGTERM", "SIGUSR1"],
         description="signals on which every rank finishes its step, checkpoints and exits 75 (docs/preemption.md)",
     )
+    hang_timeout_s: float = Field(
+        600.0, ge=0, description="no rank advanced this long: every rank names the stopped ones and exits 3 (0: off)"
+    )
+    straggler_ratio: float | None = Field(
+        1.5, gt=1, description="name the slowest rank when its own step time is this many times the others' median"
+    )
 
     @field_validator("stop_signals")
     @classmethod
@@ -113,6 +119,9 @@ class EngineConfig(Section):
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="autocast on CUDA; CPU runs fp32")
     sync_batchnorm: bool = Field(False, description="BatchNorm statistics over every rank's rows (exact multi-rank)")
+    timeout_s: float = Field(
+        1800.0, gt=0, description="torch.distributed's timeout: a collective waiting longer fails (the last resort)"
+    )
 
 
 class EvalConfig(Section):

@@ -23,6 +23,8 @@ from vldist.config import JobConfig
 from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
+from vldist.distributed.heartbeat import heartbeat
+from vldist.distributed.watchdog import Watchdog, watchdog_store
 from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
@@ -127,17 +129,23 @@ class Trainer:
     def evaluate(self, split: str) -> dict | None:
         """Metrics on rank 0 (None elsewhere); the other ranks wait. The retrieval protocol needs
         every image and caption in one similarity matrix, and every rank holds the whole model."""
+        with heartbeat.phase_of(f"evaluation ({split})"):
+            return self._evaluate(split)
+
+    def _evaluate(self, split: str) -> dict | None:
         result = None
         model = self.engine.evaluation_model(self.recipe.build_model)  # collective
         if self.engine.is_main:
             loader = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
-            batches = eval_batches(loader, eval_batch_count(self.config, self.shards, split), split, True)
+            batches = eval_batches(heartbeat.beating(loader), eval_batch_count(self.config, self.shards, split), split,
+                                   True)
             where = f"the {split} split of {self.shards.directory}"
             validation = split == self.config.data.val_split and split != self.config.eval.split
             pictures = self.out_dir / "images" / f"{split}-step-{self.state.step:08d}"
             result = evaluate_split(self.recipe, model, batches, self.engine.device, where, validation, pictures)
             raise_if_interrupted()
-        self.engine.barrier()
+        with heartbeat.collective("barrier (rank 0 evaluates)"):
+            self.engine.barrier()
         return result
 
     # ------------------------------------------------------------------ training
@@ -152,6 +160,7 @@ class Trainer:
         self.model.train()
         replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
         fetch_start, pending, skipped = time.perf_counter(), [], 0
+        heartbeat.phase = "data"
         # closing: on an exception the loaders' workers end now, not at interpreter exit (eval_split.py)
         with closing(self.streams.batches(epoch)) as batches:
             for index, batch in enumerate(batches):
@@ -164,6 +173,7 @@ class Trainer:
                     continue
                 wait = time.perf_counter() - fetch_start  # blocked on the loader, not computing
                 step_start = time.perf_counter()
+                heartbeat.step_started()
                 with self.flops.measure() as counter:  # the first step only, and on CUDA only
                     losses = self._step([_to_device(b, self.engine.device) for b in pending])
                 # the last exact-epoch batch can be ragged, so count rather than assume
@@ -171,17 +181,21 @@ class Trainer:
                 self.flops.counted(counter, local)
                 # One all-reduce: the global sample count, and whether any rank was asked to stop (a
                 # signal may reach one rank only; all then stop after this same step).
-                n, stopping = (int(v) for v in global_sum(torch.tensor([local, int(self.stop.requested)])))
+                with heartbeat.collective("all_reduce (samples, stop)"):
+                    n, stopping = (int(v) for v in global_sum(torch.tensor([local, int(self.stop.requested)])))
                 if self.engine.device.type == "cuda":
                     torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
-                self._observe_step(local, time.perf_counter() - step_start, wait, losses, skipped)
+                step_seconds = time.perf_counter() - step_start
+                heartbeat.step_done(self.state.step + 1, step_seconds, wait)
+                self._observe_step(local, step_seconds, wait, losses, skipped)
                 self.state.skipped_samples += skipped
                 pending, skipped = [], 0
                 self.state.step += 1
                 self.state.epoch_step += 1
                 self.state.epoch_loss_sum += float(losses["loss"])
                 self.state.samples_seen += n
-                self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr())
+                self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr(),
+                                   note=self.watchdog.straggler)
                 if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
                     self.checkpoints.save_step(self.state.step, self.state.epoch)
                 if stopping:
@@ -190,6 +204,7 @@ class Trainer:
                 if self.state.step >= self.total_steps or self.state.epoch_step >= self.steps_per_epoch:
                     break
                 fetch_start = time.perf_counter()
+                heartbeat.phase = "data"
         if self.state.epoch_step == 0:
             raise EmptySplitError(
                 f"epoch {epoch + 1} yielded no training batches: every sample of the {self.config.data.train_split} "
@@ -203,7 +218,8 @@ class Trainer:
         if self.metrics is None:
             return
         self.metrics.observe_step(samples=samples, step_seconds=seconds, wait_seconds=wait, losses=losses,
-                                  lr=self.current_lr(), grad_norm=losses["grad_norm"], skipped=skipped)
+                                  lr=self.current_lr(), grad_norm=losses["grad_norm"], skipped=skipped,
+                                  own_seconds=heartbeat.last.own)
         if self.engine.device.type == "cuda":
             self.metrics.set_device(cuda_memory_bytes=torch.cuda.memory_allocated(self.engine.device),
                                     mfu=self.flops.mfu(samples, seconds))
@@ -224,13 +240,15 @@ class Trainer:
                 self.model.zero_grad(set_to_none=True)
             for i, batch in enumerate(micro_batches):
                 with self.engine.micro_batch(last=i == len(micro_batches) - 1):
-                    with self.engine.autocast():
+                    with self.engine.autocast(), heartbeat.phase_of(f"forward ({update})"):
                         losses = self.recipe.losses(self.model, batch, update)
                     summed = self._global_finite(losses, update)
-                    self.engine.backward(losses["loss"], len(micro_batches))
+                    with heartbeat.phase_of(f"backward ({update})"):
+                        self.engine.backward(losses["loss"], len(micro_batches))
                 for k, v in summed.items():
                     logged[prefix + k] = logged.get(prefix + k, 0.0) + v / len(micro_batches)
-            logged[prefix + "grad_norm"] = self.engine.step(update, self.config.train.grad_clip)
+            with heartbeat.phase_of(f"optimizer step ({update})"):
+                logged[prefix + "grad_norm"] = self.engine.step(update, self.config.train.grad_clip)
             self.schedulers[update].step()
         logged.setdefault("loss", sum(v for k, v in logged.items() if k.endswith("/loss")))
         logged.setdefault("grad_norm", max(v for k, v in logged.items() if k.endswith("grad_norm")))
@@ -239,8 +257,9 @@ class Trainer:
     def _global_finite(self, losses: dict, update: str) -> dict[str, float]:
         """The global values of this rank's loss shares, after checking they are finite. All ranks
         check the same sum, so on a NaN they stop together instead of one waiting in a collective."""
-        totals = global_sum(torch.stack([v.detach().float().reshape(()) for v in losses.values()]))  # one all-reduce
-        summed = dict(zip(losses, totals.tolist()))
+        with heartbeat.collective("all_reduce (loss)"):  # .tolist() inside: on CUDA that is where it waits
+            totals = global_sum(torch.stack([v.detach().float().reshape(()) for v in losses.values()]))  # one all-reduce
+            summed = dict(zip(losses, totals.tolist()))
         if not math.isfinite(summed["loss"]):
             parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
             saved = self.checkpoints.saved()
@@ -253,6 +272,19 @@ class Trainer:
         return summed
 
     def fit(self) -> dict:
+        """Train, validate and test (see the module docstring), watched by the hang and straggler
+        watchdog (distributed/watchdog.py)."""
+        t = self.config.train
+        resume_hint = f"with train.resume=auto it carries on from the newest checkpoint in {self.checkpoints.directory}."
+        store = watchdog_store(timeout_s=2 * Watchdog.interval_for(t.hang_timeout_s) + 5)
+        self.watchdog = Watchdog(heartbeat, store, self.engine.rank, self.engine.world_size, t.hang_timeout_s,
+                                 t.straggler_ratio, resume_hint).start()
+        try:
+            return self._fit()
+        finally:
+            self.watchdog.stop()
+
+    def _fit(self) -> dict:
         cfg = self.config
         start = time.perf_counter()
         self._resume()
@@ -296,6 +328,7 @@ class Trainer:
         if restored is None:
             return
         self.state = RunState(**restored)
+        heartbeat.step = self.state.step
         self.state.restarts += 1
         if self.metrics is not None:
             self.metrics.set_restarts(self.state.restarts)

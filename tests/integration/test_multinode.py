@@ -31,6 +31,8 @@ from engines import cpu_engine  # noqa: E402
 from helpers import PREEMPT_JOB, PREEMPT_STEPS, SMALL_VSRN, assert_same_weights, wait_for_step, weights  # noqa: E402
 from netns import Nodes, unavailable  # noqa: E402
 
+from vldist.distributed.watchdog import HUNG  # noqa: E402
+
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no test nodes: {unavailable()}")
 RENDEZVOUS_PORT = 29400  # inside the first node's namespace: no other process can hold it
 
@@ -127,6 +129,28 @@ def test_a_node_lost_mid_run_comes_back_and_the_run_ends_as_if_never_lost(plante
 
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+def test_a_frozen_node_is_named_by_the_other_within_the_hang_timeout(planted_shards, tmp_path):
+    """Every process of node 1 stopped (SIGSTOP: its connections stay open, nothing answers): the
+    rank on node 0 exits HUNG within train.hang_timeout_s and a margin, naming rank 1 on node1."""
+    run = tmp_path / "run"
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *PREEMPT_JOB,
+           "train.epochs=20", "train.hang_timeout_s=8"]
+    with Nodes(2) as nodes:
+        processes = torchrun_on_nodes(nodes, 1, job, tmp_path.name)
+        wait_for_step(run, 10, processes[0])
+        time.sleep(2)  # a heartbeat with rank 1's step on it
+        nodes.freeze(1)
+        frozen = time.monotonic()
+        out = processes[0].communicate(timeout=90)[0]
+        took = time.monotonic() - frozen
+    assert processes[0].returncode != 0 and took < 8 + 2 * 0.8 + 15, (took, out[-3000:])
+    said = re.search(r"error: no rank of the run advanced for \d+ s \(train.hang_timeout_s=8\): (.*)", out)
+    assert said, out[-3000:]
+    assert re.match(r"rank 1 on node1 \(pid \d+\) stopped responding, last at step \d+", said.group(1)), said.group(1)
+    assert "waiting for it: rank 0 on node0" in said.group(1)
+    assert f"exitcode  : {HUNG}" in out or f"exitcode: {HUNG}" in out, out[-2000:]  # torchrun's failure table
+
+
 RAY_PORT, DASHBOARD_PORT = 6379, 8265  # inside the nodes' namespaces: nothing else holds them
 WAIT_FOR_NODES = """import sys, time, ray
 ray.init(address=sys.argv[1], logging_level="ERROR")

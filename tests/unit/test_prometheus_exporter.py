@@ -1,5 +1,6 @@
 """The exporter serves the documented metric names, with their types and labels."""
 
+import socket
 import urllib.request
 
 import pytest
@@ -14,6 +15,7 @@ DOCUMENTED = {
     "vldist_loss": "gauge", "vldist_learning_rate": "gauge", "vldist_grad_norm": "gauge",
     "vldist_checkpoint_save_seconds": "histogram", "vldist_restarts": "gauge",
     "vldist_cuda_memory_allocated_bytes": "gauge", "vldist_model_flops_utilization": "gauge",
+    "vldist_step_own_seconds": "gauge",
 }
 
 
@@ -31,7 +33,7 @@ def _scrape(port: int) -> dict:
 
 def test_names_types_and_labels(exporter):
     exporter.observe_step(samples=16, step_seconds=0.2, wait_seconds=0.05, lr=1e-3, grad_norm=2.5, skipped=2,
-                          losses={"loss": 3.0, "matching": 2.0, "caption": 1.0, "grad_norm": 2.5})
+                          losses={"loss": 3.0, "matching": 2.0, "caption": 1.0, "grad_norm": 2.5}, own_seconds=0.15)
     exporter.observe_checkpoint(0.7)
     exporter.set_restarts(1)
     exporter.set_device(cuda_memory_bytes=1024, mfu=0.4)
@@ -39,7 +41,8 @@ def test_names_types_and_labels(exporter):
     assert {name: f.type for name, f in families.items()} == DOCUMENTED
     for family in families.values():
         for sample in family.samples:
-            assert {"job": "demo", "recipe": "vsrn", "rank": "1"}.items() <= sample.labels.items(), sample
+            assert {"job": "demo", "recipe": "vsrn", "rank": "1", "host": socket.gethostname()}.items() \
+                <= sample.labels.items(), sample
     values = {(s.name, s.labels.get("component")): s.value for f in families.values() for s in f.samples}
     assert values[("vldist_samples_total", None)] == 16
     assert values[("vldist_steps_total", None)] == 1
@@ -49,6 +52,7 @@ def test_names_types_and_labels(exporter):
     assert values[("vldist_data_wait_seconds_count", None)] == 1
     assert values[("vldist_loss", "caption")] == 1.0 and ("vldist_loss", "grad_norm") not in values
     assert values[("vldist_checkpoint_save_seconds_sum", None)] == pytest.approx(0.7)
+    assert values[("vldist_step_own_seconds", None)] == pytest.approx(0.15)
 
 
 def test_the_endpoint_binds_to_loopback_and_a_taken_port_is_named(exporter):
@@ -65,7 +69,8 @@ def test_each_rank_writes_its_file_sd_target(exporter, tmp_path):
     path = write_target(tmp_path / "targets", exporter, "127.0.0.1")
     assert path.name == "rank-1.json"
     (entry,) = json.loads(path.read_text())
-    assert entry == {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"job": "demo", "recipe": "vsrn", "rank": "1"}}
+    assert entry == {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"job": "demo", "recipe": "vsrn", "rank": "1",
+                                                                                 "host": socket.gethostname()}}
     everywhere = json.loads(write_target(tmp_path / "targets", exporter, "0.0.0.0").read_text())
     assert not everywhere[0]["targets"][0].startswith("0.0.0.0")  # a bind-all host is advertised by address
 

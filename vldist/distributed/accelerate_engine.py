@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -20,11 +21,13 @@ class AccelerateEngine(Engine):
     def __init__(self, job):
         """job: the JobConfig (train.device, engine.mixed_precision)."""
         from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
 
         adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
         choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         on_cpu = pick_device(job.train.device).type == "cpu"
-        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else job.engine.mixed_precision)
+        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else job.engine.mixed_precision,
+                                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))])
         state = self.accelerator.state
         self.rank, self.world_size = state.process_index, state.num_processes
         self.local_rank, self.is_main = state.local_process_index, state.is_main_process
@@ -34,10 +37,14 @@ class AccelerateEngine(Engine):
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
 
     def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
-        if dynamic_graph:
-            from accelerate.utils import DistributedDataParallelKwargs
+        from accelerate.utils import DistributedDataParallelKwargs
 
-            self.accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=True)
+        # broadcast_buffers=False: no buffer broadcast from rank 0 before every forward. Rank 0
+        # evaluates and checkpoints, so other ranks' buffers (BatchNorm running statistics, global
+        # over ranks anyway with engine.sync_batchnorm) are never read; and a forward without a
+        # hidden collective lets the watchdog time each rank's own forward (distributed/heartbeat.py).
+        self.accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=dynamic_graph,
+                                                                     broadcast_buffers=False)
         names = list(optimizers)
         self.model, *prepared = self.accelerator.prepare(model.to(self.device), *optimizers.values())
         self.optimizers, self._prepared = dict(optimizers), dict(zip(names, prepared))

@@ -1,10 +1,13 @@
-"""The few collectives vldist uses, each a no-op in a single process."""
+"""The few collectives vldist uses, each a no-op in a single process. Each says so in this rank's
+heartbeat while it waits (heartbeat.py: the watchdog names a rank stuck outside them)."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from vldist.distributed.heartbeat import heartbeat
 
 
 def world() -> tuple[int, int]:
@@ -21,13 +24,15 @@ class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
         out = x.clone()
-        dist.all_reduce(out)
+        with heartbeat.collective("all_reduce"):
+            dist.all_reduce(out)
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         grad = grad.clone()
-        dist.all_reduce(grad)
+        with heartbeat.collective("all_reduce (backward)"):
+            dist.all_reduce(grad)
         return grad
 
 
@@ -38,13 +43,15 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor) -> Tensor:
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, x.contiguous())
+        with heartbeat.collective("all_gather"):
+            dist.all_gather(parts, x.contiguous())
         return torch.stack(parts)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         grad = grad.contiguous()
-        dist.all_reduce(grad)
+        with heartbeat.collective("all_reduce (all_gather backward)"):
+            dist.all_reduce(grad)
         return grad[dist.get_rank()]
 
 
@@ -65,7 +72,8 @@ def all_gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
         return x, 0
     counts = torch.tensor([x.shape[0]], device=x.device)
     all_counts = [torch.zeros_like(counts) for _ in range(size)]
-    dist.all_gather(all_counts, counts)
+    with heartbeat.collective("all_gather (row counts)"):
+        dist.all_gather(all_counts, counts)
     rows = [int(c) for c in all_counts]
     padded = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, max(rows) - x.shape[0]))
     parts = _AllGather.apply(padded)
@@ -79,7 +87,8 @@ def global_sum(x: Tensor) -> Tensor:
         device = x.device
         if dist.get_backend() == "nccl" and device.type != "cuda":
             x = x.cuda()  # NCCL reduces CUDA tensors only
-        dist.all_reduce(x)
+        with heartbeat.collective("all_reduce"):
+            dist.all_reduce(x)
         x = x.to(device)
     return x
 
@@ -91,8 +100,9 @@ def global_max(n: int, device: torch.device) -> int:
     x = torch.tensor([n], device=device)
     if dist.get_backend() == "nccl" and x.device.type != "cuda":
         x = x.cuda()  # NCCL reduces CUDA tensors only
-    dist.all_reduce(x, op=dist.ReduceOp.MAX)
-    return int(x)
+    with heartbeat.collective("all_reduce (max)"):
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return int(x)
 
 
 def gather_objects(obj) -> list:
@@ -101,7 +111,8 @@ def gather_objects(obj) -> list:
     if size == 1:
         return [obj]
     out = [None] * size
-    dist.all_gather_object(out, obj)
+    with heartbeat.collective("all_gather_object"):
+        dist.all_gather_object(out, obj)
     return out
 
 
@@ -119,7 +130,7 @@ def all_gather_rows(x: Tensor) -> tuple[Tensor, int]:
     device = x.device
     if dist.get_backend() == "nccl" and device.type != "cuda":
         x = x.cuda()  # NCCL gathers CUDA tensors only
-    with torch.no_grad():
+    with torch.no_grad(), heartbeat.collective("all_gather (rows)"):
         shape = torch.tensor(x.shape, device=x.device)  # the same number of dims on every rank
         shapes = [torch.zeros_like(shape) for _ in range(size)]
         dist.all_gather(shapes, shape)

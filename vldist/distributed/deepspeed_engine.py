@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -69,7 +70,8 @@ class DeepSpeedEngine(Engine):
         adopt_slurm_environment()
         choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         self.deepspeed = _import_deepspeed(device.type == "cuda")
-        self.deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+        self.deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
+                                        timeout=timedelta(seconds=job.engine.timeout_s))
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.is_main = self.rank == 0

@@ -15,6 +15,8 @@ LOST_PEER_SIGNS = (
     "Connection reset by peer", "Connection closed by peer", "Broken pipe",
     "remote process exited or there was a network error", "Watchdog caught collective operation timeout",
 )
+# What gloo says when a collective waited engine.timeout_s (the other rank alive but silent).
+TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure")
 
 
 class PeerLost(RuntimeError):
@@ -22,7 +24,7 @@ class PeerLost(RuntimeError):
 
 
 def is_peer_loss(error: BaseException) -> bool:
-    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in LOST_PEER_SIGNS)
+    return isinstance(error, RuntimeError) and any(sign in str(error) for sign in LOST_PEER_SIGNS + TIMEOUT_SIGNS)
 
 
 def _what_failed(error: BaseException) -> str:
@@ -42,8 +44,14 @@ def peer_loss_reported(rank: int, world_size: int, checkpoints: Path):
     except RuntimeError as err:
         if world_size < 2 or not is_peer_loss(err):
             raise
+        resume = f"The same job with train.resume=auto carries on from the newest checkpoint in {checkpoints}"
+        if any(sign in str(err) for sign in TIMEOUT_SIGNS):
+            raise PeerLost(
+                f"rank {rank} on {socket.gethostname()}: a collective waited longer than engine.timeout_s for another "
+                f"rank ({_what_failed(err)}): a rank is stopped or far behind (train.hang_timeout_s, set below "
+                f"engine.timeout_s, names which). {resume}"
+            ) from None
         raise PeerLost(
             f"rank {rank} on {socket.gethostname()} lost another rank of the run ({_what_failed(err)}): a process "
-            "or node of the run died; its launcher's log says which. The same job with train.resume=auto "
-            f"carries on from the newest checkpoint in {checkpoints}"
+            f"or node of the run died; its launcher's log says which. {resume}"
         ) from None

@@ -134,7 +134,7 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     failed)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     build_missing(config, get_recipe(config.recipe))  # once, here, before any worker starts
     config = worker_config(config)
@@ -152,6 +152,8 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     trainer = TorchTrainer(
         functools.partial(_train_worker, train),
         train_loop_config=config.model_dump(mode="json"),
+        # Ray Train makes the process group; its timeout is the job's like under the other launchers
+        torch_config=TorchConfig(timeout_s=max(1, round(config.engine.timeout_s))),
         scaling_config=ScalingConfig(
             num_workers=config.ray.num_workers, use_gpu=gpus > 0,
             resources_per_worker={"CPU": config.ray.cpus_per_worker, **({"GPU": gpus} if gpus else {})},

@@ -32,8 +32,10 @@ class TrainingProgress:
     def _reset(self) -> None:
         self.start, self.samples, self.steps, self.wait = time.perf_counter(), 0, 0, 0.0
 
-    def step(self, *, epoch: int, step: int, samples: int, wait: float, losses: dict, lr: float) -> None:
-        """After each optimizer step; `samples` counts every rank's rows."""
+    def step(self, *, epoch: int, step: int, samples: int, wait: float, losses: dict, lr: float,
+             note: str | None = None) -> None:
+        """After each optimizer step; `samples` counts every rank's rows; `note` ends the progress
+        line (the straggler the watchdog names)."""
         self.samples, self.steps, self.wait = self.samples + samples, self.steps + 1, self.wait + wait
         if not self.enabled:
             return
@@ -48,10 +50,11 @@ class TrainingProgress:
         self.write(
             f"epoch {epoch + 1} step {step}/{self.total_steps} | {parts} | lr {lr:.2e} | grad {losses['grad_norm']:.2f} "
             f"| {rate:.0f} samples/s | data wait {100 * self.wait / elapsed:.0f}% | eta {hms(eta)}"
+            + (f" | slowest: {note}" if note else "")
         )
         self.record({
             "event": "train", "epoch": epoch + 1, "step": step, **losses, "lr": lr, "samples_per_second": rate,
-            "data_wait_share": self.wait / elapsed, "eta_seconds": eta,
+            "data_wait_share": self.wait / elapsed, "eta_seconds": eta, **({"straggler": note} if note else {}),
         })
         self._reset()
 

@@ -1,7 +1,7 @@
 """Prometheus metrics of one training rank, served on `metrics.host:metrics.port + local_rank`.
 
 Names follow Prometheus conventions: the `vldist_` prefix, base units (seconds, bytes), `_total`
-on counters (prometheus-client adds it). Every series carries `job`, `recipe` and `rank` labels;
+on counters (prometheus-client adds it). Every series carries `job`, `recipe`, `rank` and `host` labels;
 scrape with `honor_labels: true` so that the `job` label is vldist's (cluster/prometheus/).
 Each rank counts its own samples and steps: sum over `rank` for the job's totals.
 """
@@ -64,7 +64,7 @@ class RankMetrics:
 
     def __init__(self, host: str, port: int, job: str, recipe: str, rank: int):
         self.registry = registry = CollectorRegistry()
-        self.labels = {"job": job, "recipe": recipe, "rank": str(rank)}
+        self.labels = {"job": job, "recipe": recipe, "rank": str(rank), "host": socket.gethostname()}
         self._children: dict[tuple, object] = {}
         names = list(self.labels)
 
@@ -82,6 +82,10 @@ class RankMetrics:
         self.data_wait_seconds = metric(
             Histogram, "vldist_data_wait_seconds", "time the training loop blocked on the loader before a step",
             buckets=WAIT_BUCKETS,
+        )
+        self.own_seconds = metric(
+            Gauge, "vldist_step_own_seconds", "this rank's own time of the last step: compute and data wait, without "
+            "the time it waited in collectives for the other ranks (the straggler has the largest)",
         )
         self.loss = metric(Gauge, "vldist_loss", "global batch loss of the last step, by component", ["component"])
         self.learning_rate = metric(Gauge, "vldist_learning_rate", "learning rate of the last step")
@@ -114,7 +118,7 @@ class RankMetrics:
         return child
 
     def observe_step(self, *, samples: int, step_seconds: float, wait_seconds: float, losses: dict[str, float],
-                     lr: float, grad_norm: float, skipped: int = 0) -> None:
+                     lr: float, grad_norm: float, skipped: int = 0, own_seconds: float | None = None) -> None:
         self._l(self.samples).inc(samples)
         self._l(self.steps).inc()
         if skipped:
@@ -122,6 +126,8 @@ class RankMetrics:
         self._l(self.samples_per_second).set(samples / max(step_seconds + wait_seconds, 1e-9))
         self._l(self.step_seconds).observe(step_seconds)
         self._l(self.data_wait_seconds).observe(wait_seconds)
+        if own_seconds is not None:
+            self._l(self.own_seconds).set(own_seconds)
         for component, value in losses.items():
             if not component.endswith("grad_norm"):
                 self._l(self.loss, component=component).set(value)

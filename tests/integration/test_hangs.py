@@ -1,0 +1,115 @@
+"""Hangs and stragglers named in seconds (distributed/watchdog.py), on two real gloo ranks started
+as torchrun would start them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), so that the test knows each
+rank's pid: SIGSTOP freezes a rank as a wedged GPU or a swapped-out host would.
+
+- A frozen rank: the other exits HUNG (3) within train.hang_timeout_s and a margin, naming the
+  frozen rank by host and pid, with its own stack.
+- engine.timeout_s alone (the watchdog off): torch.distributed's own timeout ends the wait, in one
+  line instead of a traceback.
+- A rank slowed on a duty cycle: rank 0's progress lines and one rate-limited warning name it.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from helpers import PREEMPT_JOB, free_port, wait_for_step
+
+from vldist.distributed.watchdog import HUNG
+
+pytestmark = pytest.mark.slow
+
+
+def start_two_ranks(planted_shards, run, *overrides) -> list[subprocess.Popen]:
+    port = free_port()
+    job = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}",
+           *PREEMPT_JOB, "train.epochs=20", *overrides]
+    ranks = []
+    for rank in range(2):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
+               "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
+        ranks.append(subprocess.Popen(job, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True))
+    return ranks
+
+
+def end(ranks: list[subprocess.Popen]) -> None:
+    for rank in ranks:  # by pid: a stopped rank takes SIGKILL
+        if rank.poll() is None:
+            rank.kill()
+        rank.communicate(timeout=30)
+
+
+@pytest.fixture
+def two_ranks():
+    started: list[subprocess.Popen] = []
+    yield started
+    end(started)
+
+
+def test_a_frozen_rank_is_named_and_the_other_exits_hung_within_the_timeout(planted_shards, tmp_path, two_ranks):
+    run = tmp_path / "run"
+    two_ranks += start_two_ranks(planted_shards, run, "train.hang_timeout_s=6")
+    wait_for_step(run, 10, two_ranks[0])
+    time.sleep(1.5)  # a heartbeat or two with rank 1's step on it
+    os.kill(two_ranks[1].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    out = two_ranks[0].communicate(timeout=60)[0]
+    took = time.monotonic() - stopped
+    assert two_ranks[0].returncode == HUNG, out[-3000:]
+    assert took < 6 + 2 * 0.6 + 8, took  # the timeout, the report's two heartbeats, process exit
+    said = next(line for line in out.splitlines() if line.startswith("error: no rank of the run advanced"))
+    assert f"rank 1 on {socket.gethostname()} (pid {two_ranks[1].pid}) stopped responding, last at step" in said
+    assert "train.hang_timeout_s=6" in said and "train.resume=auto" in said
+    assert f"waiting for it: rank 0 on {socket.gethostname()} (pid {two_ranks[0].pid})" in said
+    assert "most recent call first" in out and "trainer.py" in out  # its own stack, from faulthandler
+    assert "Traceback" not in out
+
+
+def test_engine_timeout_ends_a_wait_for_a_frozen_rank_in_one_line(planted_shards, tmp_path, two_ranks):
+    run = tmp_path / "run"
+    two_ranks += start_two_ranks(planted_shards, run, "train.hang_timeout_s=0", "engine.timeout_s=5")
+    wait_for_step(run, 5, two_ranks[0])
+    os.kill(two_ranks[1].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    out = two_ranks[0].communicate(timeout=60)[0]
+    assert two_ranks[0].returncode == 1 and time.monotonic() - stopped < 5 + 8, out[-3000:]
+    assert f"error: rank 0 on {socket.gethostname()}: a collective waited longer than engine.timeout_s" in out
+    assert "Traceback" not in out and "no rank of the run advanced" not in out
+
+
+def test_a_rank_slowed_on_a_duty_cycle_is_named_as_the_straggler(planted_shards, tmp_path, two_ranks):
+    run = tmp_path / "run"
+    two_ranks += start_two_ranks(planted_shards, run, "train.epochs=4", "train.hang_timeout_s=20", "train.log_every=4")
+    wait_for_step(run, 3, two_ranks[0])
+    done = threading.Event()
+
+    def slow_down(pid: int) -> None:  # stopped 60% of the time
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.06)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.04)
+
+    slower = threading.Thread(target=slow_down, args=(two_ranks[1].pid,), daemon=True)
+    slower.start()
+    try:
+        out = two_ranks[0].communicate(timeout=240)[0]
+    finally:
+        done.set()
+        slower.join()
+    assert two_ranks[0].returncode == 0, out[-3000:]
+    # Rank 0 logs and records every few steps, so in steps of some 30 ms before the slow-down it may
+    # be named itself; once rank 1 runs at 40% of its speed, rank 1 is.
+    notes = [line.partition("| slowest: ")[2] for line in out.splitlines() if " step " in line and "/100 |" in line]
+    # On a loaded machine some intervals name no one (the ratio dips under 1.5): count the names.
+    named = [note.partition(" takes")[0] for note in notes if note]
+    assert named.count(f"rank 1 on {socket.gethostname()}") >= 3, notes
+    assert named.count(f"rank 1 on {socket.gethostname()}") > 2 * named.count(f"rank 0 on {socket.gethostname()}"), notes
+    warnings = [line for line in out.splitlines() if "straggler: rank 1" in line]
+    assert len(warnings) == 1, warnings  # a run of seconds: one warning (at most one a minute for a rank)
