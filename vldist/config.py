@@ -148,12 +148,16 @@ class OutputConfig(Section):
 
 class MetricsConfig(Section):
     enabled: bool = Field(True, description="serve Prometheus metrics from every rank")
-    host: str = Field("127.0.0.1", description="address the metrics endpoints bind to (0.0.0.0: every interface)")
+    host: str = Field(
+        "127.0.0.1", description="address the metrics endpoints bind to (node: this node's address towards the "
+        "rendezvous host, for a Prometheus on another node; 0.0.0.0: every interface)"
+    )
     port: int = Field(9400, ge=1, le=65535, description="rank r serves on port + local rank r")
     job: str = Field("{recipe}", description="the `job` label of every series")
     linger_seconds: float = Field(0.0, ge=0, description="keep serving this long after training, for a last scrape")
     targets_dir: str | None = Field(
-        None, description="each rank writes its endpoint here for Prometheus file_sd (Ray: <run dir>/prometheus)"
+        None, description="rank 0 writes every rank's endpoint to <dir>/targets.json for Prometheus file_sd "
+        "(Ray: <run dir>/prometheus)"
     )
 
 

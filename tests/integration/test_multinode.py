@@ -151,6 +151,58 @@ def test_a_frozen_node_is_named_by_the_other_within_the_hang_timeout(planted_sha
     assert f"exitcode  : {HUNG}" in out or f"exitcode: {HUNG}" in out, out[-2000:]  # torchrun's failure table
 
 
+PROMETHEUS_QUERY = """
+import json, sys, time, urllib.parse, urllib.request
+url = "http://127.0.0.1:9090"
+deadline = time.time() + 60
+while True:
+    try:
+        urllib.request.urlopen(url + "/-/ready", timeout=2)
+        break
+    except OSError:
+        assert time.time() < deadline, "prometheus did not become ready"
+        time.sleep(0.3)
+if sys.argv[1] == "ready":
+    sys.exit(0)
+reply = json.load(urllib.request.urlopen(url + "/api/v1/query?" + urllib.parse.urlencode({"query": sys.argv[1]})))
+print(json.dumps([[r["metric"], float(r["value"][1])] for r in reply["data"]["result"]]))
+"""
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary (apt-get install prometheus)")
+def test_prometheus_on_the_first_node_scrapes_every_rank_of_a_two_node_run(planted_shards, tmp_path):
+    """metrics.host=node: each rank binds its node's address; rank 0 writes every rank's endpoint
+    to one file_sd file; a real Prometheus on node 0, given only that file, scrapes both nodes."""
+    targets, config = tmp_path / "targets", tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                      "scrape_configs:\n  - job_name: vldist\n    honor_labels: true\n"
+                      f"    file_sd_configs: [{{files: ['{targets}/*.json'], refresh_interval: 1s}}]\n")
+    run = tmp_path / "run"
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *PREEMPT_JOB,
+           "metrics.enabled=true", "metrics.host=node", f"metrics.targets_dir={targets}", "metrics.linger_seconds=4",
+           "metrics.job=two-nodes"]
+    with Nodes(2) as nodes:
+        nodes.popen(0, [shutil.which("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                        "--web.listen-address=127.0.0.1:9090"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def query(promql: str):
+            done = subprocess.run(nodes.command(0, [sys.executable, "-c", PROMETHEUS_QUERY, promql]),
+                                  capture_output=True, text=True, timeout=90)
+            assert done.returncode == 0, done.stderr[-2000:]
+            return json.loads(done.stdout) if promql != "ready" else None
+
+        query("ready")
+        finished(torchrun_on_nodes(nodes, 1, job, tmp_path.name))
+        time.sleep(1.5)  # the last scrape's samples become queryable
+        listed = json.loads((targets / "targets.json").read_text())
+        steps = query('max_over_time(vldist_steps_total{job="two-nodes"}[10m])')
+    assert sorted((e["labels"]["rank"], e["labels"]["host"], e["targets"][0]) for e in listed) == \
+        [("0", "node0", f"{nodes.addresses[0]}:9400"), ("1", "node1", f"{nodes.addresses[1]}:9400")]
+    scraped = sorted((m["rank"], m["host"], m["instance"], value) for m, value in steps)
+    assert scraped == [("0", "node0", f"{nodes.addresses[0]}:9400", PREEMPT_STEPS),
+                       ("1", "node1", f"{nodes.addresses[1]}:9400", PREEMPT_STEPS)], scraped
+
+
 RAY_PORT, DASHBOARD_PORT = 6379, 8265  # inside the nodes' namespaces: nothing else holds them
 WAIT_FOR_NODES = """import sys, time, ray
 ray.init(address=sys.argv[1], logging_level="ERROR")

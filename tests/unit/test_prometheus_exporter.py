@@ -61,18 +61,27 @@ def test_the_endpoint_binds_to_loopback_and_a_taken_port_is_named(exporter):
         RankMetrics("127.0.0.1", exporter.port, job="demo", recipe="vsrn", rank=0)
 
 
-def test_each_rank_writes_its_file_sd_target(exporter, tmp_path):
+def test_the_file_sd_file_lists_every_rank(exporter, tmp_path):
     import json
 
-    from vldist.telemetry.prometheus import write_target
+    from vldist.telemetry.prometheus import target_entry, write_targets
 
-    path = write_target(tmp_path / "targets", exporter, "127.0.0.1")
-    assert path.name == "rank-1.json"
-    (entry,) = json.loads(path.read_text())
+    entry = target_entry(exporter, "127.0.0.1")
     assert entry == {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"job": "demo", "recipe": "vsrn", "rank": "1",
-                                                                                 "host": socket.gethostname()}}
-    everywhere = json.loads(write_target(tmp_path / "targets", exporter, "0.0.0.0").read_text())
-    assert not everywhere[0]["targets"][0].startswith("0.0.0.0")  # a bind-all host is advertised by address
+                                                                           "host": socket.gethostname()}}
+    other = {"targets": ["198.18.0.2:9400"], "labels": {**entry["labels"], "rank": "0", "host": "node1"}}
+    path = write_targets(tmp_path / "targets", [other, entry])
+    assert path.name == "targets.json" and json.loads(path.read_text()) == [other, entry]
+    everywhere = target_entry(exporter, "0.0.0.0")
+    assert not everywhere["targets"][0].startswith("0.0.0.0")  # a bind-all host is advertised by address
+
+
+def test_node_address_is_the_one_towards_the_rendezvous_host():
+    from vldist.launch.network import node_address
+
+    assert node_address({}) == "127.0.0.1"  # one host: loopback
+    assert node_address({"MASTER_ADDR": "127.0.0.1"}) == "127.0.0.1"
+    assert node_address({"MASTER_ADDR": "no-such-host.invalid"}) == "127.0.0.1"
 
 
 def test_the_grafana_dashboard_and_scrape_config_use_only_exported_names():

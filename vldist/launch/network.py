@@ -17,21 +17,38 @@ import socket
 from collections.abc import MutableMapping
 
 
-def interface_towards(host: str) -> str | None:
-    """The name of the interface this machine would reach `host` (IPv4) through; None when that
-    is a loopback route."""
-    import psutil
-
+def address_towards(host: str) -> str | None:
+    """This machine's own IPv4 address on the route to `host`; None when that is a loopback route."""
     address = socket.gethostbyname(host)
     if ipaddress.ip_address(address).is_loopback:
         return None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((address, 9))  # a UDP connect picks the route and the source address; it sends nothing
         local = probe.getsockname()[0]
+    return None if ipaddress.ip_address(local).is_loopback else local
+
+
+def interface_towards(host: str) -> str | None:
+    """The name of the interface this machine would reach `host` (IPv4) through; None when that
+    is a loopback route."""
+    import psutil
+
+    local = address_towards(host)
+    if local is None:
+        return None
     for name, addresses in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == local for a in addresses):
-            return None if ipaddress.ip_address(local).is_loopback else name
+            return name
     return None
+
+
+def node_address(env: MutableMapping[str, str] = os.environ) -> str:
+    """The address the other nodes reach this one at: the one on the route to the rendezvous host
+    (MASTER_ADDR); 127.0.0.1 in a one-host run (MASTER_ADDR on loopback, or unset)."""
+    try:
+        return address_towards(env["MASTER_ADDR"]) or "127.0.0.1"
+    except (KeyError, OSError):
+        return "127.0.0.1"
 
 
 def choose_gloo_interface(env: MutableMapping[str, str] = os.environ) -> str | None:

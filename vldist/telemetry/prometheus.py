@@ -16,11 +16,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
+from vldist.distributed.collectives import gather_objects
 from vldist.files import write_json_atomic
+from vldist.launch.network import node_address
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 WAIT_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5)
 SAVE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+TARGETS_FILE = "targets.json"  # in metrics.targets_dir: every rank's endpoint, for Prometheus file_sd
 
 
 log = logging.getLogger("vldist.metrics")
@@ -32,30 +35,41 @@ class MetricsPortInUse(OSError):
 
 
 def start_rank_metrics(config, rank: int, local_rank: int) -> RankMetrics | None:
-    """This rank's exporter, or None when metrics are off or the port is taken (training goes on)."""
+    """This rank's exporter, or None when metrics are off or the port is taken (training goes on).
+    Collective where metrics.targets_dir is set: rank 0 writes every rank's endpoint there."""
     m = config.metrics
     if not m.enabled:
         return None
+    host = node_address() if m.host == "node" else m.host
+    metrics = None
     try:
-        metrics = RankMetrics(m.host, m.port + local_rank, m.job.format(recipe=config.recipe), config.recipe, rank)
+        metrics = RankMetrics(host, m.port + local_rank, m.job.format(recipe=config.recipe), config.recipe, rank)
     except MetricsPortInUse as err:
         log.warning("%s; training goes on without metrics", err)
-        return None
-    if rank == 0:
-        log.info("Prometheus metrics on http://%s:%d/metrics (rank r: port %d + local rank)", m.host, m.port, m.port)
+    if metrics is not None and rank == 0:
+        log.info("Prometheus metrics on http://%s:%d/metrics (rank r: port %d + local rank)", host, m.port, m.port)
     if m.targets_dir:
-        write_target(Path(m.targets_dir), metrics, m.host)
+        entries = gather_objects(target_entry(metrics, host) if metrics is not None else None)
+        if rank == 0:
+            write_targets(Path(m.targets_dir), [e for e in entries if e is not None])
     return metrics
 
 
-def write_target(directory: Path, metrics: RankMetrics, host: str) -> Path:
-    """This rank's endpoint as a Prometheus file_sd target file, <directory>/rank-<r>.json, so that a
-    Prometheus with `file_sd_configs: [{files: [<directory>/*.json]}]` finds every rank wherever
-    the scheduler put it. Written atomically (Prometheus rereads the files as they change)."""
-    address = socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::", "") else host
+def target_entry(metrics: RankMetrics, host: str) -> dict:
+    """One rank's endpoint as a Prometheus file_sd entry; a bind-all host is advertised by the
+    address the other nodes reach this one at."""
+    address = node_address() if host in ("0.0.0.0", "::", "") else host
+    return {"targets": [f"{address}:{metrics.port}"], "labels": metrics.labels}
+
+
+def write_targets(directory: Path, entries: list[dict]) -> Path:
+    """Every rank's endpoint in one Prometheus file_sd file, <directory>/targets.json, written by
+    rank 0 (so its node needs no disk shared with the others): a Prometheus with
+    `file_sd_configs: [{files: [<directory>/*.json]}]` finds every rank wherever the scheduler put
+    it. Written atomically (Prometheus rereads the file as it changes)."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"rank-{metrics.labels['rank']}.json"
-    write_json_atomic(path, [{"targets": [f"{address}:{metrics.port}"], "labels": metrics.labels}])
+    path = directory / TARGETS_FILE
+    write_json_atomic(path, entries)
     return path
 
 
