@@ -100,6 +100,10 @@ class TrainConfig(Section):
     straggler_ratio: float | None = Field(
         1.5, gt=1, description="name the slowest rank when its own step time is this many times the others' median"
     )
+    negatives_group_size: int | None = Field(
+        None, ge=1, description="cross-batch objectives take negatives from blocks of this many consecutive ranks "
+        "(8: the GPUs of a node); None: the whole global batch (docs/distributed.md, what global negatives cost)"
+    )
 
     @field_validator("stop_signals")
     @classmethod

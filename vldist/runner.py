@@ -16,7 +16,7 @@ from vldist.config import JobConfig
 from vldist.data.job_shards import build_missing, open_job_shards
 from vldist.data.shardset import ShardsNotFoundError
 from vldist.distributed import make_engine
-from vldist.distributed.collectives import gather_objects
+from vldist.distributed.collectives import gather_objects, set_negatives_group_size
 from vldist.distributed.peer_loss import peer_loss_reported
 from vldist.preemption import stop_requests
 from vldist.recipes import get_recipe
@@ -74,6 +74,7 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, la
                 log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.main.directory, engine.device,
                          engine.world_size, config.output_dir)
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
+                set_negatives_group_size(config.train.negatives_group_size)  # collective
                 with peer_loss_reported(engine.rank, engine.world_size, config.output_dir / "checkpoints"):
                     results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop, start).fit()
                 return results if engine.is_main else None
