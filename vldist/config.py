@@ -163,6 +163,29 @@ class MetricsConfig(Section):
         None, description="rank 0 writes every rank's endpoint to <dir>/targets.json for Prometheus file_sd "
         "(Ray: <run dir>/prometheus)"
     )
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        [], description="experiment trackers rank 0 writes beside Prometheus (docs/observability.md, Trackers)"
+    )
+    trackers_dir: str | None = Field(None, description="where the trackers write (default: <output dir>/trackers)")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="online uploads as it goes (WANDB_API_KEY from the environment); offline: wandb sync later"
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow server or store (default: a file store in <trackers dir>/mlruns); "
+        "credentials from the environment (MLFLOW_TRACKING_TOKEN, ..._USERNAME/_PASSWORD)"
+    )
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _no_uri_credentials(cls, value):
+        from vldist.store.credentials import url_credentials
+
+        found = url_credentials(value) if value else None
+        if found:
+            raise ValueError(f"the URL carries {found}, and config.yaml, metrics.json and checkpoints record the "
+                             "configuration: set MLFLOW_TRACKING_TOKEN (or MLFLOW_TRACKING_USERNAME and "
+                             "MLFLOW_TRACKING_PASSWORD) in the environment instead, where MLflow's client reads them")
+        return value
 
 
 class RayConfig(Section):

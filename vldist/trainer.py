@@ -31,6 +31,7 @@ from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
 from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
+from vldist.telemetry.trackers import Trackers
 
 log = logging.getLogger("vldist.train")
 
@@ -276,6 +277,7 @@ class Trainer:
         watchdog (distributed/watchdog.py)."""
         t = self.config.train
         resume_hint = f"with train.resume=auto it carries on from the newest checkpoint in {self.checkpoints.directory}."
+        self.trackers = Trackers.start(self.config, self.engine.is_main)  # rank 0's, if the job lists any
         store = watchdog_store(timeout_s=2 * Watchdog.interval_for(t.hang_timeout_s) + 5)
         self.watchdog = Watchdog(heartbeat, store, self.engine.rank, self.engine.world_size, t.hang_timeout_s,
                                  t.straggler_ratio, resume_hint).start()
@@ -283,13 +285,15 @@ class Trainer:
             return self._fit()
         finally:
             self.watchdog.stop()
+            if self.trackers is not None:
+                self.trackers.close()
 
     def _fit(self) -> dict:
         cfg = self.config
         start = time.perf_counter()
         self._resume()
         self.progress = TrainingProgress(self.engine.is_main, self.total_steps, self.state.step, cfg.train.log_every,
-                                         self.out_dir / "metrics.jsonl")
+                                         self.out_dir / "metrics.jsonl", self.trackers.record if self.trackers else None)
         if cfg.eval.baseline and self.state.step == 0:
             self.state.untrained = self.evaluate(cfg.eval.split)
             if self.engine.is_main:
@@ -309,6 +313,9 @@ class Trainer:
         if self.state.untrained is not None:
             results["untrained"] = self.state.untrained
         results["test"] = self.evaluate(cfg.eval.split)
+        if results["test"]:
+            self.progress.record({"event": "test", "step": self.state.step, **self.recipe.headline(results["test"])})
+            self._caption_examples("test", results["test"])
         results.update(
             steps=self.state.step, samples_seen=self.state.samples_seen, skipped_samples=self.state.skipped_samples,
             best_epoch=self.state.best_epoch, restarts=self.state.restarts, history=self.state.history,
@@ -320,6 +327,11 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
+
+    def _caption_examples(self, split: str, metrics: dict) -> None:
+        """A captioning evaluation's generated captions, as a table in the trackers."""
+        if self.trackers is not None and metrics.get("examples"):
+            self.trackers.examples(split, self.state.step, metrics["examples"])
 
     def _resume(self) -> None:
         """The run state of the checkpoint train.resume names, if any (the checkpointer restores
@@ -374,6 +386,7 @@ class Trainer:
                 entry["val"] = self.recipe.headline(val)
                 self.progress.write(f"epoch {epoch + 1} validation: {_short(entry['val'])}")
                 self.progress.record({"event": "validation", "epoch": epoch + 1, "step": self.state.step, **entry["val"]})
+                self._caption_examples("val", val)
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
                 self.checkpoints.save("best", entry)

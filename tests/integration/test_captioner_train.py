@@ -6,8 +6,11 @@ that learns to read the regions reaches a high BLEU-1 while an untrained one can
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
+
+from trackers_readback import tensorboard_texts
 
 from vldist.evaluate import main as evaluate_main
 from vldist.train import main as train_main
@@ -22,7 +25,8 @@ TINY = ["model.hidden=48", "model.embed=32", "model.dropout=0.1", "data.batch_si
 
 def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, capsys):
     run = tmp_path / "run"
-    assert train_main(["captioner", f"data.shards={planted_shards}", f"output.dir={run}", *TINY]) == 0
+    assert train_main(["captioner", f"data.shards={planted_shards}", f"output.dir={run}", *TINY,
+                       "metrics.trackers=[tensorboard,mlflow]"]) == 0
     printed = capsys.readouterr().out
     assert "R@50" not in printed and "R@500" not in printed  # K >= the pool of 40: 100 by construction, not shown
     for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1", "R@5"):
@@ -39,6 +43,23 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     assert trained["n_images"] == 60 and trained["n_captions"] == 300
     assert [e["event"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())].count("validation") == 2
     assert "self_retrieval" not in results["history"][-1]["val"]  # validation selects by CIDEr-D only
+
+    # the trackers hold each evaluation's generated captions beside their references
+    texts = tensorboard_texts(run / "trackers" / "tensorboard" / "run")
+    assert [step for step, _ in texts["captions/val"]] == [h["step"] for h in results["history"] if "val" in h]
+    step, table = texts["captions/test"][-1]
+    assert table.startswith("| image | generated | references |") and step == results["steps"]
+    for example in trained["examples"]:
+        references = " \\| ".join(example["references"])  # a cell's own | escaped in markdown
+        assert f"| {example['key']} | {example['generated']} | {references} |" in table
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run / "trackers" / "mlruns").resolve().as_uri())
+    (mlrun,) = client.search_runs([client.get_experiment_by_name("captioner").experiment_id])
+    logged = json.loads((Path(mlrun.info.artifact_uri.removeprefix("file://")) / "captions" / "test" /
+                         f"step-{results['steps']:08d}.json").read_text())
+    assert logged["columns"] == ["image", "generated", "references"]
+    assert [row[1] for row in logged["data"]] == [e["generated"] for e in trained["examples"]]
 
     # the saved best checkpoint evaluates to the same numbers
     assert evaluate_main([str(run), "--json"]) == 0

@@ -20,8 +20,10 @@ def hms(seconds: float) -> str:
 
 
 class TrainingProgress:
-    def __init__(self, enabled: bool, total_steps: int, first_step: int, log_every: int, jsonl: Path):
+    def __init__(self, enabled: bool, total_steps: int, first_step: int, log_every: int, jsonl: Path, sink=None):
+        """sink(entry): also receives every record (the experiment trackers, trackers.py)."""
         self.enabled, self.total_steps, self.log_every, self.jsonl = enabled, total_steps, log_every, jsonl
+        self.sink = sink
         # disable=None: a bar only on a terminal; logs and `ray job logs` get the lines instead
         self.bar = tqdm(total=total_steps, initial=first_step, unit="step", desc="train", dynamic_ncols=True,
                         disable=None if enabled else True)
@@ -64,7 +66,11 @@ class TrainingProgress:
                 log.info(line)
 
     def record(self, entry: dict) -> None:
-        if not self.enabled or self.jsonl is None:
+        if not self.enabled:
+            return
+        if self.sink is not None:
+            self.sink(entry)
+        if self.jsonl is None:
             return
         try:
             with open(self.jsonl, "a") as fh:
