@@ -9,6 +9,7 @@ Ray Train workers); rank 0 returns the results.
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from vldist.data.job_shards import build_missing, open_job_shards
 from vldist.data.shardset import ShardsNotFoundError
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
-from vldist.distributed.peer_loss import peer_loss_reported
+from vldist.distributed.peer_loss import PeerLost, peer_loss_reported
 from vldist.preemption import stop_requests
 from vldist.recipes import get_recipe
 from vldist.run_lock import OutputDirInUse, RunLock
@@ -81,7 +82,8 @@ def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, la
         finally:
             if metrics is not None:
                 metrics.close(config.metrics.linger_seconds)
-            engine.close(keep_process_group=not last)
+            # a rank gone or frozen would hold a closing barrier for engine.timeout_s more
+            engine.close(keep_process_group=not last, peers_lost=isinstance(sys.exc_info()[1], PeerLost))
 
 
 @contextmanager

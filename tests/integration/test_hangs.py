@@ -52,9 +52,11 @@ def two_ranks():
     end(started)
 
 
-def test_a_frozen_rank_is_named_and_the_other_exits_hung_within_the_timeout(planted_shards, tmp_path, two_ranks):
+@pytest.mark.parametrize("backend", ["accelerate", "deepspeed"])
+def test_a_frozen_rank_is_named_and_the_other_exits_hung_within_the_timeout(planted_shards, tmp_path, two_ranks,
+                                                                           backend):
     run = tmp_path / "run"
-    two_ranks += start_two_ranks(planted_shards, run, "train.hang_timeout_s=6")
+    two_ranks += start_two_ranks(planted_shards, run, "train.hang_timeout_s=6", f"engine.backend={backend}")
     wait_for_step(run, 10, two_ranks[0])
     time.sleep(1.5)  # a heartbeat or two with rank 1's step on it
     os.kill(two_ranks[1].pid, signal.SIGSTOP)
@@ -81,6 +83,28 @@ def test_engine_timeout_ends_a_wait_for_a_frozen_rank_in_one_line(planted_shards
     assert two_ranks[0].returncode == 1 and time.monotonic() - stopped < 5 + 8, out[-3000:]
     assert f"error: rank 0 on {socket.gethostname()}: a collective waited longer than engine.timeout_s" in out
     assert "Traceback" not in out and "no rank of the run advanced" not in out
+
+
+PROCESS_GROUP_TIMEOUT = """
+import sys, torch, torch.distributed as dist
+from vldist.config import JobConfig
+from vldist.distributed import make_engine
+job = JobConfig.model_validate({"recipe": "vsrn", "engine": {"backend": sys.argv[1], "timeout_s": 7}})
+engine = make_engine(job)
+print(dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+engine.close()
+"""
+
+
+@pytest.mark.parametrize("backend", ["accelerate", "deepspeed"])
+def test_engine_timeout_is_the_process_groups(backend):
+    """Both engines hand engine.timeout_s to the process group they make (read back from gloo)."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    done = subprocess.run([sys.executable, "-c", PROCESS_GROUP_TIMEOUT, backend], env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "7.0"
 
 
 def test_a_rank_slowed_on_a_duty_cycle_is_named_as_the_straggler(planted_shards, tmp_path, two_ranks):

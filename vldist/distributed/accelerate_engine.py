@@ -93,18 +93,20 @@ class AccelerateEngine(Engine):
     def barrier(self) -> None:
         self.accelerator.wait_for_everyone()
 
-    def close(self, keep_process_group: bool = False) -> None:
+    def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
         # DDP reducers must go before their process group: one freed after destroy_process_group
         # (at interpreter exit, or a second model prepared by the same engine) can abort the
         # process with "terminate called without an active exception".
         self.model = None
         self.accelerator.free_memory()
         gc.collect()
+        together = dist.is_available() and dist.is_initialized() and not peers_lost
         if keep_process_group:  # end_training() would destroy it
-            if dist.is_available() and dist.is_initialized():
+            if together:
                 dist.barrier()
             return
         self.accelerator.end_training()
         if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+            if together:
+                dist.barrier()
             dist.destroy_process_group()

@@ -170,10 +170,11 @@ class DeepSpeedEngine(Engine):
     def barrier(self) -> None:
         dist.barrier()
 
-    def close(self, keep_process_group: bool = False) -> None:
+    def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
         if self.model is not None:
             self.model.destroy()
         if dist.is_available() and dist.is_initialized():
-            dist.barrier()
+            if not peers_lost:
+                dist.barrier()
             if not keep_process_group:
                 dist.destroy_process_group()

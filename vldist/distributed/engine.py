@@ -106,8 +106,10 @@ class Engine(ABC):
     def barrier(self) -> None: ...
 
     @abstractmethod
-    def close(self, keep_process_group: bool = False) -> None:
+    def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
         """Leave the process group in order, so that no rank aborts at interpreter exit.
         `keep_process_group`: another engine of this process follows (the next stage of a job)
-        and joins the same group; a second rendezvous of the same ranks is not reliable."""
+        and joins the same group; a second rendezvous of the same ranks is not reliable.
+        `peers_lost`: another rank is gone or frozen (PeerLost): no closing barrier, which would
+        only wait engine.timeout_s again for it."""
 
