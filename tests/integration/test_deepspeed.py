@@ -61,3 +61,18 @@ def test_a_damaged_shard_of_one_rank_makes_every_rank_fall_back(planted_shards, 
     assert "cannot resume from" in log and "zero_pp_rank_1" in log and "damaged" in log
     assert "resumed from" in log and "step-00000007" in log  # the epoch-end checkpoint before it
     assert json.loads((out / "metrics.json").read_text())["steps"] == 14
+
+
+def test_one_plain_process_trains_under_deepspeed(planted_shards, tmp_path):
+    """`python -m vldist.train ... engine.backend=deepspeed` with no launcher, as on one GPU: a world
+    of one (RANK/WORLD_SIZE/MASTER_* filled in), not DeepSpeed's MPI discovery (mpi4py)."""
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
+                           f"output.dir={tmp_path / 'run'}", *JOB, "train.epochs=1", "metrics.enabled=false"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "mpi4py" not in proc.stderr and "Traceback" not in proc.stderr
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["config"]["engine"]["backend"] == "deepspeed"
+    assert metrics["steps"] == 7  # 200 training rows of the planted set in batches of 32

@@ -28,7 +28,7 @@ from torch import nn
 from vldist.config import ConfigError
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
-from vldist.launch.environment import adopt_slurm_environment
+from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
 
 SUBDIR, TAG = "deepspeed", "zero"
@@ -68,6 +68,8 @@ class DeepSpeedEngine(Engine):
         """job: the JobConfig (train.device, the engine section, the batch and clipping settings)."""
         device = pick_device(job.train.device)
         adopt_slurm_environment()
+        if not dist.is_initialized():  # Ray Train made the group itself
+            adopt_single_process_environment()  # plain `python -m vldist.train`: a world of one, not MPI
         choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         self.deepspeed = _import_deepspeed(device.type == "cuda")
         self.deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",

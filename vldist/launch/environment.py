@@ -42,3 +42,22 @@ def adopt_slurm_environment(env: MutableMapping[str, str] = os.environ) -> bool:
     env.setdefault("MASTER_ADDR", _first_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1"))))
     env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
     return True
+
+
+def adopt_single_process_environment(env: MutableMapping[str, str] = os.environ) -> bool:
+    """A plain `python -m vldist.train` (no torchrun, srun or Ray) as a world of one: fill RANK,
+    WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT (a free loopback port); True if it did.
+
+    DeepSpeed needs them: without them `deepspeed.init_distributed` looks for an MPI launcher and
+    dies importing mpi4py. Accelerate needs nothing (it stays out of torch.distributed)."""
+    if any(name in env for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return False
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(port))
+    return True
