@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trackers_readback import tensorboard_texts
+from trackers_readback import tensorboard_texts, wandb_history
 
 from vldist.evaluate import main as evaluate_main
 from vldist.train import main as train_main
@@ -26,7 +26,7 @@ TINY = ["model.hidden=48", "model.embed=32", "model.dropout=0.1", "data.batch_si
 def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, capsys):
     run = tmp_path / "run"
     assert train_main(["captioner", f"data.shards={planted_shards}", f"output.dir={run}", *TINY,
-                       "metrics.trackers=[tensorboard,mlflow]"]) == 0
+                       "metrics.trackers=[tensorboard,wandb,mlflow]"]) == 0
     printed = capsys.readouterr().out
     assert "R@50" not in printed and "R@500" not in printed  # K >= the pool of 40: 100 by construction, not shown
     for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1", "R@5"):
@@ -52,6 +52,11 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     for example in trained["examples"]:
         references = " \\| ".join(example["references"])  # a cell's own | escaped in markdown
         assert f"| {example['key']} | {example['generated']} | {references} |" in table
+    (wandb_run,) = (run / "trackers" / "wandb").glob("offline-run-*")
+    (logged,) = [row for row in wandb_history(next(wandb_run.glob("run-*.wandb"))) if "captions/test/path" in row]
+    table = json.loads((wandb_run / "files" / json.loads(logged["captions/test/path"])).read_text())
+    assert table["columns"] == ["image", "generated", "references"] and int(logged["_step"]) == results["steps"]
+    assert [row[1] for row in table["data"]] == [e["generated"] for e in trained["examples"]]
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=(run / "trackers" / "mlruns").resolve().as_uri())

@@ -52,11 +52,11 @@ def two_ranks():
     end(started)
 
 
-@pytest.mark.parametrize("backend", ["accelerate", "deepspeed"])
-def test_a_frozen_rank_is_named_and_the_other_exits_hung_within_the_timeout(planted_shards, tmp_path, two_ranks,
-                                                                           backend):
+def test_a_frozen_rank_is_named_and_the_other_exits_hung_within_the_timeout(planted_shards, tmp_path, two_ranks):
+    """Under Accelerate; the watchdog is the engine's neighbour, not part of it (DeepSpeed ran the
+    same way when this was written, and its process group's timeout is checked below)."""
     run = tmp_path / "run"
-    two_ranks += start_two_ranks(planted_shards, run, "train.hang_timeout_s=6", f"engine.backend={backend}")
+    two_ranks += start_two_ranks(planted_shards, run, "train.hang_timeout_s=6")
     wait_for_step(run, 10, two_ranks[0])
     time.sleep(1.5)  # a heartbeat or two with rank 1's step on it
     os.kill(two_ranks[1].pid, signal.SIGSTOP)

@@ -40,7 +40,7 @@ class Heartbeat:
         self.phase = "starting"
         self.progress = 0  # counts steps and beats inside long phases (evaluation batches)
         self.last = StepTimes()
-        self._window: list[StepTimes] = []  # the steps since the watchdog last took them
+        self._window_sum, self._window_steps = StepTimes(), 0  # the steps since the watchdog last took them
         self._last_window: StepTimes | None = None
         self._forward_seconds = 0.0  # this step's, outside collectives
 
@@ -71,7 +71,9 @@ class Heartbeat:
 
     def step_done(self, step: int, seconds: float, data_wait: float) -> None:
         self.last = StepTimes(seconds, data_wait, max(self._forward_seconds, 0.0))
-        self._window.append(self.last)
+        w = self._window_sum
+        self._window_sum = StepTimes(w.step + seconds, w.data_wait + data_wait, w.forward + self.last.forward)
+        self._window_steps += 1
         self.step = step
         self.progress += 1
 
@@ -79,11 +81,10 @@ class Heartbeat:
         """The mean step since the last call (the watchdog's interval), or the last such mean when
         no step completed since; None before the first step. One step says little: a rank stalled
         once is not a straggler."""
-        window, self._window = self._window, []
-        if window:
-            n = len(window)
-            self._last_window = StepTimes(sum(t.step for t in window) / n, sum(t.data_wait for t in window) / n,
-                                          sum(t.forward for t in window) / n)
+        total, n = self._window_sum, self._window_steps
+        if n:
+            self._last_window = StepTimes(total.step / n, total.data_wait / n, total.forward / n)
+            self._window_sum, self._window_steps = StepTimes(), 0
         return self._last_window
 
     def beating(self, items):
