@@ -109,16 +109,16 @@ def test_engine_timeout_is_the_process_groups(backend):
 
 def test_a_rank_slowed_on_a_duty_cycle_is_named_as_the_straggler(planted_shards, tmp_path, two_ranks):
     run = tmp_path / "run"
-    two_ranks += start_two_ranks(planted_shards, run, "train.epochs=4", "train.hang_timeout_s=20", "train.log_every=4")
+    two_ranks += start_two_ranks(planted_shards, run, "train.epochs=3", "train.hang_timeout_s=20", "train.log_every=3")
     wait_for_step(run, 3, two_ranks[0])
     done = threading.Event()
 
-    def slow_down(pid: int) -> None:  # stopped 60% of the time
+    def slow_down(pid: int) -> None:  # stopped 80% of the time: far beyond what a busy machine does to rank 0
         while not done.is_set():
             os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.06)
+            time.sleep(0.08)
             os.kill(pid, signal.SIGCONT)
-            time.sleep(0.04)
+            time.sleep(0.02)
 
     slower = threading.Thread(target=slow_down, args=(two_ranks[1].pid,), daemon=True)
     slower.start()
@@ -128,9 +128,9 @@ def test_a_rank_slowed_on_a_duty_cycle_is_named_as_the_straggler(planted_shards,
         done.set()
         slower.join()
     assert two_ranks[0].returncode == 0, out[-3000:]
-    # Rank 0 logs and records every few steps, so in steps of some 30 ms before the slow-down it may
-    # be named itself; once rank 1 runs at 40% of its speed, rank 1 is.
-    notes = [line.partition("| slowest: ")[2] for line in out.splitlines() if " step " in line and "/100 |" in line]
+    # Rank 0 logs and records every few steps, and the suite's other worker takes CPU from it, so
+    # it may be named itself now and then; once rank 1 runs at a fifth of its speed, rank 1 is.
+    notes = [line.partition("| slowest: ")[2] for line in out.splitlines() if " step " in line and "/75 |" in line]
     # On a loaded machine some intervals name no one (the ratio dips under 1.5): count the names.
     named = [note.partition(" takes")[0] for note in notes if note]
     assert named.count(f"rank 1 on {socket.gethostname()}") >= 3, notes
