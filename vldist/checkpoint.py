@@ -239,6 +239,18 @@ def check_checkpoint_fits_job(directory: Path, build_model, job: dict, feature_d
 
 
 
+def check_engine_fits(directory: Path, meta: dict, backend: str) -> None:
+    """Raise compat.IncompatibleCheckpoint unless the checkpoint's optimizer state is `backend`'s:
+    Accelerate saves one whole optimizer file, DeepSpeed its own shards."""
+    saved = meta.get("engine")
+    if saved is None or saved == backend:
+        return
+    raise compat.IncompatibleCheckpoint(
+        f"checkpoint '{directory}' was written by engine.backend={saved}, and this job runs engine.backend={backend}: "
+        f"its optimizer state is {saved}'s, which the other engine cannot read. Resume with "
+        f"engine.backend={saved} (its weights, model.safetensors, evaluate and export under either)."
+    )
+
 
 def write_failed(directory: Path, error: str, checkpoints: Path) -> CheckpointWriteError:
     """The error for a checkpoint that could not be written: the cause, a full disk said in words

@@ -8,6 +8,7 @@ checksums and the atomic commit are checkpoint.py's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
 import time
@@ -17,8 +18,8 @@ from pathlib import Path
 import torch
 
 from vldist.checkpoint import (
-    CheckpointError, begin, check_checkpoint_fits_job, commit, load_model_state, load_train_state, prune, step_checkpoints,
-    step_name, temporary_path, verify, write_failed, write_files,
+    CheckpointError, begin, check_checkpoint_fits_job, check_engine_fits, commit, load_model_state, load_train_state, prune,
+    read_meta, step_checkpoints, step_name, temporary_path, verify, write_failed, write_files,
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.distributed.collectives import gather_objects
@@ -89,8 +90,8 @@ class Checkpointer:
                 config_yaml=to_yaml(self.config),
                 vocab=self.recipe.vocab,
                 meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size,
-                      "engine": self.config.engine.backend, "feature_dim": self.recipe.feature_dim,
-                      "vocab_size": len(self.recipe.vocab)},
+                      "engine": self.config.engine.backend, **self.engine.checkpoint_meta(),
+                      "feature_dim": self.recipe.feature_dim, "vocab_size": len(self.recipe.vocab)},
             )
             commit(tmp, directory)
 
@@ -144,15 +145,33 @@ class Checkpointer:
         # no CheckpointError: an older checkpoint of the same run would not fit either).
         check_checkpoint_fits_job(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
                    len(self.recipe.vocab), "resume from")
+        meta = read_meta(path)
+        check_engine_fits(path, meta, self.config.engine.backend)
         train_state = load_train_state(path)
         self.engine.load_model_state(load_model_state(path))
-        self.engine.load_training_state(path)
+        self.engine.load_training_state(path, meta)
         for name, scheduler in self.schedulers.items():
             scheduler.load_state_dict(train_state["schedulers"][name])
-        rng = train_state["rng"]
-        torch.set_rng_state(rng[self.engine.rank] if self.engine.rank < len(rng) else rng[0])
         run = train_state["run"]
+        saved_world = meta.get("world_size", len(train_state["rng"]))
+        torch.set_rng_state(rank_rng_state(train_state["rng"], self.engine.rank, self.engine.world_size,
+                                           self.config.seed, run["step"]))
         if self.engine.is_main:
-            log.info("resumed from %s at step %d (epoch %d, batch %d)", path, run["step"], run["epoch"] + 1,
-                     run["epoch_step"])
+            resized = (f"; written by {saved_world} ranks, resumed on {self.engine.world_size} (global batch "
+                       f"{self.config.data.batch_size}, {self.config.data.batch_size // self.engine.world_size} a rank; "
+                       "each rank's random streams reseeded from seed, rank and step)"
+                       if saved_world != self.engine.world_size else "")
+            log.info("resumed from %s at step %d (epoch %d, batch %d)%s", path, run["step"], run["epoch"] + 1,
+                     run["epoch_step"], resized)
         return run
+
+
+def rank_rng_state(saved: list[torch.Tensor], rank: int, world_size: int, seed: int, step: int) -> torch.Tensor:
+    """The RNG state `rank` resumes with. On the world size that saved it, the rank's own state: the
+    run continues bit for bit. On another, no saved state belongs to this rank (and handing one rank's
+    to two would give them the same dropout masks): every rank starts a fresh generator seeded by
+    (seed, rank, step), distinct between ranks and the same on every resume of this checkpoint."""
+    if len(saved) == world_size:
+        return saved[rank]
+    digest = hashlib.sha256(f"vldist-rng/{seed}/{rank}/{step}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1).get_state()

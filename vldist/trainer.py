@@ -19,7 +19,7 @@ import torch
 
 from vldist.checkpoint import load_model_state, step_name
 from vldist.checkpointer import Checkpointer
-from vldist.config import JobConfig
+from vldist.config import ConfigError, JobConfig
 from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
@@ -99,9 +99,11 @@ class Trainer:
         self.accumulation = t.grad_accumulation
         slices = engine.world_size * self.accumulation
         if config.data.batch_size % slices:
-            raise ValueError(
+            raise ConfigError(
                 f"data.batch_size={config.data.batch_size} must be divisible by {engine.world_size} ranks x "
-                f"train.grad_accumulation={self.accumulation}: each rank's micro-batch is batch_size / {slices}"
+                f"train.grad_accumulation={self.accumulation}: each rank's micro-batch is batch_size / {slices}. "
+                "The batch is the job's global batch, kept when a run resumes on another number of ranks: "
+                "run on a number of ranks that divides it"
             )
         self.streams = TrainingStreams(config, recipe, shards, engine.rank, engine.world_size, self.accumulation,
                                        self.stop.signals)

@@ -6,6 +6,7 @@ make both ranks fall back to the previous checkpoint together.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -25,6 +26,10 @@ def _train(shards, out, stage, *extra):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
     return proc.stderr
+
+
+def _without_launcher() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
 
 
 def _weights(out, step):
@@ -66,8 +71,7 @@ def test_a_damaged_shard_of_one_rank_makes_every_rank_fall_back(planted_shards, 
 def test_one_plain_process_trains_under_deepspeed(planted_shards, tmp_path):
     """`python -m vldist.train ... engine.backend=deepspeed` with no launcher, as on one GPU: a world
     of one (RANK/WORLD_SIZE/MASTER_* filled in), not DeepSpeed's MPI discovery (mpi4py)."""
-    env = {k: v for k, v in __import__("os").environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = _without_launcher()
     proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
                            f"output.dir={tmp_path / 'run'}", *JOB, "train.epochs=1", "metrics.enabled=false"],
                           capture_output=True, text=True, timeout=300, env=env)
@@ -76,3 +80,29 @@ def test_one_plain_process_trains_under_deepspeed(planted_shards, tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["world_size"] == 1 and metrics["config"]["engine"]["backend"] == "deepspeed"
     assert metrics["steps"] == 7  # 200 training rows of the planted set in batches of 32
+
+
+def test_a_two_rank_zero_checkpoint_resumes_in_one_plain_process(planted_shards, tmp_path):
+    """2 -> 1 through vldist.train: DeepSpeed's shards of 2 ranks converted on resume (its universal
+    checkpoint), training carries on from step 5 to the end; 3 ranks cannot split the global batch
+    of 32, and are told so before anything is loaded. (That the moments and the loss curve carry
+    over exactly, for every stage and engine: test_resharding.py.)"""
+    out = tmp_path / "run"
+    _train(planted_shards, out, 2, "train.max_steps=5", "train.log_every=1")
+    three = subprocess.run([*TORCHRUN[:-1], "3", "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
+                            f"output.dir={out}", *JOB, "engine.deepspeed_config=jobs/deepspeed/zero2.json",
+                            "train.resume=latest"], capture_output=True, text=True, timeout=300)
+    assert three.returncode != 0 and "data.batch_size=32 must be divisible by 3 ranks" in three.stderr
+    assert "]: Traceback" not in three.stderr  # no rank prints one (torchrun prints its own on any failure)
+
+    proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
+                           f"output.dir={out}", *JOB, "engine.deepspeed_config=jobs/deepspeed/zero2.json",
+                           "train.resume=latest", "train.log_every=1", "metrics.enabled=false"],
+                          capture_output=True, text=True, timeout=300, env=_without_launcher())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "step-00000005" in proc.stderr and "written by 2 ranks, resumed on 1" in proc.stderr
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["steps"] == 14 and metrics["restarts"] == 1
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in steps if r.get("event") == "train"]
+    assert steps == list(range(1, 15))  # steps 1-5 on 2 ranks, 6-14 on one: none repeated, none lost

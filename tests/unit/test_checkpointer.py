@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from vldist.checkpoint import CheckpointError, CheckpointWriteError
-from vldist.checkpointer import Checkpointer
+from vldist.checkpointer import Checkpointer, rank_rng_state
+from vldist.compat import IncompatibleCheckpoint
+from vldist.distributed.resharding import refuse_unconvertible
 from vldist.data.vocab import Vocab
 from vldist.recipes.jobs import load_config
 
@@ -24,12 +26,12 @@ class TinyRecipe:
         return torch.nn.Linear(3, 2)
 
 
-def parts(tmp_path, resume=None):
+def parts(tmp_path, resume=None, *extra):
     """(checkpointer, engine, scheduler, run state) over a tiny model on the CPU engine."""
     from vldist.distributed.accelerate_engine import AccelerateEngine
 
     overrides = [f"output.dir={tmp_path}", "train.device=cpu", "model.embed_size=4", "model.word_dim=4",
-                 "model.decoder_hidden=4", *([f"train.resume={resume}"] if resume else [])]
+                 "model.decoder_hidden=4", *([f"train.resume={resume}"] if resume else []), *extra]
     config = load_config("vsrn", overrides)
     engine = AccelerateEngine(config)
     model = TinyRecipe.build_model()
@@ -100,3 +102,41 @@ def test_a_failed_write_leaves_nothing_and_says_where(tmp_path, monkeypatch):
     with pytest.raises(CheckpointWriteError, match="No space left on device"):
         checkpointer.save_step(1, 0)
     assert checkpointer.saved() == [] and not list(checkpointer.directory.glob("*tmp*"))
+
+
+def test_a_checkpoint_of_another_engine_is_refused_by_name_and_no_older_one_is_tried(tmp_path, caplog):
+    checkpointer, engine, scheduler, state = parts(tmp_path)
+    for step in (1, 2):
+        train_steps(engine, scheduler, state, 1)
+        checkpointer.save_step(step, 0)
+    # The engine that reads is the CPU one; the job says DeepSpeed, as a user switching engines would.
+    resuming = parts(tmp_path, "latest", "engine.backend=deepspeed")[0]
+    with pytest.raises(IncompatibleCheckpoint) as refused:
+        resuming.load()
+    message = str(refused.value)
+    assert "step-00000002" in message and "engine.backend=accelerate" in message and "engine.backend=deepspeed" in message
+    assert "damaged" not in message and "earlier checkpoint" not in caplog.text
+
+
+def test_zero3_state_and_zero_1_or_2_state_are_refused_as_unconvertible(tmp_path):
+    for saved, now in [(1, 2), (2, 1), (3, 3), (0, 0)]:
+        refuse_unconvertible(tmp_path, saved, now)  # DeepSpeed converts these
+    for saved, now in [(2, 3), (3, 1), (0, 2), (1, 0)]:
+        with pytest.raises(IncompatibleCheckpoint, match=f"stage {saved} state, and this job runs stage {now}"):
+            refuse_unconvertible(tmp_path, saved, now)
+
+
+def test_the_rng_rule_on_another_world_size():
+    saved = [torch.Generator().manual_seed(r).get_state() for r in range(2)]
+    # The same world size: each rank its own saved state, bit for bit.
+    assert all(torch.equal(rank_rng_state(saved, r, 2, seed=7, step=10), saved[r]) for r in range(2))
+
+    def first_draw(state):
+        return float(torch.rand((), generator=torch.Generator().set_state(state)))
+
+    # Another: a fresh stream per rank, none of them a saved one, the same on every resume.
+    on_three = [first_draw(rank_rng_state(saved, r, 3, seed=7, step=10)) for r in range(3)]
+    assert len(set(on_three) | {first_draw(s) for s in saved}) == 5
+    assert on_three == [first_draw(rank_rng_state(saved, r, 3, seed=7, step=10)) for r in range(3)]
+    assert first_draw(rank_rng_state(saved, 0, 1, seed=7, step=10)) == on_three[0]
+    assert first_draw(rank_rng_state(saved, 0, 1, seed=7, step=11)) != on_three[0]  # another checkpoint, another stream

@@ -81,7 +81,8 @@ class AccelerateEngine(Engine):
                 state["scaler"] = self.accelerator.scaler.state_dict()
             torch.save(state, Path(directory) / OPTIMIZER_FILE)
 
-    def load_training_state(self, directory: Path) -> None:
+    def load_training_state(self, directory: Path, saved: dict) -> None:
+        # DDP's optimizer state is whole on every rank and saved whole: it loads on any number of ranks.
         from vldist.checkpoint import load_torch_file
 
         state = load_torch_file(Path(directory) / OPTIMIZER_FILE)

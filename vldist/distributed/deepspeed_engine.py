@@ -12,6 +12,8 @@ What differs from DDP, and is handled here:
   through the ZeRO-3 module on one rank alone desynchronises the ranks).
 - Checkpoints are DeepSpeed's sharded files (one optimizer shard per rank), loaded with
   `torch.load(weights_only=True)`: DeepSpeed's default loader unpickles arbitrary objects.
+- A checkpoint of another world size (or of ZeRO 1 under 2, or 2 under 1) goes through DeepSpeed's
+  universal checkpoint (resharding.py): DeepSpeed refuses ZeRO shards of another data-parallel size.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 from vldist.config import ConfigError
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
+from vldist.distributed.resharding import load_resharded, refuse_unconvertible
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
 
@@ -45,15 +48,21 @@ def _import_deepspeed(on_cuda: bool):
     return deepspeed
 
 
-def _weights_only_checkpoint_engine(deepspeed):
-    """DeepSpeed's torch checkpoint engine, loading with weights_only=True. Its files hold tensors,
-    plain containers and a few DeepSpeed data classes, which are allow-listed by name."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+def _weights_only_classes() -> list:
+    """What DeepSpeed's checkpoint files hold besides tensors and plain containers: a few of its
+    data classes, allow-listed by name for torch.load(weights_only=True)."""
     from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
 
-    safe = [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
+
+
+def _weights_only_checkpoint_engine(deepspeed):
+    """DeepSpeed's torch checkpoint engine, loading with weights_only=True."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    safe = _weights_only_classes()
 
     class WeightsOnlyCheckpointEngine(TorchCheckpointEngine):
         def load(self, path: str, map_location=None):
@@ -156,10 +165,18 @@ class DeepSpeedEngine(Engine):
             str(Path(directory) / SUBDIR), tag=TAG, client_state={}, save_latest=False, exclude_frozen_parameters=True
         )
 
-    def load_training_state(self, directory: Path) -> None:
+    def checkpoint_meta(self) -> dict:
+        return {"zero_stage": self.stage}
+
+    def load_training_state(self, directory: Path, saved: dict) -> None:
         from vldist.checkpoint import CheckpointError
 
         path = Path(directory) / SUBDIR
+        saved_world, saved_stage = saved.get("world_size", self.world_size), saved.get("zero_stage", self.stage)
+        refuse_unconvertible(directory, saved_stage, self.stage)
+        if self.stage and (saved_world != self.world_size or saved_stage != self.stage):  # stage 0: whole state, any size
+            load_resharded(self.model, path, TAG, _weights_only_classes(), directory, saved_world, self.world_size)
+            return
         try:
             loaded, _ = self.model.load_checkpoint(
                 str(path), tag=TAG, load_module_strict=False, load_lr_scheduler_states=False

@@ -98,9 +98,15 @@ class Engine(ABC):
     def save_training_state(self, directory: Path) -> None:
         """Collective. Optimizer state (and the backend's own) into an existing directory."""
 
+    def checkpoint_meta(self) -> dict:
+        """What a checkpoint records of how this engine cut its state (beside world size and backend)."""
+        return {}
+
     @abstractmethod
-    def load_training_state(self, directory: Path) -> None:
-        """Collective. The inverse of save_training_state; raises CheckpointError when unreadable."""
+    def load_training_state(self, directory: Path, saved: dict) -> None:
+        """Collective. The inverse of save_training_state, on this engine's number of ranks, which
+        may differ from the saved `world_size` (saved: the checkpoint's meta); raises
+        CheckpointError when unreadable, IncompatibleCheckpoint when the state cannot be converted."""
 
     @abstractmethod
     def barrier(self) -> None: ...
