@@ -7,6 +7,7 @@ recipe's own pydantic class, so `--help` and validation know each recipe's keys.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,7 +191,10 @@ class MetricsConfig(Section):
 
 class RayConfig(Section):
     address: str | None = Field(None, description="Ray cluster address (default: RAY_ADDRESS, else a local head)")
-    num_workers: int = Field(2, ge=1, description="training workers (ranks), one process each")
+    num_workers: int | str = Field(
+        2, description="training workers (ranks), one process each; or 'MIN:MAX' for elastic training: Ray Train starts "
+        "with as many as it gets, at least MIN, and after a lost worker carries on with those left"
+    )
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float | Literal["auto"] = Field(
         "auto", description="auto: 1 when the cluster has GPUs, else 0 (CPU workers with gloo)"
@@ -200,6 +204,28 @@ class RayConfig(Section):
     )
     name: str = Field("{recipe}", description="run directory under storage_path; checkpoints and metrics.json go there")
     max_failures: int = Field(2, ge=-1, description="worker-group restarts after a failure (-1: no limit)")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _worker_count_or_range(cls, value):
+        low, high = worker_range(value)
+        return low if low == high else f"{low}:{high}"
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """(fewest, most) workers; the same number twice for a fixed group."""
+        return worker_range(self.num_workers)
+
+
+def worker_range(value) -> tuple[int, int]:
+    """ray.num_workers as (fewest, most): 4 -> (4, 4), '2:8' -> (2, 8); anything else a ValueError."""
+    try:
+        parts = [int(value)] * 2 if isinstance(value, int) or ":" not in str(value) else [int(v) for v in str(value).split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) != 2 or not 1 <= parts[0] <= parts[1]:
+        raise ValueError(f"'{value}' is neither a number of workers (>= 1) nor a range MIN:MAX with 1 <= MIN <= MAX")
+    return parts[0], parts[1]
 
 
 class JobConfig(Section):
@@ -249,6 +275,29 @@ def list_job_files() -> list[str]:
     return sorted(p.stem for p in JOBS_DIR.glob("*.yaml"))
 
 
+class YamlLoader(yaml.SafeLoader):
+    """YAML 1.1's safe loader without its base-60 numbers: it reads `1:2` as 62 and `1:30.5` as
+    90.5, while `ray.num_workers=1:2` means the range. Everything else resolves as before."""
+
+
+_SEXAGESIMAL = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+YamlLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _SEXAGESIMAL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+
+
+def load_yaml(text: str):
+    return yaml.load(text, Loader=YamlLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """['train.lr=1e-3', 'model.rrr_layers=2'] -> nested dict; values parsed as YAML scalars."""
     nested: dict[str, Any] = {}
@@ -257,7 +306,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError(f"override '{item}' is not of the form key.path=value (e.g. train.batch_size=64)")
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw  # not a YAML scalar (e.g. '{recipe}-a'): the string as typed
         node = nested
@@ -288,7 +337,7 @@ def updated(config: "JobConfig", update: dict) -> "JobConfig":
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {err}") from err
     if not isinstance(data, dict):

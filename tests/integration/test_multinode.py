@@ -276,3 +276,32 @@ def test_ray_places_a_worker_on_each_node_and_a_lost_node_that_rejoins_loses_not
     assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1
     final = f"step-{PREEMPT_STEPS:08d}"
     assert_same_weights(weights(run / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))
+
+
+def test_an_elastic_ray_group_that_loses_a_node_carries_on_with_the_worker_left(planted_shards, tmp_path):
+    """`ray.num_workers=1:2` (Ray Train's elastic training) on a head and a worker node of one CPU
+    each: a worker on each. Node 1 then loses every process and stays down; Ray Train starts the
+    group again with the one worker the cluster still has, which resumes the 2-rank checkpoint on
+    1 rank (the global batch kept) and ends the run."""
+    pytest.importorskip("ray")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}",
+           "ray.num_workers=1:2", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]
+    run, temps = tmp_path / "vsrn", []
+    try:
+        with Nodes(2) as nodes:
+            start_ray_node(nodes, 0, env, temps)
+            start_ray_node(nodes, 1, env, temps)
+            wait_for_ray_nodes(nodes, 2, env)
+            submitted = submit_on_head(nodes, job, env)
+            wait_for_step(run, 9, submitted, timeout=300)
+            nodes.power_off(1)
+            out = submitted.communicate(timeout=420)[0]
+    finally:
+        for temp in temps:
+            shutil.rmtree(temp, ignore_errors=True)
+    assert submitted.returncode == 0 and "succeeded" in out, out[-4000:]
+    resumed = re.search(r"resumed from \S+step-(\d+) .*written by 2 ranks, resumed on 1", out)
+    assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS, out[-4000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["world_size"] == 1 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1

@@ -34,3 +34,32 @@ def test_workers_get_absolute_paths_and_the_run_directory(tmp_path, monkeypatch)
     assert worker.output_dir == tmp_path / "runs" / "vsrn-a"
     assert worker.launcher == "local"  # a worker runs the job itself, never launches Ray again
     assert Path(config.data.shards) == Path("data/coco")  # the driver's own config is left alone
+
+
+@pytest.mark.parametrize(("given", "expected"), [("3", (3, 3)), ("1:2", (1, 2)), ("2:2", (2, 2)), ("2:8", (2, 8))])
+def test_a_worker_count_or_an_elastic_range(given, expected):
+    assert load_config("vsrn", [f"ray.num_workers={given}"]).ray.worker_range == expected
+
+
+@pytest.mark.parametrize("given", ["0", "2:1", "a", "1:2:3", "0:2"])
+def test_a_bad_worker_range_is_refused_by_name(given):
+    from vldist.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"'{given}' is neither a number of workers"):
+        load_config("vsrn", [f"ray.num_workers={given}"])
+
+
+def test_every_size_of_an_elastic_range_must_split_the_global_batch():
+    from vldist.config import ConfigError
+
+    ray_train.check_batch_splits(load_config("vsrn", ["data.batch_size=24", "ray.num_workers=1:4"]), 1, 4)
+    config = load_config("vsrn", ["data.batch_size=32", "ray.num_workers=2:6"])
+    with pytest.raises(ConfigError, match="data.batch_size=32 .* cannot be split over 3, 5, 6 workers"):
+        ray_train.check_batch_splits(config, *config.ray.worker_range)
+
+
+def test_colon_values_are_strings_not_yaml_base_60_numbers():
+    from vldist.config import load_yaml, parse_overrides
+
+    assert parse_overrides(["ray.num_workers=1:2"]) == {"ray": {"num_workers": "1:2"}}  # YAML 1.1 says 62
+    assert [load_yaml(v) for v in ["0.5", "-3", "0x10", ".inf", "1_000", "true"]] == [0.5, -3, 16, float("inf"), 1000, True]

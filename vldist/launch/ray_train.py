@@ -8,7 +8,10 @@ engine. The run directory
 (checkpoints, metrics.json) is `ray.storage_path/ray.name`, which every node must see. Each
 checkpoint vldist commits is reported to Ray where it lies (no copy); when a worker dies, Ray
 restarts the group (up to `ray.max_failures` times) and the workers resume from the newest
-checkpoint in the run directory. The driver's exit status is the run's.
+checkpoint in the run directory. With `ray.num_workers=MIN:MAX` the group is elastic (Ray Train
+V2): it starts with as many workers as the cluster gives, at least MIN, and a restart after a lost
+node carries on with the workers left; the checkpoint resumes on the new number of ranks
+(checkpointer.py). The driver's exit status is the run's.
 
 Stopping: `ray job stop` sends SIGTERM to the driver alone (workers are actors). The driver
 relays it through a stop file in the run directory, which the workers watch; they finish their
@@ -29,7 +32,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from vldist.config import JobConfig
+from vldist.config import ConfigError, JobConfig
 from vldist.data.job_shards import build_missing
 from vldist.files import write_json_atomic
 from vldist.preemption import STOP_FILE, TrainingStopped, signal_numbers, write_stop_file
@@ -82,6 +85,19 @@ def worker_config(config: JobConfig) -> JobConfig:
         ),
         "launcher": "local",
     })
+
+
+def check_batch_splits(config: JobConfig, fewest: int, most: int) -> None:
+    """Every group size Ray may start must split the global batch: refuse the range now, not on a
+    restart hours later."""
+    slices = config.train.grad_accumulation
+    bad = [n for n in range(fewest, most + 1) if config.data.batch_size % (n * slices)]
+    if bad:
+        raise ConfigError(
+            f"ray.num_workers={config.ray.num_workers}: data.batch_size={config.data.batch_size} (x "
+            f"train.grad_accumulation={slices}) cannot be split over {', '.join(map(str, bad))} workers, and Ray may start "
+            "any number in the range. Choose a range whose every size divides the batch, or another data.batch_size"
+        )
 
 
 def _train_worker(train: TrainFunction, payload: dict) -> None:
@@ -147,7 +163,9 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     gpus = config.ray.gpus_per_worker
     if gpus == "auto":
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-    log.info("Ray: %d workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
+    fewest, most = config.ray.worker_range
+    check_batch_splits(config, fewest, most)
+    log.info("Ray: %s workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
              config.ray.cpus_per_worker, gpus, out)
     trainer = TorchTrainer(
         functools.partial(_train_worker, train),
@@ -155,7 +173,8 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
         # Ray Train makes the process group; its timeout is the job's like under the other launchers
         torch_config=TorchConfig(timeout_s=max(1, round(config.engine.timeout_s))),
         scaling_config=ScalingConfig(
-            num_workers=config.ray.num_workers, use_gpu=gpus > 0,
+            # a range: Ray Train's elastic training (it starts with what it gets, at least the fewest)
+            num_workers=most if fewest == most else (fewest, most), use_gpu=gpus > 0,
             resources_per_worker={"CPU": config.ray.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
         ),
         run_config=RunConfig(
