@@ -63,9 +63,11 @@ def begin(directory: Path) -> Path:
     return tmp
 
 
-def write_files(tmp: Path, *, model_state: dict, train_state: dict, config_yaml: str, vocab, meta: dict) -> None:
+def write_files(tmp: Path, *, model_state: dict, train_state: dict | None, config_yaml: str, vocab, meta: dict) -> None:
+    """The checkpoint's own files (train_state None: a model alone, as vldist.export writes)."""
     save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, tmp / "model.safetensors")
-    torch.save(train_state, tmp / "state.pt")
+    if train_state is not None:
+        torch.save(train_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
     vocab.save(tmp / "vocab.json")
     (tmp / "meta.json").write_text(json.dumps(compat.stamp(meta), indent=2) + "\n")

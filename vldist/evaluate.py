@@ -20,7 +20,10 @@ def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, de
     recipe.preflight(shard_set)
     where = f"the {split} split of {shard_set.directory}"
     device = next(model.parameters()).device
-    pictures = find_checkpoint(path).parent.parent / "images" / f"evaluate-{split}"  # in the run, not the checkpoint
+    checkpoint = find_checkpoint(path)
+    # in the run, not the checkpoint; an export (vldist.export) has no run around it
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
+    pictures = run / "images" / f"evaluate-{split}"
     return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), device, where,
                                   images_dir=pictures)
 

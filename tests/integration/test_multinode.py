@@ -220,9 +220,13 @@ def start_ray_node(nodes: Nodes, node: int, env: dict, temps: list[str]) -> subp
     role = (["--head", "--port", str(RAY_PORT), "--dashboard-host", "127.0.0.1", "--dashboard-port",
              str(DASHBOARD_PORT)] if node == 0 else ["--address", f"{nodes.addresses[0]}:{RAY_PORT}"])
     temps.append(tempfile.mkdtemp(prefix="vn", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    # A lost node is declared dead after 3 missed health checks a second apart (Ray's defaults: 5,
+    # 3 s apart, each waiting up to 10 s): the tests wait that long after each power-off.
+    checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+              "RAY_health_check_failure_threshold": "3"}
     return nodes.popen(node, [*RAY, "start", "--block", *role, "--num-cpus", "1", "--node-ip-address",
                               nodes.addresses[node], "--temp-dir", temps[-1], "--disable-usage-stats"],
-                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       env={**env, **checks}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def wait_for_ray_nodes(nodes: Nodes, count: int, env: dict) -> None:
