@@ -1,9 +1,12 @@
 """Atomic checkpoints: written to a temporary directory, marked complete, then renamed into place.
 
 Layout of one checkpoint directory:
-    model.safetensors   the whole model's weights (what `vldist.evaluate` and exports read)
+    model.safetensors   the whole model's weights (what `vldist.evaluate` and exports read); under
+                        train.checkpoint_format=sharded only in the best and final checkpoints
+    sharded/            train.checkpoint_format=sharded: model and optimizers, torch.distributed.checkpoint
+                        files (one per rank) and its .metadata
     state.pt            LR schedulers, every rank's RNG state, run counters (loaded weights_only=True)
-    optimizer.pt        optimizer state (Accelerate engine), or
+    optimizer.pt        optimizer state (Accelerate engine, plain format), or
     deepspeed/          DeepSpeed's sharded model and optimizer state, one file per rank (ZeRO)
     config.yaml         the job config that produced it
     vocab.json          the vocabulary the model's embeddings index
@@ -27,6 +30,8 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from vldist import compat
+from vldist.distributed import sharded_state
+from vldist.distributed.sharded_state import SHARDED_DIR
 from vldist.files import sha256_file
 
 MARKER = "COMPLETE"
@@ -63,9 +68,12 @@ def begin(directory: Path) -> Path:
     return tmp
 
 
-def write_files(tmp: Path, *, model_state: dict, train_state: dict | None, config_yaml: str, vocab, meta: dict) -> None:
-    """The checkpoint's own files (train_state None: a model alone, as vldist.export writes)."""
-    save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, tmp / "model.safetensors")
+def write_files(tmp: Path, *, model_state: dict | None, train_state: dict | None, config_yaml: str, vocab,
+                meta: dict) -> None:
+    """The checkpoint's own files (model_state None: the weights are in the sharded state; train_state
+    None: a model alone, as vldist.export writes)."""
+    if model_state is not None:
+        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, tmp / "model.safetensors")
     if train_state is not None:
         torch.save(train_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
@@ -136,6 +144,13 @@ def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """The weights, under today's parameter names (a checkpoint of an older vldist is upgraded)."""
     directory = Path(directory)
     _require_complete(directory)
+    if not (directory / "model.safetensors").is_file() and (directory / SHARDED_DIR).is_dir():
+        # a periodic checkpoint of train.checkpoint_format=sharded: the weights are in DCP's files
+        try:
+            state = sharded_state.read_model_state(directory / SHARDED_DIR)
+        except Exception as err:  # noqa: BLE001 - DCP raises several types on damage
+            raise CheckpointError(f"cannot read the weights in {directory / SHARDED_DIR} ({err}); the checkpoint is damaged") from err
+        return compat.upgrade_state(state, read_meta(directory))
     try:
         state = load_file(directory / "model.safetensors")
     except Exception as err:  # noqa: BLE001 - safetensors raises several types on damage
@@ -233,7 +248,8 @@ def check_checkpoint_fits_job(directory: Path, build_model, job: dict, feature_d
     model `build_model()` makes (read from the weights' header alone)."""
     directory = Path(directory)
     meta = read_meta(directory)
-    shapes = compat.checkpoint_shapes(directory / "model.safetensors")
+    sharded = not (directory / "model.safetensors").is_file() and (directory / SHARDED_DIR).is_dir()
+    shapes = sharded_state.tensor_shapes(directory / SHARDED_DIR) if sharded else compat.checkpoint_shapes(directory / "model.safetensors")
     names = compat.upgrade_parameter_names(shapes, meta)
     saved = {names[n]: shape for n, shape in shapes.items()}
     compat.check_parameter_shapes(directory, compat.expected_shapes(build_model), saved, meta, read_config(directory),

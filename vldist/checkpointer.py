@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from vldist.checkpoint import (
 from vldist.config import JobConfig, to_yaml
 from vldist.distributed.collectives import gather_objects
 from vldist.distributed.heartbeat import heartbeat
+from vldist.distributed.sharded_state import SHARDED_DIR
 
 log = logging.getLogger("vldist.train")
 
@@ -42,6 +44,7 @@ class Checkpointer:
         self.run_state, self.on_checkpoint, self.metrics = run_state, on_checkpoint, metrics
         self.directory = config.output_dir / "checkpoints"
         self.saved_step: int | None = None  # the step of the newest step checkpoint this process wrote
+        self.pending: PendingSave | None = None  # a save whose files are still being written
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -52,55 +55,83 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ writing
 
-    def save_step(self, step: int, epoch: int) -> Path:
-        """Collective. Checkpoint `step` as step-NNNNNNNN, prune to train.keep_last, tell the
-        launcher; returns its path."""
+    def save_step(self, step: int, epoch: int, final: bool = False, wait: bool = False) -> Path:
+        """Collective. Checkpoint `step` as step-NNNNNNNN; once it is committed, prune to
+        train.keep_last and tell the launcher. `final`: the run's last, which holds the whole
+        weights in every format; `wait`: return only once it is committed, even when saves are
+        asynchronous (a stop: the process exits next). Returns its path."""
         meta = {"step": step, "epoch": epoch}
         name = step_name(step)
-        self.save(name, meta)
-        self.saved_step = step
-        if self.engine.is_main:
-            prune(self.directory, self.config.train.keep_last)
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(self.path(name), meta)
+        self.save(name, meta, full_weights=final, wait=wait)
         return self.path(name)
 
-    def save(self, name: str, meta: dict) -> None:
-        """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed
-        shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all.
-        A write that fails on any rank (a full disk) fails the save on every rank together."""
+    def save(self, name: str, meta: dict, full_weights: bool = True, wait: bool = True) -> None:
+        """Collective. Rank 0 opens a temporary directory, every rank writes its part (DeepSpeed or
+        DCP shards), rank 0 adds the rest and commits: the checkpoint appears whole or not at all.
+        A write that fails on any rank (a full disk) fails the save on every rank together.
+        With train.async_checkpoints the files are written in the background and this returns
+        once the state is copied (unless `wait`); the next save, or `finish`, waits for it."""
         with heartbeat.phase_of(f"checkpoint {name}"):
-            self._save(name, meta)
+            self.finish()  # one save in flight at most
+            start = time.perf_counter()
+            self._save(name, meta, full_weights or self.config.train.checkpoint_format == "plain")
+            if wait or not self.config.train.async_checkpoints:
+                self.finish()
+            if self.metrics is not None:
+                self.metrics.observe_checkpoint(time.perf_counter() - start)  # the time training was held
 
-    def _save(self, name: str, meta: dict) -> None:
-        directory, start = self.path(name), time.perf_counter()
+    def _save(self, name: str, meta: dict, full_weights: bool) -> None:
+        directory, engine = self.path(name), self.engine
+        tmp, main = temporary_path(directory), engine.is_main
+        # What the checkpoint records is read now, in step with training; only the writing waits.
         rng_states = gather_objects(torch.get_rng_state())
-        model_state = self.engine.model_state_dict()  # whole weights on rank 0
-        tmp, main = temporary_path(directory), self.engine.is_main
+        model_state = engine.model_state_dict() if full_weights else None  # whole weights on rank 0
+        train_state = {"schedulers": {n: s.state_dict() for n, s in self.schedulers.items()}, "rng": rng_states,
+                       "run": self.run_state()}
+        meta = {**meta, "recipe": self.config.recipe, "world_size": engine.world_size,
+                "engine": self.config.engine.backend, **engine.checkpoint_meta(),
+                "format": self.config.train.checkpoint_format, "feature_dim": self.recipe.feature_dim,
+                "vocab_size": len(self.recipe.vocab)}
+        asynchronous = self.config.train.async_checkpoints
+        self._write_together(directory, (lambda: begin(directory)) if main else None)
+        written = None  # the background write of every rank's shards (DCP), if asynchronous
+        snapshot = None  # rank 0's optimizer state, copied for a background write (plain format)
+        if self.config.train.checkpoint_format == "sharded":
+            holder = []
+            self._write_together(directory, lambda: holder.append(engine.save_sharded(tmp / SHARDED_DIR, asynchronous)))
+            written = holder[0] if holder else None
+        elif asynchronous:
+            snapshot = engine.training_state_snapshot()
+        else:
+            self._write_together(directory, lambda: engine.save_training_state(tmp))  # every rank's files
 
         def write_rest() -> None:
-            write_files(
-                tmp,
-                model_state=model_state,
-                train_state={
-                    "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
-                    "rng": rng_states,
-                    "run": self.run_state(),
-                },
-                config_yaml=to_yaml(self.config),
-                vocab=self.recipe.vocab,
-                meta={**meta, "recipe": self.config.recipe, "world_size": self.engine.world_size,
-                      "engine": self.config.engine.backend, **self.engine.checkpoint_meta(),
-                      "feature_dim": self.recipe.feature_dim, "vocab_size": len(self.recipe.vocab)},
-            )
+            if written is not None:
+                written.result()  # every rank's shards and DCP's metadata are on disk
+            if snapshot is not None:
+                engine.write_training_state(tmp, snapshot)
+            write_files(tmp, model_state=model_state, train_state=train_state, config_yaml=to_yaml(self.config),
+                        vocab=self.recipe.vocab, meta=meta)
             commit(tmp, directory)
 
-        self._write_together(directory, (lambda: begin(directory)) if main else None)
-        self._write_together(directory, lambda: self.engine.save_training_state(tmp))  # every rank's files
-        # the last agreement is also the barrier: no rank reads a checkpoint still being written
-        self._write_together(directory, write_rest if main else None)
-        if self.metrics is not None:
-            self.metrics.observe_checkpoint(time.perf_counter() - start)
+        self.pending = PendingSave(directory, meta, write_rest if main else written.result if written else None,
+                                   background=asynchronous)
+
+    def finish(self) -> None:
+        """Collective. Wait for the save in flight, if any, on every rank, and agree that it
+        succeeded (else raise, naming the previous checkpoint, which is intact); then prune and
+        tell the launcher. The agreement is also the barrier: no rank reads a checkpoint still
+        being written."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        self._agree(pending.directory, pending.error())
+        if pending.meta.get("step") is not None and pending.directory.name.startswith("step-"):
+            self.saved_step = pending.meta["step"]
+            if self.engine.is_main:
+                prune(self.directory, self.config.train.keep_last)
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(pending.directory, {"step": pending.meta["step"], "epoch": pending.meta["epoch"]})
 
     def _write_together(self, directory: Path, write) -> None:
         """Collective: run this rank's part of a checkpoint write, then agree that all succeeded."""
@@ -110,6 +141,9 @@ class Checkpointer:
                 write()
             except Exception as err:  # noqa: BLE001 - a full disk surfaces as OSError, RuntimeError (torch) or SafetensorError
                 error = f"{type(err).__name__}: {err}"
+        self._agree(directory, error)
+
+    def _agree(self, directory: Path, error: str | None) -> None:
         errors = [e for e in gather_objects(error) if e]
         if not errors:
             return
@@ -148,7 +182,8 @@ class Checkpointer:
         meta = read_meta(path)
         check_engine_fits(path, meta, self.config.engine.backend)
         train_state = load_train_state(path)
-        self.engine.load_model_state(load_model_state(path))
+        if not (path / SHARDED_DIR).is_dir():  # a sharded checkpoint's weights load with its optimizer state
+            self.engine.load_model_state(load_model_state(path))
         self.engine.load_training_state(path, meta)
         for name, scheduler in self.schedulers.items():
             scheduler.load_state_dict(train_state["schedulers"][name])
@@ -175,3 +210,33 @@ def rank_rng_state(saved: list[torch.Tensor], rank: int, world_size: int, seed: 
         return saved[rank]
     digest = hashlib.sha256(f"vldist-rng/{seed}/{rank}/{step}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1).get_state()
+
+
+class PendingSave:
+    """This rank's part of a save still to finish: `write` (rank 0: the rest of the files and the
+    commit; other ranks: waiting for their DCP shards), run now or, when `background`, in a thread
+    while training goes on. error() waits for it and returns what went wrong, if anything."""
+
+    def __init__(self, directory: Path, meta: dict, write, background: bool):
+        self.directory, self.meta, self._error = directory, meta, None
+        self._thread = None
+        if write is None:
+            return
+        if background:
+            # A daemon: a run that crashes meanwhile exits without its newest checkpoint (the
+            # previous one is complete), instead of hanging on a write whose peers are gone.
+            self._thread = threading.Thread(target=self._run, args=(write,), name=f"save {directory.name}", daemon=True)
+            self._thread.start()
+        else:
+            self._run(write)
+
+    def _run(self, write) -> None:
+        try:
+            write()
+        except Exception as err:  # noqa: BLE001 - as in Checkpointer._write_together
+            self._error = f"{type(err).__name__}: {err}"
+
+    def error(self) -> str | None:
+        if self._thread is not None:
+            self._thread.join()
+        return self._error

@@ -88,6 +88,15 @@ class TrainConfig(Section):
     validate_every: int = Field(1, ge=0, description="evaluate on val every N epochs and keep the best (0: never)")
     save_every_steps: int | None = Field(None, ge=1, description="also checkpoint every N steps (always at epoch ends)")
     keep_last: int = Field(2, ge=1, description="step checkpoints kept (the best is kept as well)")
+    checkpoint_format: Literal["plain", "sharded"] = Field(
+        "plain", description="plain: whole weights (model.safetensors) and optimizer in every checkpoint, written by "
+        "rank 0; sharded: torch.distributed.checkpoint, each rank writes its part, whole weights only in the best and "
+        "final checkpoints (Accelerate engine)"
+    )
+    async_checkpoints: bool = Field(
+        False, description="write checkpoints in the background while training goes on; the state is copied first "
+        "(Accelerate engine)"
+    )
     resume: str | None = Field(
         None, description="'latest': newest good checkpoint of output.dir (error if none); 'auto': it if any; or a path"
     )

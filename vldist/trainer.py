@@ -306,6 +306,7 @@ class Trainer:
             self._end_of_epoch(epoch, train_loss)
             if bool(global_sum(torch.tensor(int(self.stop.requested)))):  # asked during validation
                 self._stop()
+        self.checkpoints.finish()  # the last checkpoint committed before the run reports
         self.progress.close()
         train_seconds = time.perf_counter() - start
         best = self.checkpoints.path("best")
@@ -361,8 +362,9 @@ class Trainer:
         # ignored until it exits, so the launcher's SIGTERM after another rank left cannot kill it
         # with -15 instead of EXIT_STOPPED (stop_requests).
         self.stop.reason = self.stop.reason or reason
+        self.checkpoints.finish()  # an asynchronous save in flight (perhaps of this very step)
         if self.checkpoints.saved_step != self.state.step:
-            self.checkpoints.save_step(self.state.step, self.state.epoch)
+            self.checkpoints.save_step(self.state.step, self.state.epoch, wait=True)
         checkpoint = self.checkpoints.path(step_name(self.state.step))
         self.progress.write(f"stopped by {reason} after step {self.state.step}: checkpoint {checkpoint}")
         self.progress.record({"event": "stopped", "step": self.state.step, "reason": reason,
@@ -392,7 +394,7 @@ class Trainer:
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
                 self.checkpoints.save("best", entry)
-        self.checkpoints.save_step(self.state.step, self.state.epoch)
+        self.checkpoints.save_step(self.state.step, self.state.epoch, final=self.state.step >= self.total_steps)
 
 def _batch_size(batch: dict) -> int:
     return next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))

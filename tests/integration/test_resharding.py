@@ -1,5 +1,6 @@
 """A checkpoint resumes on another number of ranks: 2 -> 1, 1 -> 2 and 2 -> 3 gloo processes, under
-Accelerate (DDP) and DeepSpeed ZeRO 1, 2 and 3 (real torchrun, real DeepSpeed, the real
+Accelerate (DDP; plain checkpoints, and sharded ones written asynchronously while training goes on)
+and DeepSpeed ZeRO 1, 2 and 3 (real torchrun, real DeepSpeed, the real
 Checkpointer; tests/integration/workers/resharding.py).
 
 After loading, every parameter's fp32 weight and Adam moments equal the saved ones exactly, Adam's
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 WORKER = Path(__file__).parent / "workers" / "resharding.py"
-ENGINES = ["accelerate", "zero1", "zero2", "zero3"]
+ENGINES = ["accelerate", "sharded", "zero1", "zero2", "zero3"]
 
 
 def _torchrun(ranks: int, mode: str, root: Path) -> None:

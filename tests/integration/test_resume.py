@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
@@ -37,9 +38,16 @@ def uninterrupted(planted_shards, tmp_path_factory):
     return out
 
 
-def test_killed_run_resumes_to_identical_weights(planted_shards, tmp_path, uninterrupted):
+SHARDED_ASYNC = ("train.checkpoint_format=sharded", "train.async_checkpoints=true")
+
+
+@pytest.mark.parametrize("checkpoints", [(), SHARDED_ASYNC], ids=["plain", "sharded-async"])
+def test_killed_run_resumes_to_identical_weights(planted_shards, tmp_path, uninterrupted, checkpoints):
+    """Also with sharded checkpoints written in the background: the run's weights are those of the
+    uninterrupted plain run, to the bit (saving changes nothing of training, and the background
+    write saves the state of its step, not a later one)."""
     out = tmp_path / "killed"
-    proc = _train(planted_shards, out, wait=False)
+    proc = _train(planted_shards, out, *checkpoints, wait=False)
     marker = out / "checkpoints" / "step-00000012" / "COMPLETE"  # mid epoch 2 (7 steps an epoch)
     deadline = time.time() + 240
     while not marker.exists():
@@ -51,7 +59,7 @@ def test_killed_run_resumes_to_identical_weights(planted_shards, tmp_path, unint
     assert proc.returncode == -signal.SIGKILL
     assert not (out / "metrics.json").exists()
 
-    log = _train(planted_shards, out, "train.resume=latest")
+    log = _train(planted_shards, out, *checkpoints, "train.resume=latest")
     assert "resumed from" in log
 
     expected, expected_name = _final_weights(uninterrupted)
@@ -86,3 +94,24 @@ def test_resume_latest_without_checkpoints_is_an_error_and_auto_starts_fresh(pla
     assert proc.returncode == 2 and "no usable checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     err = _train(planted_shards, tmp_path, "train.resume=auto", "train.max_steps=2")
     assert "starting fresh" in err
+
+
+def test_sharded_checkpoints_keep_whole_weights_for_best_and_final_and_still_evaluate(planted_shards, tmp_path,
+                                                                                       uninterrupted):
+    from vldist.checkpoint import load_model_state
+    from vldist.evaluate import evaluate_checkpoint
+
+    out = tmp_path / "sharded"
+    _train(planted_shards, out, *SHARDED_ASYNC)
+    checkpoints = out / "checkpoints"
+    periodic, final = checkpoints / "step-00000020", checkpoints / "step-00000021"
+    assert (periodic / "sharded" / ".metadata").is_file() and not (periodic / "model.safetensors").exists()
+    assert (final / "model.safetensors").is_file() and (checkpoints / "best" / "model.safetensors").is_file()
+    assert not (final / "optimizer.pt").exists()  # the optimizer is in the sharded files
+    # A periodic checkpoint's weights come from DCP's files, in one process with no process group.
+    plain_periodic = load_file(uninterrupted / "checkpoints" / "step-00000020" / "model.safetensors")
+    from_shards = load_model_state(periodic)
+    assert from_shards.keys() == plain_periodic.keys()
+    assert all(torch.equal(from_shards[k], plain_periodic[k]) for k in plain_periodic)
+    _, metrics = evaluate_checkpoint(periodic, device="cpu")
+    assert metrics["full"]["rsum"] > 0

@@ -140,3 +140,59 @@ def test_the_rng_rule_on_another_world_size():
     assert on_three == [first_draw(rank_rng_state(saved, r, 3, seed=7, step=10)) for r in range(3)]
     assert first_draw(rank_rng_state(saved, 0, 1, seed=7, step=10)) == on_three[0]
     assert first_draw(rank_rng_state(saved, 0, 1, seed=7, step=11)) != on_three[0]  # another checkpoint, another stream
+
+
+def test_sharded_asynchronous_checkpoints_restore_everything_and_hold_weights_only_when_final(tmp_path):
+    fmt = ("train.checkpoint_format=sharded", "train.async_checkpoints=true")
+    checkpointer, engine, scheduler, state = parts(tmp_path, None, *fmt)
+    train_steps(engine, scheduler, state, 2)
+    periodic = checkpointer.save_step(2, 0)
+    saved_moments = engine.optimizers["main"].state_dict()["state"][0]["exp_avg"].clone()
+    saved_weights = {k: v.clone() for k, v in engine.unwrap().state_dict().items()}
+    train_steps(engine, scheduler, state, 1)  # while the files are written
+    final = checkpointer.save_step(3, 0, final=True)
+    checkpointer.finish()
+    assert checkpointer.saved() == [periodic, final] and checkpointer.saved_step == 3
+    assert not (periodic / "model.safetensors").exists() and (final / "model.safetensors").is_file()
+
+    restored, engine2, scheduler2, _ = parts(tmp_path, str(periodic), *fmt)
+    assert restored.load()["step"] == 2
+    assert torch.equal(engine2.optimizers["main"].state_dict()["state"][0]["exp_avg"], saved_moments)
+    assert all(torch.equal(v, saved_weights[k]) for k, v in engine2.unwrap().state_dict().items())
+
+
+def test_a_failed_background_save_leaves_the_previous_checkpoint_usable(tmp_path, monkeypatch):
+    import threading
+
+    from vldist import checkpointer as module
+
+    fmt = ("train.checkpoint_format=sharded", "train.async_checkpoints=true")
+    checkpointer, engine, scheduler, state = parts(tmp_path, None, *fmt)
+    train_steps(engine, scheduler, state, 1)
+    first = checkpointer.save_step(1, 0, wait=True)
+    release, write_files = threading.Event(), module.write_files
+
+    def disk_fills_up(tmp, **contents):
+        release.wait(30)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(module, "write_files", disk_fills_up)
+    train_steps(engine, scheduler, state, 1)
+    checkpointer.save_step(2, 0)  # returns at once; the write is still in flight
+    # Meanwhile (a crash now would leave this): the in-flight save is no checkpoint, the first is.
+    assert checkpointer.saved() == [first]
+    assert parts(tmp_path, "latest", *fmt)[0].load()["step"] == 1
+    release.set()
+    with pytest.raises(CheckpointWriteError, match=f"No space left on device.*{first.name} is complete and usable"):
+        checkpointer.finish()
+    assert checkpointer.saved() == [first] and not list(checkpointer.directory.glob(".*tmp"))
+    monkeypatch.setattr(module, "write_files", write_files)
+
+
+def test_sharded_or_asynchronous_checkpoints_are_refused_under_deepspeed():
+    from vldist.config import ConfigError
+    from vldist.distributed.deepspeed_engine import DeepSpeedEngine
+
+    for option in ("train.checkpoint_format=sharded", "train.async_checkpoints=true"):
+        with pytest.raises(ConfigError, match="the Accelerate engine's"):
+            DeepSpeedEngine(load_config("vsrn", ["engine.backend=deepspeed", "train.device=cpu", option]))

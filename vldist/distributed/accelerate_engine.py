@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vldist.distributed import sharded_state
 from vldist.distributed.engine import Engine, grad_norm, pick_device
 from vldist.launch.environment import adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -35,6 +36,7 @@ class AccelerateEngine(Engine):
         self.optimizers = {}
         self._prepared: dict[str, torch.optim.Optimizer] = {}
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
+        self._checkpoint_group = None  # asynchronous sharded saves' own process group
 
     def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
         from accelerate.utils import DistributedDataParallelKwargs
@@ -75,16 +77,44 @@ class AccelerateEngine(Engine):
         return self.accelerator.unwrap_model(self.model)
 
     def save_training_state(self, directory: Path) -> None:
-        if self.is_main:
-            state = {"optimizers": {n: o.state_dict() for n, o in self.optimizers.items()}}
-            if self.accelerator.scaler is not None:
-                state["scaler"] = self.accelerator.scaler.state_dict()
-            torch.save(state, Path(directory) / OPTIMIZER_FILE)
+        self.write_training_state(directory, self.training_state_snapshot())
+
+    def training_state_snapshot(self) -> dict | None:
+        """Rank 0: the optimizers' (and the loss scaler's) state, copied, so that a background
+        write can go on while the next steps change the live state in place. None elsewhere."""
+        if not self.is_main:
+            return None
+        state = {"optimizers": {n: _copied(o.state_dict()) for n, o in self.optimizers.items()}}
+        if self.accelerator.scaler is not None:
+            state["scaler"] = _copied(self.accelerator.scaler.state_dict())
+        return state
+
+    def write_training_state(self, directory: Path, snapshot: dict | None) -> None:
+        if snapshot is not None:
+            torch.save(snapshot, Path(directory) / OPTIMIZER_FILE)
+
+    def save_sharded(self, directory: Path, asynchronous: bool):
+        """Collective. Model and optimizers through torch.distributed.checkpoint, each rank its part;
+        asynchronous: returns the future of the background write."""
+        if asynchronous and self.world_size > 1 and self._checkpoint_group is None:
+            # DCP's own collectives run in its writing thread: on a group of their own, so that they
+            # never interleave with the training step's on the default group.
+            self._checkpoint_group = dist.new_group(backend="gloo")
+        return sharded_state.save(self.unwrap(), self.optimizers, directory, asynchronous,
+                                  self._checkpoint_group if asynchronous else None)
 
     def load_training_state(self, directory: Path, saved: dict) -> None:
         # DDP's optimizer state is whole on every rank and saved whole: it loads on any number of ranks.
         from vldist.checkpoint import load_torch_file
 
+        from vldist.checkpoint import CheckpointError
+
+        if (Path(directory) / sharded_state.SHARDED_DIR).is_dir():  # the model's weights come with it
+            try:
+                sharded_state.load(self.unwrap(), self.optimizers, Path(directory) / sharded_state.SHARDED_DIR)
+            except Exception as err:  # noqa: BLE001 - DCP raises CheckpointException, RuntimeError, ...
+                raise CheckpointError(f"cannot read the sharded state in {directory} ({err}); the checkpoint is damaged") from err
+            return
         state = load_torch_file(Path(directory) / OPTIMIZER_FILE)
         for name, optimizer in self.optimizers.items():
             optimizer.load_state_dict(state["optimizers"][name])
@@ -111,3 +141,14 @@ class AccelerateEngine(Engine):
             if together:
                 dist.barrier()
             dist.destroy_process_group()
+
+
+def _copied(state):
+    """A state dict with every tensor copied to CPU memory."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: _copied(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copied(v) for v in state)
+    return state

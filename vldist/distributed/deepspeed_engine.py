@@ -75,6 +75,10 @@ def _weights_only_checkpoint_engine(deepspeed):
 class DeepSpeedEngine(Engine):
     def __init__(self, job):
         """job: the JobConfig (train.device, the engine section, the batch and clipping settings)."""
+        if job.train.checkpoint_format != "plain" or job.train.async_checkpoints:
+            raise ConfigError("train.checkpoint_format=sharded and train.async_checkpoints are the Accelerate engine's; "
+                              "DeepSpeed writes its own shards, each rank its part, synchronously. Leave them at their "
+                              "defaults under engine.backend=deepspeed")
         device = pick_device(job.train.device)
         adopt_slurm_environment()
         if not dist.is_initialized():  # Ray Train made the group itself

@@ -5,8 +5,8 @@ Run by tests/integration/test_resharding.py under torchrun:
     python resharding.py save DIR      # 3 steps, checkpoint, 3 more steps; rank 0 writes DIR/<engine>/saved.pt
     python resharding.py resume DIR    # resume the checkpoint, 3 steps;     rank 0 writes DIR/<engine>/resumed-W.pt
 
-For each engine in ENGINES (Accelerate, then DeepSpeed ZeRO 1, 2 and 3, one after another in the
-same process group), through the real Checkpointer. Both modes record the whole fp32 weights and
+For each engine in ENGINES (Accelerate with plain and with sharded asynchronous checkpoints, then
+DeepSpeed ZeRO 1, 2 and 3, one after another in the same process group), through the real Checkpointer. Both modes record the whole fp32 weights and
 Adam's moments (gathered from ZeRO's shards with DeepSpeed's own API), the optimizer's step count
 and the global loss of each later step; the resuming mode also records each rank's first random
 draw. Every step trains on the same global batch of GLOBAL rows whatever the world size, each rank
@@ -25,7 +25,9 @@ from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.recipes.jobs import load_config
 
 GLOBAL = 12  # rows of every step's batch: divisible by 1, 2 and 3 ranks
-ENGINES = {"accelerate": None, "zero1": 1, "zero2": 2, "zero3": 3}
+ENGINES = {"accelerate": None, "sharded": None, "zero1": 1, "zero2": 2, "zero3": 3}
+# "sharded": Accelerate with torch.distributed.checkpoint files written in the background while the
+# next steps train (train.checkpoint_format=sharded, train.async_checkpoints=true)
 
 
 class TinyRecipe:
@@ -43,7 +45,8 @@ def make_engine(name: str, out: Path, resume: bool):
     stage = ENGINES[name]
     overrides = [f"output.dir={out}", "train.device=cpu", f"data.batch_size={GLOBAL}", "train.grad_clip=1.0",
                  *([f"engine.backend=deepspeed", f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json"] if stage else []),
-                 *(["train.resume=latest"] if resume else [])]
+                 *(["train.resume=latest"] if resume else []),
+                 *(["train.checkpoint_format=sharded", "train.async_checkpoints=true"] if name == "sharded" else [])]
     config = load_config("vsrn", overrides)
     if stage:
         from vldist.distributed.deepspeed_engine import DeepSpeedEngine
@@ -100,13 +103,14 @@ def run(name: str, root: Path, mode: str) -> None:
         for step in range(3):
             train_step(engine, scheduler, step)
             state["step"] += 1
-        checkpointer.save_step(3, 0)
+        checkpointer.save_step(3, 0)  # asynchronous for "sharded": written while the next steps train
     else:
         state.update(checkpointer.load())
         record["first_draws"] = gather_objects(float(torch.rand(())))
     record.update(step=state["step"], state=full_state(engine), optimizer_steps=optimizer_steps(engine),
                   lr=scheduler.get_last_lr()[0])
     record["losses"] = [train_step(engine, scheduler, step) for step in range(3, 6)]
+    checkpointer.finish()
     if engine.is_main:
         torch.save(record, out / ("saved.pt" if mode == "save" else f"resumed-{engine.world_size}.pt"))
     engine.close(keep_process_group=True)
