@@ -16,7 +16,8 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
   tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py \
   tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py \
-  tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+  tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py \
+  tests/integration/test_checkpoint_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
 
 (timeout 80 python3 bench/gcn_kernel.py --repeats 20 && timeout 60 python3 bench/gcn_kernel.py --dtype bf16 --repeats 20) \
   > "$OUT/gcn_kernel.txt" 2>&1; tail -5 "$OUT/gcn_kernel.txt"
@@ -31,3 +32,7 @@ timeout 150 python3 -m vldist.train vsrn train.device=cuda engine.mixed_precisio
 echo "trained in $(( $(date +%s) - start )) s, exit $rc" | tee -a "$OUT/demo.txt"
 kill $poll
 tail -15 "$OUT/demo.txt"; sort -u "$OUT/mfu.txt" | tail -8
+
+# What checkpoints cost the steps on one GPU: synchronous vs asynchronous, plain vs sharded.
+timeout 300 python3 bench/checkpoint_overhead.py --ranks 1 --steps 120 --every 40 --repeats 2 \
+  --json "$OUT/checkpoint_overhead.json" > "$OUT/checkpoint_overhead.txt" 2>&1; tail -8 "$OUT/checkpoint_overhead.txt"

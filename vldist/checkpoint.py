@@ -217,7 +217,8 @@ def prune(directory: Path, keep_last: int) -> None:
     directories of saves that a killed process left behind."""
     for old in step_checkpoints(directory)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
-    for leftover in [*Path(directory).glob(".*.tmp"), *Path(directory).glob(".*.old")]:
+    leftovers = [".*.tmp", ".*.old", ".*.download-*"]  # killed saves, replacements and downloads from a store
+    for leftover in [p for pattern in leftovers for p in Path(directory).glob(pattern)]:
         shutil.rmtree(leftover, ignore_errors=True)
 
 

@@ -19,13 +19,14 @@ from pathlib import Path
 import torch
 
 from vldist.checkpoint import (
-    CheckpointError, begin, check_checkpoint_fits_job, check_engine_fits, commit, load_model_state, load_train_state, prune,
-    read_meta, step_checkpoints, step_name, temporary_path, verify, write_failed, write_files,
+    STEP_PREFIX, CheckpointError, begin, check_checkpoint_fits_job, check_engine_fits, commit, is_complete, load_model_state,
+    load_train_state, prune, read_meta, step_checkpoints, step_name, temporary_path, verify, write_failed, write_files,
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.distributed.collectives import gather_objects
 from vldist.distributed.heartbeat import heartbeat
 from vldist.distributed.sharded_state import SHARDED_DIR
+from vldist.store.checkpoint_store import CheckpointStore
 
 log = logging.getLogger("vldist.train")
 
@@ -45,6 +46,8 @@ class Checkpointer:
         self.directory = config.output_dir / "checkpoints"
         self.saved_step: int | None = None  # the step of the newest step checkpoint this process wrote
         self.pending: PendingSave | None = None  # a save whose files are still being written
+        out = config.output
+        self.store = CheckpointStore(out.checkpoint_dir, out.storage_options) if out.checkpoint_dir else None
 
     def path(self, name: str) -> Path:
         return self.directory / name
@@ -72,8 +75,8 @@ class Checkpointer:
         With train.async_checkpoints the files are written in the background and this returns
         once the state is copied (unless `wait`); the next save, or `finish`, waits for it."""
         with heartbeat.phase_of(f"checkpoint {name}"):
-            self.finish()  # one save in flight at most
             start = time.perf_counter()
+            self.finish()  # one save in flight at most
             self._save(name, meta, full_weights or self.config.train.checkpoint_format == "plain")
             if wait or not self.config.train.async_checkpoints:
                 self.finish()
@@ -113,9 +116,23 @@ class Checkpointer:
             write_files(tmp, model_state=model_state, train_state=train_state, config_yaml=to_yaml(self.config),
                         vocab=self.recipe.vocab, meta=meta)
             commit(tmp, directory)
+            if self.store is not None:
+                self._upload(directory)
 
         self.pending = PendingSave(directory, meta, write_rest if main else written.result if written else None,
                                    background=asynchronous)
+
+    def _upload(self, directory: Path) -> None:
+        """Rank 0: the committed `directory` into the store (COMPLETE last), then the store pruned."""
+        try:
+            self.store.upload(directory)
+            self.store.prune(self.config.train.keep_last)
+        except Exception as err:  # noqa: BLE001 - fsspec stores raise many types
+            newest = self.store.step_checkpoints()
+            raise RuntimeError(
+                f"uploading it to {self.store.where(directory.name)} failed ({type(err).__name__}: {err}); it is complete "
+                f"on local disk, and the store's newest complete checkpoint is {newest[-1] if newest else 'none'}"
+            ) from err
 
     def finish(self) -> None:
         """Collective. Wait for the save in flight, if any, on every rank, and agree that it
@@ -159,17 +176,40 @@ class Checkpointer:
         how = self.config.train.resume
         if how is None:
             return None
-        candidates = [Path(how)] if how not in ("latest", "auto") else list(reversed(self.saved()))
+        candidates = [Path(how)] if how not in ("latest", "auto") else self._newest_first()
+        where = self.directory if self.store is None else f"{self.directory} or {self.store.where('')}"
         if not candidates and how == "auto":
-            log.info("train.resume=auto: no checkpoint in %s, starting fresh", self.directory)
+            log.info("train.resume=auto: no checkpoint in %s, starting fresh", where)
             return None
         for path in candidates:
             try:
+                self._fetch(path)
                 return self._restore(path)
             except CheckpointError as err:  # damaged: fall back to the previous good one
                 if self.engine.is_main:
                     log.warning("cannot resume from %s (%s); trying an earlier checkpoint", path, err)
-        raise CheckpointError(f"train.resume={how}: no usable checkpoint in {self.directory}")
+        raise CheckpointError(f"train.resume={how}: no usable checkpoint in {where}")
+
+    def _newest_first(self) -> list[Path]:
+        """The run's complete step checkpoints on local disk and in the store, newest first."""
+        names = {p.name for p in self.saved()} | set(self.store.step_checkpoints() if self.store else [])
+        return [self.path(n) for n in sorted(names, key=lambda n: int(n[len(STEP_PREFIX):]), reverse=True)]
+
+    def _fetch(self, path: Path) -> None:
+        """Collective. A checkpoint the local disk lacks, downloaded from the store by the first rank
+        of every node; all ranks agree on the outcome (CheckpointError: fall back together)."""
+        if self.store is None:
+            return
+        error = None
+        if self.engine.local_rank == 0 and not is_complete(path):
+            try:
+                self.store.download(path.name, path)
+            except Exception as err:  # noqa: BLE001 - the store's errors, or a damaged download
+                error = f"{type(err).__name__}: {err}"
+        errors = [e for e in gather_objects(error) if e]
+        if errors:
+            raise CheckpointError(f"cannot download {self.store.where(path.name)}: {errors[0]}")
+        self.engine.barrier()
 
     def _restore(self, path: Path) -> dict:
         # Every rank checks every file first and so reaches the same verdict: a damaged

@@ -158,6 +158,26 @@ class EvalConfig(Section):
 
 class OutputConfig(Section):
     dir: str = Field("runs/{recipe}", description="where checkpoints and metrics go")
+    checkpoint_dir: str | None = Field(
+        None, description="a store URL (s3://bucket/prefix, any fsspec filesystem) that every committed checkpoint "
+        "is uploaded to (COMPLETE last) and that resuming reads; they are still written to <dir>/checkpoints first"
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of checkpoint_dir's fsspec filesystem (e.g. {endpoint_url: ...}); "
+        "credentials come from the environment, never from here"
+    )
+
+    @field_validator("checkpoint_dir", "storage_options")
+    @classmethod
+    def _a_store_without_credentials(cls, value, info):
+        from vldist.store.credentials import refuse_credentials
+        from vldist.store.location import is_url
+
+        refuse_credentials(info.field_name, value)
+        if info.field_name == "checkpoint_dir" and value is not None and not is_url(value):
+            raise ValueError(f"'{value}' is not a URL; output.checkpoint_dir names a store (s3://bucket/prefix). "
+                             "For a local directory set output.dir: checkpoints go to <output.dir>/checkpoints")
+        return value
 
 
 class MetricsConfig(Section):

@@ -12,10 +12,12 @@ from vldist.config import JobConfig
 from vldist.eval_split import eval_loader, evaluate_split
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.recipes import get_recipe
+from vldist.store.checkpoint_store import local_checkpoint
 from vldist.trained_model import load_checkpoint
 
 
 def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
+    path = local_checkpoint(str(path))  # a store URL: downloaded into the local cache first
     config, recipe, model, shard_set = load_checkpoint(path, shards, device)
     recipe.preflight(shard_set)
     where = f"the {split} split of {shard_set.directory}"

@@ -23,6 +23,8 @@ from vldist.checkpoint import (
 )
 from vldist.data.vocab import Vocab
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
+from vldist.store.checkpoint_store import local_checkpoint
+from vldist.store.location import is_url
 
 CHOICES = "best, latest or step-N"
 
@@ -52,9 +54,11 @@ def choose_checkpoint(run: Path, which: str | None) -> Path:
     return chosen
 
 
-def export(run: Path, out: Path, which: str | None = None) -> Path:
+def export(run: "Path | str", out: Path, which: str | None = None) -> Path:
     """Write the export of `run`'s chosen checkpoint to `out` (atomically: a killed export leaves no
     half-written DIR); returns the checkpoint exported."""
+    if is_url(str(run)):  # a store: the chosen checkpoint downloaded into the local cache first
+        run, which = local_checkpoint(str(run), None, which), None
     checkpoint = choose_checkpoint(run, which)
     out = Path(out)
     if out.exists() and not is_complete(out) and (not out.is_dir() or any(out.iterdir())):
@@ -81,12 +85,13 @@ def export(run: Path, out: Path, which: str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vldist.export", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="a run directory (output.dir), or one checkpoint directory")
+    parser.add_argument("run", help="a run directory (output.dir), or one checkpoint directory; or their store URL "
+                        "(output.checkpoint_dir, s3://...)")
     parser.add_argument("--checkpoint", help=f"which of the run's checkpoints: {CHOICES} (default: best, else latest)")
     parser.add_argument("--out", required=True, help="the directory to write (new, empty, or an earlier export)")
     args = parser.parse_args(argv)
     try:
-        checkpoint = export(Path(args.run), Path(args.out), args.checkpoint)
+        checkpoint = export(args.run, Path(args.out), args.checkpoint)
     except REPORTED_ERRORS as err:
         code, message = exit_status(err)
         print(message, file=sys.stderr)

@@ -9,12 +9,13 @@ from vldist.distributed.engine import pick_device
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import validate_job
 from vldist.store.access import StoreAccess
+from vldist.store.checkpoint_store import local_checkpoint
 
 
 def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
     """(config, recipe, model on the device, shard set) of a checkpoint or a run directory (its
     best checkpoint); `shards` replaces the shard directory the checkpoint was trained on."""
-    ckpt = find_checkpoint(path)
+    ckpt = find_checkpoint(local_checkpoint(str(path)))  # a store URL: downloaded into the local cache first
     raw = read_config(ckpt)  # keys an older vldist wrote are upgraded
     if shards:
         raw["data"] = {**raw.get("data", {}), "shards": shards}

@@ -74,7 +74,9 @@ class AccelerateEngine(Engine):
         return norm
 
     def unwrap(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        # Not accelerator.unwrap_model: its first call imports DeepSpeed when installed (2 s, in the
+        # middle of the first checkpoint; measured), and vldist wraps in DDP only.
+        return self.model.module if isinstance(self.model, nn.parallel.DistributedDataParallel) else self.model
 
     def save_training_state(self, directory: Path) -> None:
         self.write_training_state(directory, self.training_state_snapshot())
@@ -96,9 +98,10 @@ class AccelerateEngine(Engine):
     def save_sharded(self, directory: Path, asynchronous: bool):
         """Collective. Model and optimizers through torch.distributed.checkpoint, each rank its part;
         asynchronous: returns the future of the background write."""
-        if asynchronous and self.world_size > 1 and self._checkpoint_group is None:
+        if asynchronous and dist.is_initialized() and self._checkpoint_group is None:
             # DCP's own collectives run in its writing thread: on a group of their own, so that they
-            # never interleave with the training step's on the default group.
+            # never interleave with the training step's on the default group; and gloo, which DCP's
+            # asynchronous save requires (it refuses an NCCL-only group, measured on an H100).
             self._checkpoint_group = dist.new_group(backend="gloo")
         return sharded_state.save(self.unwrap(), self.optimizers, directory, asynchronous,
                                   self._checkpoint_group if asynchronous else None)

@@ -43,8 +43,10 @@ def url_credentials(where: str) -> str | None:
 
 
 def refuse_credentials(field: str, value: Any) -> None:
-    """Raise ValueError (a config error) when data.shards (a URL) or data.storage_options carries a credential."""
-    found = url_credentials(value) if field == "shards" else ", ".join(credential_keys(value))
+    """Raise ValueError (a config error) when a URL (data.shards, output.checkpoint_dir) or store
+    options (data.storage_options, output.storage_options) carry a credential."""
+    url = value is None or isinstance(value, str)
+    found = url_credentials(value) if url else ", ".join(credential_keys(value))
     if found:
-        what = f"the URL carries {found}" if field == "shards" else f"{found} would hold a credential"
+        what = f"the URL carries {found}" if url else f"{found} would hold a credential"
         raise ValueError(f"{what}, and config.yaml, metrics.json and checkpoints record the configuration: {HOW}")
