@@ -13,6 +13,8 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
+from vldist.export import export
+
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
        "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2", "train.save_every_steps=5",
@@ -89,6 +91,9 @@ def test_a_two_rank_zero_checkpoint_resumes_in_one_plain_process(planted_shards,
     over exactly, for every stage and engine: test_resharding.py.)"""
     out = tmp_path / "run"
     _train(planted_shards, out, 2, "train.max_steps=5", "train.log_every=1")
+    export(out, tmp_path / "export", "step-5")  # the ZeRO checkpoint of 2 ranks, as whole weights
+    exported, saved = load_file(tmp_path / "export" / "model.safetensors"), _weights(out, 5)
+    assert exported.keys() == saved.keys() and all((exported[k] == v).all() for k, v in saved.items())
     three = subprocess.run([*TORCHRUN[:-1], "3", "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
                             f"output.dir={out}", *JOB, "engine.deepspeed_config=jobs/deepspeed/zero2.json",
                             "train.resume=latest"], capture_output=True, text=True, timeout=300)
@@ -106,3 +111,4 @@ def test_a_two_rank_zero_checkpoint_resumes_in_one_plain_process(planted_shards,
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in steps if r.get("event") == "train"]
     assert steps == list(range(1, 15))  # steps 1-5 on 2 ranks, 6-14 on one: none repeated, none lost
+

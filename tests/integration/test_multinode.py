@@ -247,33 +247,44 @@ def submit_on_head(nodes: Nodes, job: list[str], env: dict) -> subprocess.Popen:
                        stderr=subprocess.STDOUT, text=True)
 
 
-def test_ray_places_a_worker_on_each_node_and_a_lost_node_that_rejoins_loses_nothing(planted_shards, tmp_path,
-                                                                                    two_rank_reference):
-    """A head and a worker node; `ray job submit` on the head places one worker on each. Node 1 then
-    loses every process (its raylet and its worker); started again, it rejoins, Ray Train
-    (FailureConfig) starts the group again and the run resumes from its last checkpoint on the disk
-    the nodes share, to the steps and weights of the uninterrupted 2-rank run."""
+def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool) -> tuple[str, list[str]]:
+    """A head and a worker node of one CPU each; `ray job submit` of the preemption job on the head
+    with `ray.num_workers=workers`; at step 9 node 1 loses every process (its raylet and its worker)
+    and, if `rejoin`, is started again. Returns the job's output (it succeeded) and the nodes'
+    addresses."""
     pytest.importorskip("ray")
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}",
-           "ray.num_workers=2", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]
-    run, temps = tmp_path / "vsrn", []
+           f"ray.num_workers={workers}", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]
+    temps = []
     try:
         with Nodes(2) as nodes:
             start_ray_node(nodes, 0, env, temps)
             start_ray_node(nodes, 1, env, temps)
             wait_for_ray_nodes(nodes, 2, env)
             submitted = submit_on_head(nodes, job, env)
-            wait_for_step(run, 9, submitted, timeout=300)
+            wait_for_step(tmp_path / "vsrn", 9, submitted, timeout=300)
             nodes.power_off(1)
-            start_ray_node(nodes, 1, env, temps)
+            if rejoin:
+                start_ray_node(nodes, 1, env, temps)
             out = submitted.communicate(timeout=420)[0]
     finally:
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
     assert submitted.returncode == 0 and "succeeded" in out, out[-4000:]
+    return out, list(nodes.addresses)
+
+
+def test_ray_places_a_worker_on_each_node_and_a_lost_node_that_rejoins_loses_nothing(planted_shards, tmp_path,
+                                                                                    two_rank_reference):
+    """A head and a worker node; `ray job submit` on the head places one worker on each. Node 1 then
+    loses every process (its raylet and its worker); started again, it rejoins, Ray Train
+    (FailureConfig) starts the group again and the run resumes from its last checkpoint on the disk
+    the nodes share, to the steps and weights of the uninterrupted 2-rank run."""
+    out, addresses = ray_run_losing_node_1(planted_shards, tmp_path, "2", rejoin=True)
+    run = tmp_path / "vsrn"
     placed = re.findall(r"\(ip=([\d.]+), pid=\d+\) world_rank=\d", out)  # the group Ray Train started, each time
-    assert len(placed) >= 4 and sorted(placed[:2]) == sorted(placed[2:4]) == sorted(nodes.addresses), placed
+    assert len(placed) >= 4 and sorted(placed[:2]) == sorted(placed[2:4]) == sorted(addresses), placed
     resumed = re.search(r"resumed from \S+step-(\d+)", out)
     assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS, out[-4000:]
     metrics = json.loads((run / "metrics.json").read_text())
@@ -287,24 +298,8 @@ def test_an_elastic_ray_group_that_loses_a_node_carries_on_with_the_worker_left(
     each: a worker on each. Node 1 then loses every process and stays down; Ray Train starts the
     group again with the one worker the cluster still has, which resumes the 2-rank checkpoint on
     1 rank (the global batch kept) and ends the run."""
-    pytest.importorskip("ray")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
-    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}",
-           "ray.num_workers=1:2", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]
-    run, temps = tmp_path / "vsrn", []
-    try:
-        with Nodes(2) as nodes:
-            start_ray_node(nodes, 0, env, temps)
-            start_ray_node(nodes, 1, env, temps)
-            wait_for_ray_nodes(nodes, 2, env)
-            submitted = submit_on_head(nodes, job, env)
-            wait_for_step(run, 9, submitted, timeout=300)
-            nodes.power_off(1)
-            out = submitted.communicate(timeout=420)[0]
-    finally:
-        for temp in temps:
-            shutil.rmtree(temp, ignore_errors=True)
-    assert submitted.returncode == 0 and "succeeded" in out, out[-4000:]
+    out, _ = ray_run_losing_node_1(planted_shards, tmp_path, "1:2", rejoin=False)
+    run = tmp_path / "vsrn"
     resumed = re.search(r"resumed from \S+step-(\d+) .*written by 2 ranks, resumed on 1", out)
     assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS, out[-4000:]
     metrics = json.loads((run / "metrics.json").read_text())

@@ -115,3 +115,9 @@ def test_sharded_checkpoints_keep_whole_weights_for_best_and_final_and_still_eva
     assert all(torch.equal(from_shards[k], plain_periodic[k]) for k in plain_periodic)
     _, metrics = evaluate_checkpoint(periodic, device="cpu")
     assert metrics["full"]["rsum"] > 0
+    # and an export of it holds those weights as safetensors
+    from vldist.export import export
+
+    export(out, tmp_path / "export", "step-20")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[k], plain_periodic[k]) for k in plain_periodic)
