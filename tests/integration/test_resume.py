@@ -45,7 +45,8 @@ SHARDED_ASYNC = ("train.checkpoint_format=sharded", "train.async_checkpoints=tru
 def test_killed_run_resumes_to_identical_weights(planted_shards, tmp_path, uninterrupted, checkpoints):
     """Also with sharded checkpoints written in the background: the run's weights are those of the
     uninterrupted plain run, to the bit (saving changes nothing of training, and the background
-    write saves the state of its step, not a later one)."""
+    write saves the state of its step, not a later one); its periodic checkpoints hold no whole
+    weights, its best and final do, and a periodic one evaluates and exports from DCP's files."""
     out = tmp_path / "killed"
     proc = _train(planted_shards, out, *checkpoints, wait=False)
     marker = out / "checkpoints" / "step-00000012" / "COMPLETE"  # mid epoch 2 (7 steps an epoch)
@@ -69,9 +70,34 @@ def test_killed_run_resumes_to_identical_weights(planted_shards, tmp_path, unint
         assert (got[name] == tensor).all(), name
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == 21 and metrics["restarts"] == 1
+    if checkpoints:  # sharded: periodic checkpoints without whole weights, best and final with them
+        _sharded_checkpoints_keep_whole_weights_for_best_and_final_and_still_evaluate(out, uninterrupted, tmp_path)
     whole = json.loads((uninterrupted / "metrics.json").read_text())
     assert metrics["test"]["full"] == whole["test"]["full"]
     assert [h["train_loss"] for h in metrics["history"]] == [h["train_loss"] for h in whole["history"]]
+
+
+def _sharded_checkpoints_keep_whole_weights_for_best_and_final_and_still_evaluate(out, uninterrupted, tmp_path):
+    from vldist.checkpoint import load_model_state
+    from vldist.evaluate import evaluate_checkpoint
+    from vldist.export import export
+
+    checkpoints = out / "checkpoints"
+    periodic, final = checkpoints / "step-00000020", checkpoints / "step-00000021"
+    assert (periodic / "sharded" / ".metadata").is_file() and not (periodic / "model.safetensors").exists()
+    assert (final / "model.safetensors").is_file() and (checkpoints / "best" / "model.safetensors").is_file()
+    assert not (final / "optimizer.pt").exists()  # the optimizer is in the sharded files
+    # A periodic checkpoint's weights come from DCP's files, in one process with no process group.
+    plain_periodic = load_file(uninterrupted / "checkpoints" / "step-00000020" / "model.safetensors")
+    from_shards = load_model_state(periodic)
+    assert from_shards.keys() == plain_periodic.keys()
+    assert all(torch.equal(from_shards[k], plain_periodic[k]) for k in plain_periodic)
+    _, metrics = evaluate_checkpoint(periodic, device="cpu")
+    assert metrics["full"]["rsum"] > 0
+    # and an export of it holds those weights as safetensors
+    export(out, tmp_path / "export", "step-20")
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert all(torch.equal(exported[k], plain_periodic[k]) for k in plain_periodic)
 
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(planted_shards, tmp_path, uninterrupted):
@@ -94,30 +120,3 @@ def test_resume_latest_without_checkpoints_is_an_error_and_auto_starts_fresh(pla
     assert proc.returncode == 2 and "no usable checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     err = _train(planted_shards, tmp_path, "train.resume=auto", "train.max_steps=2")
     assert "starting fresh" in err
-
-
-def test_sharded_checkpoints_keep_whole_weights_for_best_and_final_and_still_evaluate(planted_shards, tmp_path,
-                                                                                       uninterrupted):
-    from vldist.checkpoint import load_model_state
-    from vldist.evaluate import evaluate_checkpoint
-
-    out = tmp_path / "sharded"
-    _train(planted_shards, out, *SHARDED_ASYNC)
-    checkpoints = out / "checkpoints"
-    periodic, final = checkpoints / "step-00000020", checkpoints / "step-00000021"
-    assert (periodic / "sharded" / ".metadata").is_file() and not (periodic / "model.safetensors").exists()
-    assert (final / "model.safetensors").is_file() and (checkpoints / "best" / "model.safetensors").is_file()
-    assert not (final / "optimizer.pt").exists()  # the optimizer is in the sharded files
-    # A periodic checkpoint's weights come from DCP's files, in one process with no process group.
-    plain_periodic = load_file(uninterrupted / "checkpoints" / "step-00000020" / "model.safetensors")
-    from_shards = load_model_state(periodic)
-    assert from_shards.keys() == plain_periodic.keys()
-    assert all(torch.equal(from_shards[k], plain_periodic[k]) for k in plain_periodic)
-    _, metrics = evaluate_checkpoint(periodic, device="cpu")
-    assert metrics["full"]["rsum"] > 0
-    # and an export of it holds those weights as safetensors
-    from vldist.export import export
-
-    export(out, tmp_path / "export", "step-20")
-    exported = load_file(tmp_path / "export" / "model.safetensors")
-    assert all(torch.equal(exported[k], plain_periodic[k]) for k in plain_periodic)

@@ -196,3 +196,18 @@ def test_sharded_or_asynchronous_checkpoints_are_refused_under_deepspeed():
     for option in ("train.checkpoint_format=sharded", "train.async_checkpoints=true"):
         with pytest.raises(ConfigError, match="the Accelerate engine's"):
             DeepSpeedEngine(load_config("vsrn", ["engine.backend=deepspeed", "train.device=cpu", option]))
+
+
+def test_the_sharded_state_keeps_the_loss_scalers_state_beside(tmp_path):
+    """fp16 on CUDA keeps a GradScaler; its state (plain numbers) travels in the DCP files beside
+    the model and optimizer and comes back through the weights-only loader."""
+    from vldist.distributed import sharded_state
+
+    model = TinyRecipe.build_model()
+    optimizer = torch.optim.Adam(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    saved = {"scaler": scaler.state_dict()}
+    sharded_state.save(model, {"main": optimizer}, tmp_path / "sharded", extra=saved)
+    template = {"scaler": torch.amp.GradScaler("cpu", init_scale=2.0).state_dict()}
+    loaded = sharded_state.load(model, {"main": optimizer}, tmp_path / "sharded", extra=template)
+    assert loaded["scaler"] == saved["scaler"] and loaded["scaler"]["scale"] == 1024.0

@@ -33,3 +33,19 @@ def test_cosine_with_warmup():
     assert lrs[4] == pytest.approx(1.0)
     assert lrs[22] == pytest.approx(0.5 * (1 + math.cos(math.pi * 18 / 36)))
     assert lrs[-1] < 0.01 and all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+
+
+def test_a_world_that_cannot_split_the_global_batch_is_refused_by_name():
+    """The global batch is the job's, kept when a run resumes on another number of ranks: 3 ranks
+    cannot share 32 rows, and the error names both numbers before anything is built."""
+    from types import SimpleNamespace
+
+    from vldist.config import ConfigError
+    from vldist.trainer import Trainer
+
+    config = load_config("vsrn", ["data.batch_size=32"])
+    with pytest.raises(ConfigError, match="data.batch_size=32 must be divisible by 3 ranks x train.grad_accumulation=1"):
+        Trainer(config, recipe=None, engine=SimpleNamespace(world_size=3), shards=SimpleNamespace(main=None))
+    config = load_config("vsrn", ["data.batch_size=30", "train.grad_accumulation=2"])
+    with pytest.raises(ConfigError, match="by 2 ranks x train.grad_accumulation=2"):
+        Trainer(config, recipe=None, engine=SimpleNamespace(world_size=2), shards=SimpleNamespace(main=None))

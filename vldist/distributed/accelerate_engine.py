@@ -104,7 +104,11 @@ class AccelerateEngine(Engine):
             # asynchronous save requires (it refuses an NCCL-only group, measured on an H100).
             self._checkpoint_group = dist.new_group(backend="gloo")
         return sharded_state.save(self.unwrap(), self.optimizers, directory, asynchronous,
-                                  self._checkpoint_group if asynchronous else None)
+                                  self._checkpoint_group if asynchronous else None, self._scaler_state())
+
+    def _scaler_state(self) -> dict:
+        """fp16 on CUDA: the loss scaler's state, which a checkpoint keeps beside the optimizer's."""
+        return {"scaler": self.accelerator.scaler.state_dict()} if self.accelerator.scaler is not None else {}
 
     def load_training_state(self, directory: Path, saved: dict) -> None:
         # DDP's optimizer state is whole on every rank and saved whole: it loads on any number of ranks.
@@ -114,9 +118,12 @@ class AccelerateEngine(Engine):
 
         if (Path(directory) / sharded_state.SHARDED_DIR).is_dir():  # the model's weights come with it
             try:
-                sharded_state.load(self.unwrap(), self.optimizers, Path(directory) / sharded_state.SHARDED_DIR)
+                extra = sharded_state.load(self.unwrap(), self.optimizers, Path(directory) / sharded_state.SHARDED_DIR,
+                                           self._scaler_state())
             except Exception as err:  # noqa: BLE001 - DCP raises CheckpointException, RuntimeError, ...
                 raise CheckpointError(f"cannot read the sharded state in {directory} ({err}); the checkpoint is damaged") from err
+            if "scaler" in extra:
+                self.accelerator.scaler.load_state_dict(extra["scaler"])
             return
         state = load_torch_file(Path(directory) / OPTIMIZER_FILE)
         for name, optimizer in self.optimizers.items():

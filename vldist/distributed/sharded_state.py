@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 SHARDED_DIR = "sharded"  # inside a checkpoint directory
 MODEL_KEY = "model"
+EXTRA_KEY = "engine"
 
 
 class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -64,13 +65,14 @@ def state_of(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> 
 
 
 def save(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directory: Path,
-         asynchronous: bool = False, process_group=None) -> Future | None:
+         asynchronous: bool = False, process_group=None, extra: dict | None = None) -> Future | None:
     """Collective. Write the state into `directory` (each rank its part). Asynchronous: the state is
     copied to CPU memory now and written by a background thread; the returned future completes
     when every rank's files and the metadata are written. `process_group`: the group DCP's own
     collectives use, which for an asynchronous save must not be the one training uses (they would
-    interleave with the training step's collectives)."""
-    state = state_of(model, optimizers)
+    interleave with the training step's collectives). `extra`: small state of the engine's own
+    (the loss scaler's), saved beside."""
+    state = {**state_of(model, optimizers), EXTRA_KEY: extra or {}}
     no_dist = not _distributed()
     with _one_process_is_meant():
         if asynchronous:
@@ -79,14 +81,17 @@ def save(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directo
     return None
 
 
-def load(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directory: Path) -> None:
-    """Collective. Load the state saved by `save`, on any number of ranks."""
-    state = state_of(model, optimizers)
+def load(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directory: Path,
+         extra: dict | None = None) -> dict:
+    """Collective. Load the state saved by `save`, on any number of ranks; returns the `extra`
+    state, loaded into the template given (its keys say what to read)."""
+    state = {**state_of(model, optimizers), EXTRA_KEY: extra or {}}
     with _one_process_is_meant():
         dcp.load(state, checkpoint_id=str(directory), planner=WeightsOnlyLoadPlanner(), no_dist=not _distributed())
     set_model_state_dict(model, state[MODEL_KEY])
     for name, optimizer in optimizers.items():
         set_optimizer_state_dict(model, optimizer, state["optimizers"][name])
+    return state[EXTRA_KEY]
 
 
 def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
