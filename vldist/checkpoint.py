@@ -140,12 +140,17 @@ def is_complete(directory: Path) -> bool:
     return (Path(directory) / MARKER).is_file()
 
 
+def _weights_in_shards(directory: Path) -> bool:
+    """A periodic checkpoint of train.checkpoint_format=sharded: no model.safetensors, the weights
+    are in DCP's files."""
+    return not (directory / "model.safetensors").is_file() and (directory / SHARDED_DIR).is_dir()
+
+
 def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """The weights, under today's parameter names (a checkpoint of an older vldist is upgraded)."""
     directory = Path(directory)
     _require_complete(directory)
-    if not (directory / "model.safetensors").is_file() and (directory / SHARDED_DIR).is_dir():
-        # a periodic checkpoint of train.checkpoint_format=sharded: the weights are in DCP's files
+    if _weights_in_shards(directory):
         try:
             state = sharded_state.read_model_state(directory / SHARDED_DIR)
         except Exception as err:  # noqa: BLE001 - DCP raises several types on damage
@@ -206,6 +211,23 @@ def step_name(step: int) -> str:
     return f"{STEP_PREFIX}{step:08d}"
 
 
+CHOICES = "best, latest or step-N"
+
+
+def chosen_name(which: str, best: bool, steps: list[str]) -> str | None:
+    """The checkpoint name `which` (best, latest or step-N) picks among a run's complete ones (`best`:
+    whether there is a best; `steps`: the step checkpoints' names, oldest first); None when it
+    names none of them. Raises CheckpointError when `which` is none of the three forms."""
+    if which == "latest":
+        return steps[-1] if steps else None
+    if which == "best":
+        return "best" if best else None
+    if which.startswith(STEP_PREFIX) and which[len(STEP_PREFIX):].isdigit():
+        name = step_name(int(which[len(STEP_PREFIX):]))
+        return name if name in steps else None
+    raise CheckpointError(f"--checkpoint {which}: not one of {CHOICES} (step-12 or step-00000012)")
+
+
 def step_checkpoints(directory: Path) -> list[Path]:
     """Complete step-numbered checkpoints in `directory`, oldest first."""
     found = [p for p in Path(directory).glob(f"{STEP_PREFIX}*") if p.is_dir() and is_complete(p)]
@@ -249,8 +271,8 @@ def check_checkpoint_fits_job(directory: Path, build_model, job: dict, feature_d
     model `build_model()` makes (read from the weights' header alone)."""
     directory = Path(directory)
     meta = read_meta(directory)
-    sharded = not (directory / "model.safetensors").is_file() and (directory / SHARDED_DIR).is_dir()
-    shapes = sharded_state.tensor_shapes(directory / SHARDED_DIR) if sharded else compat.checkpoint_shapes(directory / "model.safetensors")
+    shapes = (sharded_state.tensor_shapes(directory / SHARDED_DIR) if _weights_in_shards(directory)
+              else compat.checkpoint_shapes(directory / "model.safetensors"))
     names = compat.upgrade_parameter_names(shapes, meta)
     saved = {names[n]: shape for n, shape in shapes.items()}
     compat.check_parameter_shapes(directory, compat.expected_shapes(build_model), saved, meta, read_config(directory),

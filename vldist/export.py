@@ -18,16 +18,13 @@ from pathlib import Path
 import yaml
 
 from vldist.checkpoint import (
-    CheckpointError, begin, commit, find_checkpoint, is_complete, load_model_state, read_config, read_meta,
-    step_checkpoints, step_name, verify, write_files,
+    CHOICES, CheckpointError, begin, chosen_name, commit, find_checkpoint, is_complete, load_model_state, read_config,
+    read_meta, step_checkpoints, verify, write_files,
 )
 from vldist.data.vocab import Vocab
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.store.checkpoint_store import local_checkpoint
 from vldist.store.location import is_url
-
-CHOICES = "best, latest or step-N"
-
 
 def choose_checkpoint(run: Path, which: str | None) -> Path:
     """The checkpoint of `run` that `which` names (None: what evaluation takes, best else newest);
@@ -39,19 +36,13 @@ def choose_checkpoint(run: Path, which: str | None) -> Path:
                                   "checkpoints: give the run directory, or leave --checkpoint out")
         return find_checkpoint(run)
     directory = run / "checkpoints"
-    steps = step_checkpoints(directory)
-    available = ", ".join(["best"] * is_complete(directory / "best") + [p.name for p in steps]) or "none"
-    if which == "latest":
-        chosen = steps[-1] if steps else None
-    elif which == "best":
-        chosen = directory / "best"
-    elif which.startswith("step-") and which[5:].isdigit():
-        chosen = directory / step_name(int(which[5:]))
-    else:
-        raise CheckpointError(f"--checkpoint {which}: not one of {CHOICES} (step-12 or step-00000012)")
-    if chosen is None or not is_complete(chosen):
+    steps = [p.name for p in step_checkpoints(directory)]
+    best = is_complete(directory / "best")
+    name = chosen_name(which, best, steps)
+    if name is None:
+        available = ", ".join(["best"] * best + steps) or "none"
         raise CheckpointError(f"--checkpoint {which}: no such complete checkpoint in {directory} (available: {available})")
-    return chosen
+    return directory / name
 
 
 def export(run: "Path | str", out: Path, which: str | None = None) -> Path:

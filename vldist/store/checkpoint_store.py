@@ -22,7 +22,7 @@ import shutil
 import socket
 from pathlib import Path
 
-from vldist.checkpoint import FILES, MARKER, STEP_PREFIX, CheckpointError, is_complete
+from vldist.checkpoint import FILES, MARKER, STEP_PREFIX, CheckpointError, chosen_name, is_complete
 from vldist.files import sha256_file
 from vldist.store.location import filesystem, is_url, redact
 
@@ -140,17 +140,9 @@ def local_checkpoint(where: str, storage_options: dict | None = None, which: str
         best = ["best"] if candidate.has("best") else []
         if not steps and not best:
             continue
-        if which is None:
-            names = best or steps[-1:]
-        elif which == "latest":
-            names = steps[-1:]
-        elif which == "best":
-            names = best
-        else:
-            names = [n for n in steps if which.startswith(STEP_PREFIX) and which[5:].isdigit()
-                     and int(n[len(STEP_PREFIX):]) == int(which[5:])]
-        if not names:
+        name = (best or steps[-1:])[0] if which is None else chosen_name(which, bool(best), steps)
+        if name is None:
             raise CheckpointError(f"--checkpoint {which}: no such complete checkpoint at {redact(candidate.url)} "
                                   f"(available: {', '.join(best + steps)})")
-        return candidate.download(names[0], cache_directory(candidate.url) / names[0])
+        return candidate.download(name, cache_directory(candidate.url) / name)
     raise CheckpointError(f"no complete checkpoint at {redact(where)} (nor its best or step checkpoints)")
