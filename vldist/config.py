@@ -7,6 +7,7 @@ recipe's own pydantic class, so `--help` and validation know each recipe's keys.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -276,9 +277,20 @@ class JobConfig(Section):
     def output_dir(self) -> Path:
         return Path(self.output.dir.format(recipe=self.recipe))
 
+    def __reduce__(self):
+        # job_config_class makes its classes at run time, where pickle cannot find them by name: a
+        # job config travels (to loader workers started by a fork server) as its recipe's model
+        # class and its values
+        return _rebuilt_job_config, (type(self.model), self.model_dump())
 
+
+def _rebuilt_job_config(model_config: type[Section], values: dict) -> JobConfig:
+    return job_config_class(model_config).model_validate(values)
+
+
+@functools.cache
 def job_config_class(model_config: type[Section]) -> type[JobConfig]:
-    """The JobConfig whose `model` section is a recipe's own config class."""
+    """The JobConfig whose `model` section is a recipe's own config class (one class per recipe)."""
     return create_model(
         f"{model_config.__name__}Job", __base__=JobConfig, model=(model_config, model_config())
     )

@@ -17,19 +17,17 @@ anyway, the atomic write leaves the previous checkpoint intact).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 # sysexits.h EX_TEMPFAIL, "try again later": the run stopped cleanly after writing a checkpoint,
 # and the same command with train.resume=auto carries on. Slurm's train.sbatch requeues on it.
 EXIT_STOPPED = 75
-STOP_FILE = ".stop-request"  # in the run directory: how a Ray driver asks its workers to stop
 
 
 class TrainingStopped(Exception):
@@ -56,20 +54,22 @@ def signal_numbers(names) -> list[signal.Signals]:
 
 
 class StopRequest:
-    """Whether a stop was asked for, and by what: a signal to this process or a watched file."""
+    """Whether a stop was asked for, and by what: a signal to this process, or `watch`, a function
+    that returns the reason of a request made elsewhere, or None (a Ray worker asks its driver's
+    board: launch/run_board.py)."""
 
-    def __init__(self, watch_file: Path | None = None):
+    def __init__(self, watch: Callable[[], str | None] | None = None):
         self.reason: str | None = None
         self.signals: tuple[signal.Signals, ...] = ()
-        self.watch_file = Path(watch_file) if watch_file else None
+        self.watch = watch
         self._pid = os.getpid()
         self._next_look = 0.0
 
     @property
     def requested(self) -> bool:
-        if self.reason is None and self.watch_file is not None and time.monotonic() >= self._next_look:
-            self._next_look = time.monotonic() + 1.0  # one stat a second, not one a step
-            self.reason = read_stop_file(self.watch_file)
+        if self.reason is None and self.watch is not None and time.monotonic() >= self._next_look:
+            self._next_look = time.monotonic() + 1.0  # one look a second, not one a step
+            self.reason = self.watch()
         return self.reason is not None
 
     def handle(self, signum, frame) -> None:
@@ -85,15 +85,16 @@ class StopRequest:
 
 
 @contextmanager
-def stop_requests(signal_names=(), watch_file: Path | None = None):
+def stop_requests(signal_names=(), watch=None):
     """A StopRequest fed by the named signals while the block runs; the previous handlers come back
     afterwards, unless a stop was requested: then the process is on its way out, and the signals
     stay ignored (when one rank exits first, torchrun and srun signal the others, which must not
     die with -15 instead of their own exit code). Handlers can only be set in the main thread:
-    elsewhere (a Ray Train worker runs the training function in a thread) only the file counts."""
+    elsewhere (a Ray Train worker runs the training function in a thread) only `watch` counts
+    (StopRequest)."""
     global _interrupted
     _interrupted = False  # a new run (several run in one process under tests and stages)
-    stop = StopRequest(watch_file)
+    stop = StopRequest(watch)
     previous = {}
     if threading.current_thread() is threading.main_thread():
         stop.signals = tuple(signal_numbers(signal_names))
@@ -144,23 +145,3 @@ def ignore_in_worker(signals, worker_id: int | None = None) -> None:
     Slurm) must not kill the loader workers mid-epoch; the trainer stops them when it is done."""
     for sig in signals:
         signal.signal(sig, signal.SIG_IGN)
-
-
-def write_stop_file(path: Path, reason: str) -> None:
-    """Ask the workers watching `path` to stop (atomically, so a reader never sees half of it)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"reason": reason, "host": socket.gethostname(), "pid": os.getpid(),
-                               "time": time.time()}) + "\n")
-    os.replace(tmp, path)
-
-
-def read_stop_file(path: Path) -> str | None:
-    """The reason recorded in a stop file, or None when there is none."""
-    try:
-        entry = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return "a stop request"  # present but unreadable: still a request
-    return f"{entry.get('reason', 'a stop request')} (relayed by pid {entry.get('pid')} on {entry.get('host')})"

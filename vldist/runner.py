@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,13 +51,14 @@ def _opened_on_every_rank(open_sets):
     return opened
 
 
-def run(config: JobConfig, on_checkpoint=None, stop_file: Path | None = None, last: bool = True) -> dict | None:
+def run(config: JobConfig, on_checkpoint=None, stop_watch: Callable[[], str | None] | None = None,
+        last: bool = True) -> dict | None:
     """Train in this process, one rank of however many the launcher started; rank 0 returns the
     results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint.
-    A stop signal (or `stop_file` appearing) ends it with TrainingStopped after a checkpoint.
+    A stop signal (or `stop_watch()` returning a reason) ends it with TrainingStopped after a checkpoint.
     `last`: no other run follows in this process (else the process group is kept for it)."""
     recipe_cls = get_recipe(config.recipe)
-    with stop_requests(config.train.stop_signals, stop_file) as stop:
+    with stop_requests(config.train.stop_signals, stop_watch) as stop:
         engine = make_engine(config)
         metrics = None
         try:

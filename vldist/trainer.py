@@ -91,7 +91,7 @@ class Trainer:
         self.config, self.recipe, self.engine = config, recipe, engine
         self.shards = shards.main  # evaluation's; the training streams take every set they read
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
-        self.stop = stop or StopRequest()  # fed by signals (or Ray's stop file) while training runs
+        self.stop = stop or StopRequest()  # fed by signals (or a Ray driver's stop request) while training runs
         self.flops = FlopCounter(device_peak(engine.device, config.engine.mixed_precision) if metrics else None)
         self.out_dir = config.output_dir
         self.state = RunState()

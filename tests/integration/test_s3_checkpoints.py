@@ -84,13 +84,32 @@ def test_a_run_resumes_from_the_store_when_its_disk_is_gone(s3_store, planted_sh
     assert not [p for p in tmp_path.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
-def test_an_upload_cut_short_is_never_loaded(s3_store, planted_shards, prefix, tmp_path):
-    """What a run killed during an upload leaves in the store: the newest checkpoint's files, or
-    some of them, without COMPLETE. Resuming elsewhere takes the one before."""
+def test_a_run_killed_during_an_upload_resumes_from_the_checkpoint_before(s3_store, planted_shards, prefix, tmp_path):
+    """The run reaches the store through a proxy that holds the upload of step 5's weights; the
+    run is killed (SIGKILL, every process) while it waits, leaving step 5's other files in the store
+    without COMPLETE. Resumed on another machine (no local disk), it takes step 3, never step 5, and
+    prunes the leftover once a newer upload completes."""
+    import os
+    import signal
+
+    from fault_proxy import FaultProxy
+
     fs, url, out = s3_store.filesystem(), f"s3://{prefix}", tmp_path / "run"
-    _train(planted_shards, out, url, "train.max_steps=5")
-    fs.rm_file(f"{prefix}/step-00000005/{MARKER}")
-    fs.rm_file(f"{prefix}/step-00000005/model.safetensors")
+    with FaultProxy(s3_store.endpoint) as proxy:
+        proxy.faults.hold = f"{prefix}/step-00000005/model.safetensors"
+        run = subprocess.Popen([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
+                                f"output.dir={out}", "train.epochs=1", *SMALL_VSRN, "train.save_every_steps=3",
+                                f"output.checkpoint_dir={url}", "train.max_steps=5"],
+                               env={**os.environ, "AWS_ENDPOINT_URL": proxy.url}, start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert proxy.faults.held.wait(240), "the run never uploaded step 5's weights"
+        finally:
+            os.killpg(run.pid, signal.SIGKILL)  # the run and its loader workers, as a lost machine
+            run.wait(30)
+    stored = {p.split(f"{prefix}/step-00000005/", 1)[1] for p in fs.find(f"{prefix}/step-00000005")}
+    assert MARKER not in stored and "model.safetensors" not in stored
+    assert (out / "checkpoints" / "step-00000005" / MARKER).is_file()  # committed locally before its upload
     shutil.rmtree(out)
     logs = _train(planted_shards, out, url, "train.resume=latest")
     assert "resumed from" in logs and "step-00000003" in logs and "step-00000005" not in logs.split("resumed from")[1][:200]

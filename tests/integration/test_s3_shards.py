@@ -192,22 +192,24 @@ def proxy(s3_store):
         yield proxy
 
 
-def _keys_per_rank(urls, access, make_stream, workers=2):
+def _key_and_regions(raw, rng):  # module level: workers over a store get it pickled
     import io
 
     import numpy as np
 
+    return {"key": raw["__key__"], "regions": np.load(io.BytesIO(raw["regions.npy"]))}
+
+
+def _keys(samples):
+    return {"keys": [s["key"] for s in samples]}
+
+
+def _keys_per_rank(urls, access, make_stream, workers=2):
     from vldist.data.pipeline import StreamSpec, make_loader
-
-    def sample(raw, rng):
-        return {"key": raw["__key__"], "regions": np.load(io.BytesIO(raw["regions.npy"]))}
-
-    def collate(samples):
-        return {"keys": [s["key"] for s in samples]}
 
     keys = []
     for rank in range(2):
-        spec = StreamSpec(urls=urls, keep=("json", "regions.npy"), sample_fn=sample, collate_fn=collate, batch_size=8,
+        spec = StreamSpec(urls=urls, keep=("json", "regions.npy"), sample_fn=_key_and_regions, collate_fn=_keys, batch_size=8,
                           seed=3, rank=rank, world_size=2, access=access)
         keys.append([k for batch in make_loader(make_stream(spec), workers) for k in batch["keys"]])
     return keys

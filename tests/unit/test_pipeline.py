@@ -244,3 +244,42 @@ def test_corrupt_image_is_skipped_and_counted(tmp_path):
     assert sum(b["skipped"] for b in batches) == 1
     reasons = [r for b in batches for r in b["skip_reasons"]]
     assert len(reasons) == 1 and "img2" not in keys and reasons[0].startswith("OSError")
+
+
+def test_workers_over_a_store_or_beside_fsspecs_io_thread_start_from_a_fork_server(planted_shards):
+    """fsspec's async stores are not fork-safe: where shards come from a URL, or this process runs
+    fsspec's IO thread (a checkpoint store), workers start from a fork server, and read the same
+    batches as forked ones; plain local shards in a process without that thread still fork."""
+    import fsspec.asyn
+
+    from vldist.data.pipeline import _worker_start
+
+    urls = ShardSet.open(planted_shards).urls("train")
+    local = EvalStream(_spec(urls))
+    forked = None
+    if fsspec.asyn.iothread[0] is None:  # another test in this process may have started it
+        assert _worker_start(local) is None
+        forked = [k for b in make_loader(local, 2) for k in b["keys"]]
+    remote = EvalStream(_spec(["file://" + u for u in urls]))
+    assert _worker_start(remote).get_start_method() == "forkserver"
+    fsspec.asyn.get_loop()  # what any s3fs request does first
+    assert _worker_start(local).get_start_method() == "forkserver"
+    served = [k for b in make_loader(remote, 2) for k in b["keys"]]
+    assert sorted(served) == sorted(k for b in make_loader(local, 0) for k in b["keys"])
+    assert forked is None or served == forked  # the workers' batches interleave alike
+
+
+def _environment_sample(raw, rng):
+    import os
+
+    return {"key": raw["__key__"], "seen": os.environ.get("VLDIST_TEST_SEEN")}
+
+
+def test_workers_from_the_fork_server_see_the_environment_of_their_loaders_start(planted_shards, monkeypatch):
+    """The server's children would have the environment of the server's start: a store's
+    credentials set later (a test's, a notebook's) must reach them too."""
+    urls = ["file://" + u for u in ShardSet.open(planted_shards).urls("train")]
+    spec = StreamSpec(urls=urls, keep=("json",), sample_fn=_environment_sample, collate_fn=_collate, batch_size=16)
+    list(make_loader(EvalStream(spec), 1))  # the server runs from here on
+    monkeypatch.setenv("VLDIST_TEST_SEEN", "after the server's start")
+    assert {s["seen"] for b in make_loader(EvalStream(spec), 2) for s in b["samples"]} == {"after the server's start"}

@@ -8,8 +8,7 @@ import pytest
 
 from vldist import preemption
 from vldist.preemption import (
-    StopRequest, interrupts_deferred, raise_if_interrupted, read_stop_file, signal_numbers, stop_requests,
-    write_stop_file,
+    StopRequest, interrupts_deferred, raise_if_interrupted, signal_numbers, stop_requests,
 )
 
 
@@ -88,12 +87,17 @@ def test_a_forked_child_ignores_the_inherited_handler():
         assert not stop.requested
 
 
-def test_the_watched_file_is_a_request_read_at_most_once_a_second(tmp_path):
-    path = tmp_path / ".stop-request"
-    stop = StopRequest(watch_file=path)
-    assert not stop.requested
-    write_stop_file(path, "SIGTERM")
-    assert not stop.requested  # looked less than a second ago
+def test_the_watch_is_asked_at_most_once_a_second_and_its_reason_kept():
+    asked = []
+
+    def watch():  # as a Ray worker asks its driver's board
+        asked.append(1)
+        return "SIGTERM (relayed by the Ray driver)" if len(asked) > 1 else None
+
+    stop = StopRequest(watch=watch)
+    assert not stop.requested and len(asked) == 1
+    assert not stop.requested and len(asked) == 1  # looked less than a second ago
     stop._next_look = 0.0
-    assert stop.requested and stop.reason.startswith("SIGTERM (relayed by pid")
-    assert read_stop_file(tmp_path / "absent") is None
+    assert stop.requested and stop.reason == "SIGTERM (relayed by the Ray driver)" and len(asked) == 2
+    stop._next_look = 0.0
+    assert stop.requested and len(asked) == 2  # a request stays: the watch is not asked again

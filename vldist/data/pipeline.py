@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -26,6 +28,7 @@ from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
 from vldist.preemption import ignore_in_worker, interrupts_deferred
 from vldist.store.access import StoreAccess
+from vldist.store.location import is_url
 from vldist.store.retry import ShardLostInExactEpoch, ShardUnavailable
 
 SampleFn = Callable[[dict, random.Random], "dict | None"]
@@ -255,6 +258,9 @@ def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
 
 def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> "Loader":
     """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself)."""
+    start = _worker_start(stream) if workers else None
+    # a fork server's children have the environment of the server's start: hand them this one
+    environment = dict(os.environ) if start is not None else None
     return Loader(DataLoader(
         stream,
         batch_size=None,  # the stream batches itself
@@ -263,10 +269,40 @@ def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> "
         # random stream (dropout) depending on when loaders are created, breaking exact resume.
         generator=torch.Generator().manual_seed(0),
         persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
-        worker_init_fn=functools.partial(ignore_in_worker, tuple(shielded_signals)) if workers else None,
+        worker_init_fn=functools.partial(_init_worker, tuple(shielded_signals), environment) if workers else None,
         pin_memory=torch.cuda.is_available(),
         prefetch_factor=4 if workers else None,
+        multiprocessing_context=start,
     ))
+
+
+def _init_worker(signals: tuple, environment: dict | None, worker_id: int) -> None:
+    if environment is not None:  # the store's credentials among them
+        os.environ.clear()
+        os.environ.update(environment)
+    ignore_in_worker(signals, worker_id)
+
+
+def _worker_start(stream: IterableDataset):
+    """How loader workers start. fsspec's async stores (s3fs, gcsfs) run an event loop in a thread
+    and are not safe to fork (fsspec/s3fs#914): a worker forked while that thread is inside a
+    request can wait forever on a lock it inherited held (seen: a 2-rank job from s3:// hung at an
+    epoch's start). Where shards come from a store, or this process has started that thread (a
+    checkpoint store), workers come from a fork server instead, which holds no such thread; plain
+    fork otherwise, the fastest."""
+    spec = getattr(stream, "spec", None)
+    remote = spec is not None and any(is_url(url) for url in spec.urls)
+    fsspec_async = sys.modules.get("fsspec.asyn")
+    io_thread = getattr(fsspec_async, "iothread", [None])[0]
+    if not remote and io_thread is None:
+        return None
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    # imported once, in the server (started by the first loader), not again in every epoch's workers
+    recipe = [f.__module__ for f in (spec.sample_fn, spec.collate_fn)] if spec is not None else []
+    context.set_forkserver_preload(["torch", "webdataset", __name__, *recipe])
+    return context
 
 
 class Loader:

@@ -5,17 +5,18 @@ The driver (this process) checks the config, builds missing default shards, and 
 `ray.num_workers` workers. Ray forms their process group (gloo on CPU, NCCL on GPU) and each worker
 runs the function `launch` is given (`vldist.runner.run`, what torchrun's ranks run), with the same
 engine. The run directory
-(checkpoints, metrics.json) is `ray.storage_path/ray.name`, which every node must see. Each
-checkpoint vldist commits is reported to Ray where it lies (no copy); when a worker dies, Ray
-restarts the group (up to `ray.max_failures` times) and the workers resume from the newest
-checkpoint in the run directory. With `ray.num_workers=MIN:MAX` the group is elastic (Ray Train
+(checkpoints, metrics.json) is `ray.storage_path/ray.name`: on a disk every node shares, or, with
+`output.checkpoint_dir` in object storage, a local directory on each node (a worker downloads the
+checkpoints its node lacks). Each checkpoint vldist commits is reported to Ray where it lies (no
+copy); when a worker dies, Ray restarts the group (up to `ray.max_failures` times) and the
+workers resume from the newest checkpoint in the run directory or the store. With `ray.num_workers=MIN:MAX` the group is elastic (Ray Train
 V2): it starts with as many workers as the cluster gives, at least MIN, and a restart after a lost
 node carries on with the workers left; the checkpoint resumes on the new number of ranks
 (checkpointer.py). The driver's exit status is the run's.
 
 Stopping: `ray job stop` sends SIGTERM to the driver alone (workers are actors). The driver
-relays it through a stop file in the run directory, which the workers watch; they finish their
-step, checkpoint and return, and the driver exits with EXIT_STOPPED. Ray kills the driver
+relays it through its run board (run_board.py), which the workers watch; they finish their step,
+checkpoint and return, and the driver exits with EXIT_STOPPED. Ray kills the driver
 RAY_JOB_STOP_WAIT_TIME_S after the signal (3 s unless the job's runtime_env sets it), so give it
 the time a step and a checkpoint take. Submitting the same job again resumes (train.resume
 defaults to auto here).
@@ -24,18 +25,18 @@ defaults to auto here).
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
 from vldist.config import ConfigError, JobConfig
 from vldist.data.job_shards import build_missing
-from vldist.files import write_json_atomic
-from vldist.preemption import STOP_FILE, TrainingStopped, signal_numbers, write_stop_file
+from vldist.launch.run_board import open_board, stop_watch
+from vldist.preemption import TrainingStopped, signal_numbers
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import validate_job
 from vldist.run_lock import check_free
@@ -45,7 +46,6 @@ from vldist.store.location import is_url
 TrainFunction = Callable[..., "dict | None"]
 
 log = logging.getLogger("vldist.ray")
-STOPPED_FILE = "stopped.json"  # rank 0 says where the workers stopped
 
 
 class RunFailed(RuntimeError):
@@ -100,9 +100,11 @@ def check_batch_splits(config: JobConfig, fewest: int, most: int) -> None:
         )
 
 
-def _train_worker(train: TrainFunction, payload: dict) -> None:
+def _train_worker(train: TrainFunction, board, payload: dict) -> None:
     """What every Ray Train worker runs: `train`, the ordinary rank's run, reporting checkpoints
-    to Ray."""
+    to Ray, watching the driver's board (run_board.py) for a stop request; rank 0 posts the outcome
+    there."""
+    import ray
     import ray.train
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -111,38 +113,56 @@ def _train_worker(train: TrainFunction, payload: dict) -> None:
     if restored is not None:
         # A restart after a failure. Ray hands back the last checkpoint it registered, but
         # registration lags the writes and vldist may have pruned that one since; the run
-        # directory holds every committed checkpoint, and train.resume (auto under Ray, see
-        # worker_config) takes its newest good one.
+        # directory (and output.checkpoint_dir's store) holds every committed checkpoint, and
+        # train.resume (auto under Ray, see worker_config) takes its newest good one.
         log.info("Ray restart: Ray's last checkpoint is %s; resuming from the newest in the run directory", restored.path)
+    rank0 = ray.train.get_context().get_world_rank() == 0
 
     def report(path: Path, metrics: dict) -> None:
-        checkpoint = ray.train.Checkpoint(path=str(path)) if ray.train.get_context().get_world_rank() == 0 else None
-        # The checkpoint already lies in the run directory on shared storage: register, do not copy.
+        checkpoint = ray.train.Checkpoint(path=str(path)) if rank0 else None
+        # The checkpoint already lies in the run directory (or the store): register, do not copy.
         ray.train.report(metrics, checkpoint=checkpoint, checkpoint_upload_fn=lambda ckpt, _name: ckpt)
 
-    out = config.output_dir
     try:
-        train(config, on_checkpoint=report, stop_file=out / STOP_FILE)
-    except TrainingStopped as stopped:  # a normal end for Ray; the driver reads stopped.json
-        if ray.train.get_context().get_world_rank() == 0:
-            write_json_atomic(out / STOPPED_FILE, {"step": stopped.step, "checkpoint": str(stopped.checkpoint),
-                                                   "reason": stopped.reason})
+        results = train(config, on_checkpoint=report, stop_watch=stop_watch(board))
+        outcome = {"results": results}
+    except TrainingStopped as stopped:  # a normal end for Ray; the driver reports it
+        outcome = {"stopped": {"step": stopped.step, "checkpoint": str(stopped.checkpoint), "reason": stopped.reason}}
+    if rank0:
+        ray.get(board.post_outcome.remote(outcome))
 
 
 @contextmanager
-def relay_stop_signals(names, stop_file: Path):
-    """In the driver: a stop signal becomes the stop file that the workers watch."""
+def relay_stop_signals(names, board):
+    """In the driver: a stop signal becomes a stop request on the board the workers watch. The
+    handler only notes it; a thread posts it (a Ray call inside a signal handler could re-enter Ray
+    code the main thread was in)."""
+    noted: list[str] = []
+    wake, done = threading.Event(), threading.Event()
 
     def relay(signum, frame):
-        write_stop_file(stop_file, signal.Signals(signum).name)
+        noted.append(signal.Signals(signum).name)
+        wake.set()
         os.write(2, f"vldist: {signal.Signals(signum).name} received: asking the workers to checkpoint and stop\n".encode())
 
+    def post():
+        while not done.is_set():
+            wake.wait()
+            wake.clear()
+            if noted:
+                board.request_stop.remote(noted[0])  # the board keeps the first reason
+
+    poster = threading.Thread(target=post, name="vldist-stop-relay", daemon=True)
+    poster.start()
     previous = {sig: signal.signal(sig, relay) for sig in signal_numbers(names)}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        done.set()
+        wake.set()
+        poster.join(timeout=10)
 
 
 def launch(config: JobConfig, train: TrainFunction) -> dict:
@@ -156,8 +176,6 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     config = worker_config(config)
     out = Path(config.output.dir)
     check_free(out)  # another run in this directory: refuse now, not in every worker
-    for leftover in (STOP_FILE, STOPPED_FILE):  # from an earlier stop of this run
-        (out / leftover).unlink(missing_ok=True)
     if not ray.is_initialized():
         ray.init(address=config.ray.address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
     gpus = config.ray.gpus_per_worker
@@ -167,8 +185,9 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     check_batch_splits(config, fewest, most)
     log.info("Ray: %s workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
              config.ray.cpus_per_worker, gpus, out)
+    board = open_board()
     trainer = TorchTrainer(
-        functools.partial(_train_worker, train),
+        functools.partial(_train_worker, train, board),
         train_loop_config=config.model_dump(mode="json"),
         # Ray Train makes the process group; its timeout is the job's like under the other launchers
         torch_config=TorchConfig(timeout_s=max(1, round(config.engine.timeout_s))),
@@ -184,15 +203,18 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
         ),
     )
     # after ray.init, which sets its own SIGTERM handler (sys.exit) in the driver
-    with relay_stop_signals(config.train.stop_signals, out / STOP_FILE):
+    with relay_stop_signals(config.train.stop_signals, board):
         try:
             trainer.fit()
         except ray.train.TrainingFailedError as err:
             raise RunFailed(f"the Ray run failed after {config.ray.max_failures} restarts at most: {err}") from None
-    if (out / STOPPED_FILE).is_file():
-        stopped = json.loads((out / STOPPED_FILE).read_text())
+    outcome = ray.get(board.read_outcome.remote()) or {}
+    if "stopped" in outcome:
+        stopped = outcome["stopped"]
         raise RunStopped(
             f"stopped by {stopped['reason']} after step {stopped['step']}; checkpoint {stopped['checkpoint']}. "
             "Submit the same job again to carry on from it."
         )
-    return json.loads((out / "metrics.json").read_text())
+    if "results" not in outcome:
+        raise RunFailed("the Ray run ended without rank 0's results (see the workers' output above)")
+    return outcome["results"]
