@@ -230,7 +230,8 @@ class RayConfig(Section):
         "auto", description="auto: 1 when the cluster has GPUs, else 0 (CPU workers with gloo)"
     )
     storage_path: str = Field(
-        "~/ray_results", description="where the run directory goes; must be shared by every node (NFS, a bucket mount)"
+        "~/ray_results", description="where the run directory goes: shared by every node (NFS, a bucket mount), or each "
+        "node's own disk when output.checkpoint_dir is a store URL (plain checkpoints under Accelerate)"
     )
     name: str = Field("{recipe}", description="run directory under storage_path; checkpoints and metrics.json go there")
     max_failures: int = Field(2, ge=-1, description="worker-group restarts after a failure (-1: no limit)")

@@ -5,8 +5,8 @@ Schedulers ask a job to stop with a signal some time before they kill it:
   `cluster/slurm/train.sbatch` forwards to the ranks and answers with a requeue;
 - torchrun: relays the signal it gets to each rank's process group;
 - Kubernetes: SIGTERM to the container's first process;
-- `ray job stop`: SIGTERM to the driver, which relays the request through a file in the run
-  directory (Ray Train workers are actors: no signal reaches them, see launch/ray_train.py).
+- `ray job stop`: SIGTERM to the driver, which relays the request through its run board, an actor
+  the workers ask (Ray Train workers are actors: no signal reaches them, see launch/run_board.py).
 
 A handler only records the request. The trainer reads it once per optimizer step, and the ranks
 agree through the all-reduce every step already makes (a signal may reach one rank only), so all

@@ -20,6 +20,7 @@ from vldist.data.shardset import ShardsNotFoundError
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
 from vldist.distributed.peer_loss import PeerLost, peer_loss_reported
+from vldist.distributed.shared_output import check_output_shared
 from vldist.preemption import stop_requests
 from vldist.recipes import get_recipe
 from vldist.run_lock import OutputDirInUse, RunLock
@@ -68,6 +69,7 @@ def run(config: JobConfig, on_checkpoint=None, stop_watch: Callable[[], str | No
                 if engine.local_rank == 0:  # each node: the embedded sets are the same bytes wherever built
                     build_missing(config, recipe_cls)
                 engine.barrier()  # a node's first rank builds missing shards (once per disk: a file lock); the others wait
+                check_output_shared(engine, config)
                 shards = _opened_on_every_rank(lambda: open_job_shards(config, recipe_cls))
                 # the other streams' captions join the vocabulary
                 vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count, tuple(shards.others.values()))

@@ -22,6 +22,7 @@ from vldist.launch import ray_train
 from vldist.recipes import get_recipe, recipe_names
 from vldist.recipes.jobs import load_config
 from vldist.runner import run
+from vldist.store.location import redact
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
@@ -68,6 +69,8 @@ def print_results(config: JobConfig, results: dict) -> None:
     best = out / "checkpoints" / "best"  # none without validation: the last step's weights were tested
     checkpoint = best if best.is_dir() else next(iter(reversed(step_checkpoints(out / "checkpoints"))), best)
     print(f"checkpoint: {checkpoint}   metrics: {out / 'metrics.json'}")
+    if config.output.checkpoint_dir:  # where every node finds them (the paths above are rank 0's disk's)
+        print(f"checkpoints in the store: {redact(config.output.checkpoint_dir)}")
 
 
 def _speaks() -> bool:
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
     """Every run of the job in order (Recipe.stages: most jobs are one run), each through Ray when
-    asked. With several stages, stage s writes to <output.dir>/<s> (under Ray: <run dir>/<s>), and
+    asked. With several stages, stage s writes to <output.dir>/<s> (under Ray: <run dir>/<s>; in the
+    store, <output.checkpoint_dir>/<s>), and
     a stage other than the last that finished before (its metrics.json is there) is not run again.
     Returns the last stage's config and, on rank 0, its results with `stages`: every stage's."""
     use_ray = ray_train.wanted(config)
@@ -109,8 +113,11 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
     for index, (name, stage) in enumerate(stages):
         if len(stages) > 1:
             run_name = f"{config.ray.name.format(recipe=config.recipe)}/{name}"
+            store = stage.output.checkpoint_dir
             stage = stage.model_copy(update={
-                "output": stage.output.model_copy(update={"dir": str(config.output_dir / name)}),
+                # each stage its own checkpoints, also in the store: a stage never resumes from another's
+                "output": stage.output.model_copy(update={"dir": str(config.output_dir / name), "checkpoint_dir":
+                                                          f"{store.rstrip('/')}/{name}" if store else None}),
                 "ray": stage.ray.model_copy(update={"name": run_name}),
             })
             finished = stage.output_dir / "metrics.json"

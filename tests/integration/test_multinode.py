@@ -96,6 +96,26 @@ def test_a_shard_set_that_one_node_lacks_is_named_with_that_node(planted_shards,
     assert "put it on a disk they share, on each node, or in object storage" in said
 
 
+def test_an_output_directory_one_node_does_not_share_is_refused_before_training(planted_shards, tmp_path):
+    """Node 1 has a directory of its own at output.dir's path: the run stops at its start, naming
+    rank 1's node and what to do, instead of writing checkpoints rank 0 never sees (or resuming
+    rank 1 from nothing while rank 0 resumes)."""
+    run = tmp_path / "run"
+    run.mkdir()  # node 1's mount point
+    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}", "train.epochs=1",
+           *SMALL_VSRN]
+    with Nodes(2) as nodes:
+        processes = torchrun_on_nodes(nodes, 1, job, tmp_path.name + "-out", hidden={1: (run,)})
+        outputs = [process.communicate(timeout=240)[0] for process in processes]
+    said = "".join(outputs)
+    assert processes[0].returncode != 0 and processes[1].returncode != 0, said[-3000:]
+    assert f"error: output.dir {run} is not one directory for every rank: rank 1 on node1 does not see" in said, \
+        [line for line in said.splitlines() if "error" in line.lower()]
+    assert "set output.checkpoint_dir to a store URL" in said
+    assert not re.search(r'File ".*/vldist/', said)  # one line from each rank (torchrun prints its own traceback)
+    assert not (run / "checkpoints").exists()  # nothing trained
+
+
 def test_a_node_lost_mid_run_comes_back_and_the_run_ends_as_if_never_lost(planted_shards, tmp_path, two_rank_reference):
     """Node 1 loses every process mid-epoch (as a power failure would) and its torchrun is started
     again (as a scheduler would): node 0's agent restarts its rank (--max-restarts), both rejoin the

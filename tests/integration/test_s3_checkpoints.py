@@ -108,7 +108,7 @@ def test_a_run_killed_during_an_upload_resumes_from_the_checkpoint_before(s3_sto
             os.killpg(run.pid, signal.SIGKILL)  # the run and its loader workers, as a lost machine
             run.wait(30)
     stored = {p.split(f"{prefix}/step-00000005/", 1)[1] for p in fs.find(f"{prefix}/step-00000005")}
-    assert MARKER not in stored and "model.safetensors" not in stored
+    assert stored and MARKER not in stored and "model.safetensors" not in stored  # files before it, up; no COMPLETE
     assert (out / "checkpoints" / "step-00000005" / MARKER).is_file()  # committed locally before its upload
     shutil.rmtree(out)
     logs = _train(planted_shards, out, url, "train.resume=latest")

@@ -183,6 +183,10 @@ def test_negatives_come_from_other_images_and_are_redrawn_every_step(captioner):
     recipe.start_step(2)
     recipe.losses(model, batch)
     assert torch.equal(recipe.last_draw["draw"], draws[2])  # the draw is a function of (seed, step)
+    import pickle  # loader workers get the recipe pickled (data/pipeline.py): not the step's tensors
+
+    copy = pickle.loads(pickle.dumps(recipe))
+    assert copy.last_draw is None and recipe.last_draw is not None and copy.vocab.itos == recipe.vocab.itos
 
 
 @pytest.mark.parametrize("terms", ["full", "positive", "negative"])

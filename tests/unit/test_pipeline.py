@@ -4,6 +4,7 @@ import io
 import json
 import shutil
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -246,10 +247,12 @@ def test_corrupt_image_is_skipped_and_counted(tmp_path):
     assert len(reasons) == 1 and "img2" not in keys and reasons[0].startswith("OSError")
 
 
-def test_workers_over_a_store_or_beside_fsspecs_io_thread_start_from_a_fork_server(planted_shards):
+def test_workers_over_a_store_or_beside_fsspecs_io_thread_start_from_a_fork_server(planted_shards, monkeypatch):
     """fsspec's async stores are not fork-safe: where shards come from a URL, or this process runs
     fsspec's IO thread (a checkpoint store), workers start from a fork server, and read the same
     batches as forked ones; plain local shards in a process without that thread still fork."""
+    import threading
+
     import fsspec.asyn
 
     from vldist.data.pipeline import _worker_start
@@ -262,7 +265,7 @@ def test_workers_over_a_store_or_beside_fsspecs_io_thread_start_from_a_fork_serv
         forked = [k for b in make_loader(local, 2) for k in b["keys"]]
     remote = EvalStream(_spec(["file://" + u for u in urls]))
     assert _worker_start(remote).get_start_method() == "forkserver"
-    fsspec.asyn.get_loop()  # what any s3fs request does first
+    monkeypatch.setattr(fsspec.asyn, "iothread", [threading.current_thread()])  # as after any s3fs request
     assert _worker_start(local).get_start_method() == "forkserver"
     served = [k for b in make_loader(remote, 2) for k in b["keys"]]
     assert sorted(served) == sorted(k for b in make_loader(local, 0) for k in b["keys"])
@@ -283,3 +286,21 @@ def test_workers_from_the_fork_server_see_the_environment_of_their_loaders_start
     list(make_loader(EvalStream(spec), 1))  # the server runs from here on
     monkeypatch.setenv("VLDIST_TEST_SEEN", "after the server's start")
     assert {s["seen"] for b in make_loader(EvalStream(spec), 2) for s in b["samples"]} == {"after the server's start"}
+
+
+def test_the_fork_server_and_its_workers_ignore_the_stop_signals_from_their_start(planted_shards):
+    """torchrun and Slurm signal the whole process group: a stop must reach the trainer only (it
+    checkpoints), not end the fork server or a worker that has not yet set its own handlers."""
+    import os
+    import signal
+    from multiprocessing import forkserver
+
+    forkserver._forkserver._stop()  # a server another test started, without the stop signals ignored
+    urls = ["file://" + u for u in ShardSet.open(planted_shards).urls("train")]
+    keys = [k for b in make_loader(EvalStream(_spec(urls)), 2, (signal.SIGUSR1,)) for k in b["keys"]]
+    assert len(keys) == ShardSet.open(planted_shards).num_samples("train")
+    server = forkserver._forkserver._forkserver_pid
+    os.kill(server, signal.SIGUSR1)  # its default action ends a process
+    time.sleep(0.5)
+    assert os.waitpid(server, os.WNOHANG) == (0, 0)  # still running
+    assert [k for b in make_loader(EvalStream(_spec(urls)), 2, (signal.SIGUSR1,)) for k in b["keys"]] == keys

@@ -63,3 +63,26 @@ def test_colon_values_are_strings_not_yaml_base_60_numbers():
 
     assert parse_overrides(["ray.num_workers=1:2"]) == {"ray": {"num_workers": "1:2"}}  # YAML 1.1 says 62
     assert [load_yaml(v) for v in ["0.5", "-3", "0x10", ".inf", "1_000", "true"]] == [0.5, -3, 16, float("inf"), 1000, True]
+
+
+def test_a_stop_signal_to_the_driver_is_posted_on_the_board_and_the_handler_restored():
+    """The handler only notes the signal; the relay thread posts it (a Ray call in a handler could
+    re-enter Ray). A small fake stands for the board actor's handle."""
+    import os
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    posted = []
+    board = SimpleNamespace(request_stop=SimpleNamespace(remote=posted.append))
+    before = signal.getsignal(signal.SIGUSR1)
+    with ray_train.relay_stop_signals(["SIGUSR1"], board):
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.time() + 10
+        while not posted and time.time() < deadline:
+            time.sleep(0.01)
+    assert posted == ["SIGUSR1"]
+    assert signal.getsignal(signal.SIGUSR1) is before
+    with ray_train.relay_stop_signals(["SIGUSR1"], board):
+        pass  # no signal: nothing posted, and the relay thread ends with the block
+    assert posted == ["SIGUSR1"]

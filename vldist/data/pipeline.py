@@ -15,7 +15,9 @@ import functools
 import math
 import os
 import random
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -258,7 +260,7 @@ def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
 
 def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> "Loader":
     """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself)."""
-    start = _worker_start(stream) if workers else None
+    start = _worker_start(stream, tuple(shielded_signals)) if workers else None
     # a fork server's children have the environment of the server's start: hand them this one
     environment = dict(os.environ) if start is not None else None
     return Loader(DataLoader(
@@ -283,11 +285,11 @@ def _init_worker(signals: tuple, environment: dict | None, worker_id: int) -> No
     ignore_in_worker(signals, worker_id)
 
 
-def _worker_start(stream: IterableDataset):
-    """How loader workers start. fsspec's async stores (s3fs, gcsfs) run an event loop in a thread
-    and are not safe to fork (fsspec/s3fs#914): a worker forked while that thread is inside a
-    request can wait forever on a lock it inherited held (seen: a 2-rank job from s3:// hung at an
-    epoch's start). Where shards come from a store, or this process has started that thread (a
+def _worker_start(stream: IterableDataset, shielded_signals: tuple = ()):
+    """How loader workers start. fsspec's async stores (s3fs, gcsfs, HTTP) run an event loop in a
+    thread and are not safe to fork (fsspec/s3fs#914): a worker forked while that thread is inside
+    a request can wait forever on a lock it inherited held (seen: a 2-rank job from s3:// hung at
+    an epoch's start). Where shards come from a store, or this process has started that thread (a
     checkpoint store), workers come from a fork server instead, which holds no such thread; plain
     fork otherwise, the fastest."""
     spec = getattr(stream, "spec", None)
@@ -297,11 +299,26 @@ def _worker_start(stream: IterableDataset):
     if not remote and io_thread is None:
         return None
     import multiprocessing
+    from multiprocessing import forkserver
 
     context = multiprocessing.get_context("forkserver")
-    # imported once, in the server (started by the first loader), not again in every epoch's workers
-    recipe = [f.__module__ for f in (spec.sample_fn, spec.collate_fn)] if spec is not None else []
-    context.set_forkserver_preload(["torch", "webdataset", __name__, *recipe])
+    # Imported once, in the server, not again in every epoch's workers: what the stream calls, and
+    # the main module, which each worker runs again (`python -m vldist.train`; Ray's worker script)
+    main = getattr(sys.modules["__main__"], "__spec__", None)
+    preload = ["torch", "webdataset", __name__, *([f.__module__ for f in (spec.sample_fn, spec.collate_fn)] if spec else []),
+               *(["ray"] if "ray" in sys.modules else []), *([main.name] if main is not None else ["__main__"])]
+    context.set_forkserver_preload(preload)
+    # A stop signal sent to the whole process group (torchrun, Slurm) must not end the server or
+    # its workers before they ignore it themselves: the server starts with them ignored, and its
+    # children inherit that. (Signals can be set in the main thread only; a Ray worker's training
+    # thread gets no group signals.)
+    if threading.current_thread() is threading.main_thread() and shielded_signals:
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in shielded_signals}
+        try:
+            forkserver.ensure_running()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
     return context
 
 

@@ -42,7 +42,7 @@ from vldist.recipes.jobs import validate_job
 from vldist.run_lock import check_free
 from vldist.store.location import is_url
 
-# A rank's run: (config, on_checkpoint, stop_file) -> results on rank 0 (vldist.runner.run)
+# A rank's run: (config, on_checkpoint, stop_watch) -> results on rank 0 (vldist.runner.run)
 TrainFunction = Callable[..., "dict | None"]
 
 log = logging.getLogger("vldist.ray")
@@ -150,11 +150,12 @@ def relay_stop_signals(names, board):
             wake.wait()
             wake.clear()
             if noted:
-                board.request_stop.remote(noted[0])  # the board keeps the first reason
+                board.request_stop.remote(noted[0])  # once: a later signal changes nothing
+                return
 
     poster = threading.Thread(target=post, name="vldist-stop-relay", daemon=True)
-    poster.start()
     previous = {sig: signal.signal(sig, relay) for sig in signal_numbers(names)}
+    poster.start()
     try:
         yield
     finally:
@@ -206,15 +207,29 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     with relay_stop_signals(config.train.stop_signals, board):
         try:
             trainer.fit()
-        except ray.train.TrainingFailedError as err:
-            raise RunFailed(f"the Ray run failed after {config.ray.max_failures} restarts at most: {err}") from None
-    outcome = ray.get(board.read_outcome.remote()) or {}
+        except Exception as err:  # a stop checkpointed before the failure still ends as a stop
+            _raise_if_stopped(board)
+            if isinstance(err, ray.train.TrainingFailedError):
+                raise RunFailed(f"the Ray run failed after {config.ray.max_failures} restarts at most: {err}") from None
+            raise
+    outcome = _raise_if_stopped(board)
+    if "results" not in outcome:
+        raise RunFailed("the Ray run ended without rank 0's results (see the workers' output above)")
+    return outcome["results"]
+
+
+def _raise_if_stopped(board) -> dict:
+    """Rank 0's outcome on the board ({} if it cannot be read); RunStopped where it stopped."""
+    import ray
+
+    try:
+        outcome = ray.get(board.read_outcome.remote(), timeout=60) or {}
+    except Exception:  # noqa: BLE001 - no board, no outcome: the caller says what failed
+        return {}
     if "stopped" in outcome:
         stopped = outcome["stopped"]
         raise RunStopped(
             f"stopped by {stopped['reason']} after step {stopped['step']}; checkpoint {stopped['checkpoint']}. "
             "Submit the same job again to carry on from it."
         )
-    if "results" not in outcome:
-        raise RunFailed("the Ray run ended without rank 0's results (see the workers' output above)")
-    return outcome["results"]
+    return outcome

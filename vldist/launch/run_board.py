@@ -43,13 +43,22 @@ def open_board():
 def stop_watch(board):
     """For a worker's StopRequest: the driver's stop reason, or None (also when the board cannot be
     reached: the driver is gone, and Ray ends the workers itself)."""
+    import time
+
     import ray
 
+    quiet_until = 0.0
+
     def read() -> str | None:
+        nonlocal quiet_until
+        if time.monotonic() < quiet_until:
+            return None
         try:
             reason = ray.get(board.read_stop.remote(), timeout=10)
         except Exception as err:  # noqa: BLE001 - any failure to ask is "no request seen"
-            log.warning("the driver's stop board did not answer (%s); training goes on", type(err).__name__)
+            quiet_until = time.monotonic() + 60  # not a 10 s wait every step
+            log.warning("the driver's stop board did not answer (%s); training goes on, asking again in 60 s",
+                        type(err).__name__)
             return None
         return f"{reason} (relayed by the Ray driver)" if reason else None
 

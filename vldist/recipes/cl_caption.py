@@ -254,6 +254,11 @@ class CLCaptionRecipe(CaptionerRecipe):
         """Seeded from (seed, step, micro-batch): every rank draws alike; each draw differs."""
         return step_generator(self.config.seed, self._step, self._micro)
 
+    def __getstate__(self):
+        # loader workers receive the recipe pickled (pipeline.py): not the last step's tensors,
+        # which may live on a GPU
+        return {**self.__dict__, "last_draw": None}
+
     def _draw_negatives(self, batch: dict) -> torch.Tensor:
         """(K, T_local, L) negative captions of this rank's positives, drawn from every rank's
         captions: gathered, drawn alike on every rank (same global ids, same generator), this
