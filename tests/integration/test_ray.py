@@ -208,7 +208,10 @@ def test_a_bad_config_fails_fast_with_the_config_error(ray_head, tmp_path):
 
 
 def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_head, planted_shards, tmp_path):
-    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, "train.epochs=3"]
+    # 6 epochs (150 steps, about 16 s): `ray job stop` (a CLI that imports Ray) must arrive before
+    # the end on a loaded machine; with 3 epochs one CI run finished training first
+    epochs = 6
+    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, f"train.epochs={epochs}"]
     # Ray kills the driver RAY_JOB_STOP_WAIT_TIME_S after `ray job stop` (3 s by default): give the
     # workers the time a step and a checkpoint take, as docs/preemption.md tells users to.
     runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}})
@@ -226,7 +229,7 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
                           timeout=60).stdout
     assert "asking the workers to checkpoint and stop" in logs and "stopped by SIGTERM" in logs, logs[-4000:]
     step = stop_event(run)["step"]  # where the workers were: `ray job stop` itself takes a few seconds
-    assert 5 <= step < 3 * PREEMPT_EPOCH_STEPS
+    assert 5 <= step < epochs * PREEMPT_EPOCH_STEPS
     verify(run / "checkpoints" / f"step-{step:08d}")
     # rank 0 told the driver through the board (no file): the job's last words name the step
     assert f"after step {step}; checkpoint {run / 'checkpoints' / f'step-{step:08d}'}" in logs, logs[-4000:]
@@ -236,7 +239,7 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
     assert again.returncode == 0 and "succeeded" in out, out[-4000:]
     assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'}" in out
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["steps"] == 3 * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2
+    assert metrics["steps"] == epochs * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2
 
 
 def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, planted_shards, tmp_path):
