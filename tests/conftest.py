@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -43,17 +44,35 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The directory `build(path)` fills, built once per test session and read by every xdist
+    worker (a session fixture is otherwise built again in each worker). Read-only for tests."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common parent
+    out, done = root / name, root / f"{name}.built"
+    with FileLock(f"{out}.lock"):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            build(out)
+            done.touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def two_rank_reference(planted_shards, tmp_path_factory) -> Path:
     """The uninterrupted 2-rank run (torchrun) that stopped-and-resumed runs must end equal to,
-    whatever launched them: torchrun and srun ranks compute the same (one thread each)."""
+    whatever launched them: torchrun and srun ranks compute the same (one thread each). One run
+    for the whole session: tests compare against its files and never write there."""
     import subprocess
 
-    out = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                           f"output.dir={out}", *PREEMPT_JOB], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+    def train(out: Path) -> None:
+        proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
+                               f"output.dir={out}", *PREEMPT_JOB], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "two-rank-reference", train)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,13 @@
 """engine.backend=deepspeed on 2 gloo processes: ZeRO 1, 2 and 3 train, save sharded state and resume.
 
-Real DeepSpeed (`deepspeed.initialize`), real torchrun. A run stopped after 5 steps and resumed
-must end with the weights of an uninterrupted run; a damaged optimizer shard of one rank must
+Real DeepSpeed (`deepspeed.initialize`), real torchrun. A run resumed from its step-5 checkpoint
+must end with the weights of the uninterrupted run; a damaged optimizer shard of one rank must
 make both ranks fall back to the previous checkpoint together.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -41,7 +42,7 @@ def _weights(out, step):
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_stage_trains_saves_shards_and_resumes_exactly(planted_shards, tmp_path, stage):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    _train(planted_shards, whole, stage)
+    _train(planted_shards, whole, stage, "train.keep_last=4")  # steps 5, 7 (the epoch's end), 10 and 14
     metrics = json.loads((whole / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 14
     assert metrics["history"][-1]["train_loss"] < metrics["history"][0]["train_loss"]
@@ -49,7 +50,10 @@ def test_zero_stage_trains_saves_shards_and_resumes_exactly(planted_shards, tmp_
     shards = sorted(p.name for p in (whole / "checkpoints" / "step-00000014" / "deepspeed" / "zero").glob("*.pt"))
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in shards  # one optimizer shard per rank
 
-    _train(planted_shards, parts, stage, "train.max_steps=5")
+    # the run as a stop after step 5, mid-epoch, leaves it: its checkpoints up to step 5, nothing later
+    shutil.copytree(whole, parts)
+    for later in ("step-00000007", "step-00000010", "step-00000014", "best"):
+        shutil.rmtree(parts / "checkpoints" / later)
     log = _train(planted_shards, parts, stage, "train.resume=latest")
     assert "resumed from" in log and "step-00000005" in log
     expected, got = _weights(whole, 14), _weights(parts, 14)

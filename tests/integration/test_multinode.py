@@ -323,11 +323,15 @@ def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool,
     final checkpoint is fetched from there into tmp_path/"final". Returns the job's output (it
     succeeded) and the nodes' addresses."""
     pytest.importorskip("ray")
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    # RAY_TRAIN_...: a node lost is marked dead some seconds after Ray Train has already decided to
+    # start the whole group again; it then waits this long for the lost node's CPU before going on
+    # (60 s by default: docs/preemption.md)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
+           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
     run_dir = tmp_path / "runs"
     run_dir.mkdir()  # a mount point, on node 1, where own_disks
     job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={run_dir}",
-           f"ray.num_workers={workers}", "ray.max_failures=2", "train.save_every_steps=4", *PREEMPT_JOB]
+           f"ray.num_workers={workers}", "ray.max_failures=2", "train.save_every_steps=8", *PREEMPT_JOB]
     temps = []
     try:
         with Nodes(2) as nodes:

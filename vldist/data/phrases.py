@@ -17,7 +17,6 @@ import random
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou
 
 POSITIVE_IOU = 0.7
 NEGATIVE_IOU = 0.3
@@ -48,6 +47,8 @@ def phrase_objects(meta: dict) -> list[dict]:
 
 def overlaps(gt_boxes, proposal_boxes) -> np.ndarray:
     """(objects x proposals) IoU (torchvision's box_iou, continuous pixel coordinates)."""
+    from torchvision.ops import box_iou  # here: torchvision adds ~1.5 s to every process that imports it
+
     gt = torch.as_tensor(np.asarray(gt_boxes, dtype=np.float32).reshape(-1, 4))
     return box_iou(gt, torch.as_tensor(proposal_boxes, dtype=torch.float32)).numpy()
 

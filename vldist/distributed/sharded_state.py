@@ -13,35 +13,62 @@ param_groups) with torch.load(weights_only=False); vldist's planner loads them w
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import warnings
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
-)
+
+if TYPE_CHECKING:
+    import torch.distributed.checkpoint as dcp_module
 
 SHARDED_DIR = "sharded"  # inside a checkpoint directory
 MODEL_KEY = "model"
 EXTRA_KEY = "engine"
 
 
-class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        loaded = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._traverse import set_element
+def _dcp() -> "dcp_module":
+    """torch.distributed.checkpoint, imported on first use: it adds about 0.6 s to the start of
+    every process that imports it (`python -X importtime`), and most runs write plain checkpoints."""
+    import torch.distributed.checkpoint as dcp
 
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = loaded
+    return dcp
+
+
+@functools.cache
+def _weights_only_planner_class() -> type:
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class WeightsOnlyLoadPlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return WeightsOnlyLoadPlanner
+
+
+def _weights_only_planner():
+    return _weights_only_planner_class()()
+
+
+def _tensor_entries(directory: Path) -> dict:
+    """DCP's metadata of the model's tensors in `directory`, by their saved key."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = _dcp().FileSystemReader(str(directory)).read_metadata()
+    prefix = MODEL_KEY + "."
+    return {key: md for key, md in metadata.state_dict_metadata.items()
+            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
 
 
 def _distributed() -> bool:
@@ -59,6 +86,8 @@ def _one_process_is_meant():
 def state_of(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> dict:
     """The model and every named optimizer, keyed by parameter name (a fresh optimizer's state is
     made first, with a zero step at lr 0, so that a template to load into has every key)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
     options = StateDictOptions(ignore_frozen_params=False)
     return {MODEL_KEY: get_model_state_dict(model, options=options),
             "optimizers": {name: get_optimizer_state_dict(model, opt, options=options) for name, opt in optimizers.items()}}
@@ -76,8 +105,8 @@ def save(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directo
     no_dist = not _distributed()
     with _one_process_is_meant():
         if asynchronous:
-            return dcp.async_save(state, checkpoint_id=str(directory), process_group=process_group, no_dist=no_dist)
-        dcp.save(state, checkpoint_id=str(directory), process_group=process_group, no_dist=no_dist)
+            return _dcp().async_save(state, checkpoint_id=str(directory), process_group=process_group, no_dist=no_dist)
+        _dcp().save(state, checkpoint_id=str(directory), process_group=process_group, no_dist=no_dist)
     return None
 
 
@@ -85,9 +114,11 @@ def load(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directo
          extra: dict | None = None) -> dict:
     """Collective. Load the state saved by `save`, on any number of ranks; returns the `extra`
     state, loaded into the template given (its keys say what to read)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
     state = {**state_of(model, optimizers), EXTRA_KEY: extra or {}}
     with _one_process_is_meant():
-        dcp.load(state, checkpoint_id=str(directory), planner=WeightsOnlyLoadPlanner(), no_dist=not _distributed())
+        _dcp().load(state, checkpoint_id=str(directory), planner=_weights_only_planner(), no_dist=not _distributed())
     set_model_state_dict(model, state[MODEL_KEY])
     for name, optimizer in optimizers.items():
         set_optimizer_state_dict(model, optimizer, state["optimizers"][name])
@@ -96,19 +127,15 @@ def load(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directo
 
 def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     """The model's parameter shapes, from DCP's metadata alone."""
-    metadata = dcp.FileSystemReader(str(directory)).read_metadata()
     prefix = MODEL_KEY + "."
-    return {key[len(prefix):]: tuple(md.size) for key, md in metadata.state_dict_metadata.items()
-            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    return {key[len(prefix):]: tuple(md.size) for key, md in _tensor_entries(directory).items()}
 
 
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
     """The whole model's weights from `directory`, in this process alone (no process group): what
     evaluation and export read from a checkpoint that has no model.safetensors."""
-    metadata = dcp.FileSystemReader(str(directory)).read_metadata()
     prefix = MODEL_KEY + "."
-    template = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in metadata.state_dict_metadata.items()
-                if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    template = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in _tensor_entries(directory).items()}
     with _one_process_is_meant():
-        dcp.load(template, checkpoint_id=str(directory), planner=WeightsOnlyLoadPlanner(), no_dist=True)
+        _dcp().load(template, checkpoint_id=str(directory), planner=_weights_only_planner(), no_dist=True)
     return {key[len(prefix):]: value for key, value in template.items()}

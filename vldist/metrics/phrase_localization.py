@@ -25,7 +25,6 @@ import numbers
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou
 
 from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.ks import check_ks
@@ -130,6 +129,8 @@ def phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou=0.5) -> np.n
     if gt.ndim != 2 or gt.shape[0] != n:
         raise ValueError(f"gt_boxes must have shape {gt_expected}, got shape {gt.shape}")
     gt = torch.from_numpy(_check_boxes(gt, "gt_boxes", gt_expected))
+    from torchvision.ops import box_iou  # here: torchvision adds ~1.5 s to every process that imports it
+
     ranks = np.full(n, np.inf)
     for i, (s, b) in enumerate(zip(scores, boxes)):
         if s.shape[0] == 0:
