@@ -39,8 +39,9 @@ def scene_splits(tmp_path_factory) -> Path:
 
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): two workers at most. Serially the suite used 46 of 98 core-minutes
-    on 2 cores (`time` of .ci/run: 39.7 min user + 6.3 min sys over 49 min); more workers would
-    start more copies of every session service (SeaweedFS, the reference runs) for little gain."""
+    on 2 cores (`time` of .ci/run: 39.7 min user + 6.3 min sys over 49 min). Three workers were no
+    faster (2026-11-26, `python -m pytest -n 3`: 1,921 s against 1,911 s with two, the same tests)
+    and two timing-bound tests failed under the extra load."""
     return min(2, os.cpu_count() or 1)
 
 
