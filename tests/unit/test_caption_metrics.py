@@ -18,7 +18,7 @@ from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
 
-from vldist.metrics import CaptionMetricsError, JavaNotFoundError, caption_scores
+from vldist.metrics import CaptionMetricsError, JavaNotFoundError, caption_scores, release_meteor_jvm
 from vldist.metrics.captions import _english_jvm_locale
 
 KEYS = {"bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider_d"}
@@ -144,9 +144,36 @@ def test_same_numbers_as_pycocoevalcap_called_directly(clean_scores):
 
 
 @needs_java
-def test_no_meteor_jvm_outlives_a_call(clean_scores):
+def test_one_meteor_jvm_serves_every_call_of_a_process_until_released(clean_scores):
     assert clean_scores  # a full call has run in this process
+    kept = java_children()
+    assert len(kept) == 1  # METEOR's; the tokenizer's JVM ends with its run
+    # another set through the same JVM: the numbers of pycocoevalcap with a JVM of their own
+    others = {i: REFS[i] for i in list(REFS)[:5]}
+    shuffled = dict(zip(others, [CANDS[i] for i in list(REFS)[1:6]]))
+    assert caption_scores(others, shuffled) == pycocoevalcap_scores(others, shuffled)
+    assert caption_scores(REFS, CANDS) == clean_scores
+    assert java_children() == kept
+    release_meteor_jvm()
     assert java_children() == []
+
+
+@needs_java
+def test_a_forked_child_starts_its_own_meteor_jvm_and_leaves_its_parents(clean_scores):
+    caption_scores(REFS, CANDS)
+    (parents,) = java_children()
+    child = os.fork()
+    if child == 0:  # the child: scores with a JVM of its own, then ends without running finalizers
+        try:
+            same = caption_scores(REFS, CANDS) == clean_scores
+            own = java_children()
+            os._exit(0 if same and len(own) == 1 and own != [parents] else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert java_children() == [parents]  # the child neither used nor killed it
+    assert caption_scores(REFS, CANDS) == clean_scores
 
 
 def lcs(a: list, b: list) -> int:
@@ -196,10 +223,11 @@ def test_hand_worked_bleu_and_rouge_l():
     (["x"], {"a": "x"}, "references must be a dict keyed by id, got list"),
 ])
 def test_bad_input_is_a_value_error_naming_the_id(refs, cands, message):
+    before = java_children()
     with pytest.raises(ValueError) as caught:
         caption_scores(refs, cands)
     assert message in str(caught.value)
-    assert java_children() == []  # refused before any JVM started
+    assert java_children() == before  # refused before any JVM started
 
 
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), "60"])
@@ -209,6 +237,7 @@ def test_meteor_timeout_must_be_positive_seconds(timeout):
 
 
 def test_missing_java_says_what_to_install(monkeypatch, tmp_path):
+    before = java_children()
     monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no java on it
     with pytest.raises(JavaNotFoundError) as caught:
         caption_scores({"a": ["a dog"]}, {"a": "a dog"})
@@ -216,7 +245,7 @@ def test_missing_java_says_what_to_install(monkeypatch, tmp_path):
     message = str(caught.value)
     assert "pycocoevalcap needs Java" in message
     assert "apt-get install -y default-jre-headless" in message and "Java >= 8" in message
-    assert java_children() == []
+    assert java_children() == before
 
 
 def jvm_locale_properties() -> dict:
@@ -255,5 +284,6 @@ def test_german_jvm_locale_breaks_plain_meteor_but_not_caption_scores(monkeypatc
             meteor.compute_score({1: ["a man is riding a horse"]}, {1: ["a man riding a horse"]})
     finally:
         dispose(meteor)
+    release_meteor_jvm()  # so that caption_scores starts its METEOR JVM under the German options
     assert caption_scores(REFS, CANDS) == clean_scores
     assert os.environ["JAVA_TOOL_OPTIONS"] == GERMAN

@@ -21,13 +21,17 @@ What this module adds around pycocoevalcap (docs/caption-metrics.md):
 * clear ``ValueError``s for bad input and a ``JavaNotFoundError`` that says what to install;
 * every JVM runs in an English locale: METEOR parses its own numbers with the JVM's locale and dies
   under e.g. German (``could not convert string to float: b''`` in Python);
-* METEOR scoring runs under a timeout; a hung METEOR gives ``meteor = nan`` and a warning, and its
-  JVM never outlives a call;
+* one METEOR JVM per process, started by the first call and reused by the next ones (its start
+  is ~6 s of CPU whatever the set; a training run scores every validation); it ends with the
+  process, after any failure, or on ``release_meteor_jvm()``;
+* METEOR scoring runs under a timeout; a hung METEOR gives ``meteor = nan`` and a warning, and that
+  JVM is killed before the call returns;
 * the PTB tokenizer runs from a private writable copy, so a read-only site-packages works.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
 import math
@@ -47,7 +51,7 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 
-__all__ = ["caption_scores", "CaptionMetricsError", "JavaNotFoundError"]
+__all__ = ["caption_scores", "release_meteor_jvm", "CaptionMetricsError", "JavaNotFoundError"]
 
 log = logging.getLogger("vldist.metrics")
 
@@ -96,20 +100,20 @@ def caption_scores(references: Mapping[Hashable, list[str]], candidates: Mapping
         raise ValueError(f"meteor_timeout must be a positive number of seconds, got {meteor_timeout!r}")
     require_java()
     with _ONE_CALL_AT_A_TIME, _english_jvm_locale():
-        # Started before tokenising: the METEOR JVM needs ~5 s to load, and this overlaps it.
-        meteor = Meteor()
+        # Asked for before tokenising: a new METEOR JVM needs ~6 s to load, and this overlaps it.
+        meteor = _shared_meteor()
         scoring = None
         try:
             with _private_ptb_tokenizer() as tokenizer:
-                gts = _tokenized(tokenizer, refs)
-                res = _tokenized(tokenizer, cands)
+                gts, res = _tokenized(tokenizer, refs, cands)
             scoring = _MeteorScoring(meteor, gts, res, meteor_timeout)
             bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
             rouge_l, _ = Rouge().compute_score(gts, res)
             cider_d, _ = Cider().compute_score(gts, res)
             scoring.wait()
         finally:
-            java_report = _end_meteor_jvm(meteor, scoring)
+            # A JVM that failed, hung or was interrupted mid-answer cannot be trusted with the next set.
+            java_report = "" if scoring is not None and scoring.answered() else _release(meteor, scoring)
         meteor_score = scoring.score(java_report)
     return {"bleu1": float(bleu[0]), "bleu2": float(bleu[1]), "bleu3": float(bleu[2]),
             "bleu4": float(bleu[3]), "meteor": meteor_score, "rouge_l": float(rouge_l),
@@ -212,16 +216,20 @@ def _private_ptb_tokenizer():
         yield module.PTBTokenizer()
 
 
-def _tokenized(tokenizer, captions: dict[Hashable, list[str]]) -> dict[Hashable, list[str]]:
-    sent = {i: [{"caption": _JAVA_LINE_BREAKS.sub(" ", c)} for c in texts] for i, texts in captions.items()}
+def _tokenized(tokenizer, refs: dict[Hashable, list[str]], cands: dict[Hashable, list[str]]
+               ) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
+    """References and candidates through one tokenizer JVM (it tokenises line by line, so one run
+    gives what pycocoevalcap's two runs give)."""
+    both = {(side, i): texts for side, captions in enumerate((refs, cands)) for i, texts in captions.items()}
+    sent = {key: [{"caption": _JAVA_LINE_BREAKS.sub(" ", c)} for c in texts] for key, texts in both.items()}
     tokenized = tokenizer.tokenize(sent)
     # pycocoevalcap does not check java's exit status: a failed JVM shows up as missing lines.
-    short = [i for i, texts in captions.items() if len(tokenized.get(i, ())) != len(texts)]
+    short = [key[1] for key, texts in both.items() if len(tokenized.get(key, ())) != len(texts)]
     if short:
         raise CaptionMetricsError(
             f"pycocoevalcap's PTB tokenizer (java) returned the wrong number of lines for {len(short)} "
             f"id(s) (first: {_first(short)}); java's own error, if any, is printed above")
-    return tokenized
+    return ({i: tokenized[(0, i)] for i in refs}, {i: tokenized[(1, i)] for i in cands})
 
 
 class _MeteorScoring:
@@ -243,6 +251,10 @@ class _MeteorScoring:
         except BaseException as error:  # reported in the caller's thread by score()
             self._error = error
 
+    def answered(self) -> bool:
+        """METEOR gave its score in time (its JVM is then fit for the next call)."""
+        return not self.thread.is_alive() and self._error is None and self._score is not None
+
     def wait(self) -> None:
         """Until METEOR has answered or the timeout (counted from the start of scoring) has passed."""
         left = self._deadline - time.monotonic()
@@ -260,6 +272,52 @@ class _MeteorScoring:
             raise CaptionMetricsError(f"METEOR failed ({type(self._error).__name__}: {self._error}). "
                                       + java_report) from None
         return self._score
+
+
+# This process's METEOR JVM, kept between calls, and the pid that started it: a forked child (a data
+# loader worker) inherits the object but must neither use nor kill its parent's JVM.
+_meteor: Meteor | None = None
+_meteor_owner: int | None = None
+_inherited: list[Meteor] = []  # a parent's Meteor objects, never collected (Meteor.__del__ kills the JVM)
+
+
+def _shared_meteor() -> Meteor:
+    """This process's running METEOR JVM, started if there is none (or the last one has exited)."""
+    global _meteor, _meteor_owner
+    if _meteor is not None and _meteor_owner != os.getpid():
+        _inherited.append(_meteor)
+        _meteor = None
+    if _meteor is not None and _meteor.meteor_p.poll() is not None:
+        _release(_meteor, None)
+    if _meteor is None:
+        _meteor, _meteor_owner = Meteor(), os.getpid()
+    return _meteor
+
+
+def release_meteor_jvm() -> None:
+    """End this process's METEOR JVM now (its ~1 GB comes back); the next caption_scores call
+    starts a new one. It also ends by itself when the process exits."""
+    with _ONE_CALL_AT_A_TIME:
+        if _meteor is not None and _meteor_owner == os.getpid():
+            _release(_meteor, None)
+
+
+@atexit.register
+def _end_at_exit() -> None:
+    # Not waiting for a call still running in a daemon thread: its JVM is killed under it instead.
+    if _ONE_CALL_AT_A_TIME.acquire(blocking=False):
+        _ONE_CALL_AT_A_TIME.release()
+        release_meteor_jvm()
+    elif _meteor is not None and _meteor_owner == os.getpid():
+        _meteor.meteor_p.kill()
+
+
+def _release(meteor: Meteor, scoring: _MeteorScoring | None) -> str:
+    """End ``meteor``'s JVM and forget it as this process's shared one; see _end_meteor_jvm."""
+    global _meteor
+    if meteor is _meteor:
+        _meteor = None
+    return _end_meteor_jvm(meteor, scoring)
 
 
 def _end_meteor_jvm(meteor: Meteor, scoring: _MeteorScoring | None) -> str:
