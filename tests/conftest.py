@@ -7,6 +7,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# One torch thread per test process under xdist (its children inherit it; torchrun and Ray set one
+# per rank themselves). Two workers on two cores, each running torch with a thread per core, put
+# four busy threads on two cores, and OpenMP's threads spin while they wait for each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
 from helpers import PREEMPT_JOB, SMALL_VSRN, TORCHRUN, write_planted_shards, write_scene_images  # noqa: E402
 
 

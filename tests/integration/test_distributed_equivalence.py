@@ -2,9 +2,10 @@
 
 Both runs sit within ~4e-6 of a float64 computation (measured); a one-pass variance in the global
 BatchNorm once put the 2-rank gradients 20x further off, which this tolerance catches. A wrong
-loss scaling or local negatives differ by 50-100%. atol covers gradients that are exactly zero in
-theory (a bias right before BatchNorm), where both runs show float noise of up to 4e-5 against
-gradients of size ~2.
+loss scaling or local negatives differ by 50-100%. Gradients that are exactly zero in theory (a bias
+right before BatchNorm) are float noise in both runs, up to 1.3e-4 (one process on one thread)
+against gradients of size ~3: there both must stay under 1e-4 of the largest gradient instead of
+equal to each other.
 """
 
 import subprocess

@@ -95,8 +95,12 @@ def assert_same_step(many: dict, one: dict) -> None:
 
     for key in ("loss", "matching", "caption"):
         assert many[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), key
+    scale = max(grad.abs().max() for grad in one["grads"].values())
     for name, grad in one["grads"].items():
-        assert torch.allclose(many["grads"][name], grad, rtol=1e-4, atol=1e-4), name
+        if grad.abs().max() < 1e-4 * scale:  # zero in theory (a bias right before BatchNorm): noise in both
+            assert many["grads"][name].abs().max() < 1e-4 * scale, name
+        else:
+            assert torch.allclose(many["grads"][name], grad, rtol=1e-4, atol=1e-4), name
     start = dict(build_model(make_recipe(True)).named_parameters())
     moved = 0
     for name, param in one["params"].items():
