@@ -96,7 +96,6 @@ def test_a_shard_set_that_one_node_lacks_is_named_with_that_node(planted_shards,
     assert "put it on a disk they share, on each node, or in object storage" in said
 
 
-
 def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
     """`python -m vldist.train vsrn` with the default data.shards (shards/synth, relative to where
     each node starts the job), on two nodes whose working directories are not one disk (node 1's
@@ -108,10 +107,11 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(worker.__file__).parent / "small_embedded_set")}
     job = ["-m", "vldist.train", "vsrn", f"output.dir={run}", "train.max_steps=2", "train.validate_every=0",
            *SMALL_VSRN, "data.batch_size=16", "data.eval_batch_size=16"]
-    digests = 'cd shards/synth && sha256sum -- * | sort -k2'
+    # in the working directory: its filesystem, the job, then the digests of the set it built there
+    script = (f'cd {work} && echo "-- cwd: $(stat -f -c %T .)" && "$@" && echo "-- files:" && '
+              'cd shards/synth && sha256sum -- * | sort -k2')
     with Nodes(2) as nodes:
-        processes = [nodes.popen(i, ["sh", "-c", f'cd {work} && echo "-- cwd: $(stat -f -c %T .)" && "$@" && echo "-- files:" && {digests}', "sh",
-                                     *torchrun_command(nodes, i, 1, job, tmp_path.name)],
+        processes = [nodes.popen(i, ["sh", "-c", script, "sh", *torchrun_command(nodes, i, 1, job, tmp_path.name)],
                                  hidden=(work,) if i == 1 else (), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
         outputs = finished(processes)
@@ -122,6 +122,7 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 2 and metrics["config"]["data"]["shards"] == "shards/synth"
     assert metrics["test"]["n_images"] == 16  # the shrunk set: the job read what the nodes built
+
 
 def test_an_output_directory_one_node_does_not_share_is_refused_before_training(planted_shards, tmp_path):
     """Node 1 has a directory of its own at output.dir's path: the run stops at its start, naming
