@@ -153,6 +153,8 @@ PREEMPT_STEPS, PREEMPT_EPOCH_STEPS = 50, 25
 SMALL_VSRN = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
               "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "metrics.enabled=false"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+# On PYTHONPATH, it makes the embedded sets' builders build small sets (the real code and format)
+SMALL_EMBEDDED_SETS = str(Path(__file__).parent / "integration" / "workers" / "small_embedded_set")
 
 
 def run_on_two_ranks(script: Path, *args, timeout: float = 300) -> None:

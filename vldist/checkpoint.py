@@ -10,7 +10,7 @@ Layout of one checkpoint directory:
     deepspeed/          DeepSpeed's sharded model and optimizer state, one file per rank (ZeRO)
     config.yaml         the job config that produced it
     vocab.json          the vocabulary the model's embeddings index
-    meta.json           step, epoch, metrics
+    meta.json           step, epoch, metrics; `final` on the last step of a run
     files.json          size and sha256 of every file above: a damaged file is found before loading
     COMPLETE            written last: a directory without it is never loaded
 

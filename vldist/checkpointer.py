@@ -63,7 +63,8 @@ class Checkpointer:
         train.keep_last and tell the launcher. `final`: the run's last, which holds the whole
         weights in every format; `wait`: return only once it is committed, even when saves are
         asynchronous (a stop: the process exits next). Returns its path."""
-        meta = {"step": step, "epoch": epoch}
+        # final: the run trained every step it was asked for (a Ray resubmission is refused, not resumed)
+        meta = {"step": step, "epoch": epoch, "final": final}
         name = step_name(step)
         self.save(name, meta, full_weights=final, wait=wait)
         return self.path(name)

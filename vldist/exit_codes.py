@@ -13,6 +13,7 @@ from vldist.distributed.peer_loss import PeerLost
 from vldist.distributed.watchdog import HUNG as WATCHDOG_HUNG
 from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
+from vldist.launch.resubmission import RunDirectoryTaken
 from vldist.run_lock import OutputDirInUse
 from vldist.store.location import StoreSupportMissing, StoreUnreachable
 from vldist.store.retry import StoreLost
@@ -29,7 +30,7 @@ INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports): ended at once
 # CaptionMetricsError, and refuses to start rather than fails.
 EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
     (REFUSED, (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
-               OutputDirInUse, JavaNotFoundError, StoreSupportMissing,
+               OutputDirInUse, RunDirectoryTaken, JavaNotFoundError, StoreSupportMissing,
                StoreUnreachable)),
     (FAILED, (RunFailed, PeerLost, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost)),
     (STOPPED, (TrainingStopped, RunStopped)),

@@ -19,6 +19,7 @@ from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
 from vldist.distributed.peer_loss import PeerLost
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.launch import ray_train
+from vldist.launch.resubmission import refuse_other_settings, start_afresh
 from vldist.recipes import get_recipe, recipe_names
 from vldist.recipes.jobs import load_config
 from vldist.runner import run
@@ -122,8 +123,10 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
             })
             finished = stage.output_dir / "metrics.json"
             if index < len(stages) - 1 and finished.is_file():
-                log.info("stage '%s' finished before: using %s", name, finished)
                 done[name] = json.loads(finished.read_text())
+                refuse_other_settings(done[name]["config"], stage,
+                                      f"stage '{name}' finished before in {stage.output_dir}", start_afresh(stage, use_ray))
+                log.info("stage '%s' finished before: using %s", name, finished)
                 continue
             log.info("stage %d/%d of %s: '%s' (recipe %s), output in %s", index + 1, len(stages), config.recipe,
                      name, stage.recipe, stage.output_dir)

@@ -51,6 +51,15 @@ def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards
     assert "stage 'mle' finished before" in caplog.text
     assert (out / "mle" / "metrics.json").stat().st_mtime == mle_mtime
 
+    # another seed: the finished MLE stage is of other settings, and is neither reused nor redone
+    capsys.readouterr()
+    assert train_main([*argv, "seed=1"]) == 2
+    said = capsys.readouterr().err
+    assert (f"error: stage 'mle' finished before in {out / 'mle'}, with other settings than this job (1 differ: seed: "
+            "the run's 0, this job's 1): only the job that started it carries it on. Start afresh in another "
+            f"output.dir or after removing {out / 'mle'}.") in said, said
+    assert (out / "mle" / "metrics.json").stat().st_mtime == mle_mtime
+
 
 @pytest.mark.parametrize("engine", [[], ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero3.json"]],
                          ids=["accelerate", "deepspeed-zero3"])

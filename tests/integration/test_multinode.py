@@ -6,20 +6,18 @@ their own hostnames and /etc/hosts, addresses in 198.18.0.0/15 that exist only i
   node's /etc/hosts maps its own name to 127.0.1.1 as Debian writes it: gloo would then tell the
   other node to connect to 127.0.1.1, and vldist picks the interface towards MASTER_ADDR instead.
 - A shard set on one node's disk only is reported with that node's name.
-- A node lost mid-run and brought back, under torchrun and under Ray (a head and a worker node),
-  ends the run with the weights of an uninterrupted one. (Slurm's: tests/integration/test_slurm.py.)"""
+- A node lost mid-run and brought back under torchrun (cluster/torchrun/train.sh) ends the run with
+  the weights of an uninterrupted one. (Slurm's: tests/integration/test_slurm.py; Ray's, and Ray
+  jobs on several nodes: tests/integration/test_ray_nodes.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,13 +27,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 from engines import cpu_engine  # noqa: E402
-from helpers import PREEMPT_JOB, PREEMPT_STEPS, SMALL_VSRN, assert_same_weights, wait_for_step, weights  # noqa: E402
+from helpers import (  # noqa: E402
+    PREEMPT_JOB, PREEMPT_STEPS, SMALL_EMBEDDED_SETS, SMALL_VSRN, assert_same_weights, wait_for_step, weights,
+)
 from netns import Nodes, unavailable  # noqa: E402
 
 from vldist.distributed.watchdog import HUNG  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no test nodes: {unavailable()}")
 RENDEZVOUS_PORT = 29400  # inside the first node's namespace: no other process can hold it
+TORCHRUN_SCRIPT = Path(__file__).resolve().parents[2] / "cluster" / "torchrun" / "train.sh"
 
 
 @pytest.fixture(scope="module")
@@ -101,18 +102,26 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
     each node starts the job), on two nodes whose working directories are not one disk (node 1's
     is hidden: empty): each node's first rank builds the deterministic set, both train on the same
     bytes, and node 1's copy equals node 0's file for file. The builder is shrunk for the test
-    (workers/small_embedded_set/sitecustomize.py); the path it takes is the real one."""
+    (workers/small_embedded_set/sitecustomize.py); the path it takes is the real one.
+    The agents allow a restart without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 says once that
+    a lost node could not rejoin, and how to fix it."""
     work, run = tmp_path / "work", tmp_path / "run"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(Path(worker.__file__).parent / "small_embedded_set")}
+    env = {**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS}
+    env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     job = ["-m", "vldist.train", "vsrn", f"output.dir={run}", "train.max_steps=2", "train.validate_every=0",
            *SMALL_VSRN, "data.batch_size=16", "data.eval_batch_size=16"]
     # in the working directory: its filesystem, the job, then the digests of the set it built there
     script = (f'cd {work} && echo "-- cwd: $(stat -f -c %T .)" && "$@" && echo "-- files:" && '
               'cd shards/synth && sha256sum -- * | sort -k2')
+
+    def torchrun(node: int) -> list[str]:
+        argv = torchrun_command(nodes, node, 1, job, tmp_path.name)
+        argv[3:3] = ["--max-restarts", "1"]  # after `python -m torch.distributed.run`
+        return argv
+
     with Nodes(2) as nodes:
-        processes = [nodes.popen(i, ["sh", "-c", script, "sh", *torchrun_command(nodes, i, 1, job, tmp_path.name)],
-                                 hidden=(work,) if i == 1 else (), env=env,
+        processes = [nodes.popen(i, ["sh", "-c", script, "sh", *torchrun(i)], hidden=(work,) if i == 1 else (), env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
         outputs = finished(processes)
     assert "-- cwd: tmpfs" in outputs[1] and "-- cwd: tmpfs" not in outputs[0]  # node 1 started on a disk of its own
@@ -121,7 +130,10 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
     assert "building the embedded synthetic dataset" in outputs[0]  # rank 0 says so; node 1's rank logs warnings only
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 2 and metrics["config"]["data"]["shards"] == "shards/synth"
-    assert metrics["test"]["n_images"] == 16  # the shrunk set: the job read what the nodes built
+    assert metrics["test"]["n_images"] == 64  # the shrunk set: the job read what the nodes built
+    warned = "".join(outputs).count("torchrun: this job spans 2 nodes and restarts its ranks (--max-restarts 1), "
+                                    "but TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not set")
+    assert warned == 1, outputs
 
 
 def test_an_output_directory_one_node_does_not_share_is_refused_before_training(planted_shards, tmp_path):
@@ -148,18 +160,20 @@ def test_a_node_lost_mid_run_comes_back_and_the_run_ends_as_if_never_lost(plante
     """Node 1 loses every process mid-epoch (as a power failure would) and its torchrun is started
     again (as a scheduler would): node 0's agent restarts its rank (--max-restarts), both rejoin the
     rendezvous and resume from the last checkpoint on the disk they share (train.resume=auto); the
-    run ends with the steps and weights of the uninterrupted 2-rank run."""
+    run ends with the steps and weights of the uninterrupted 2-rank run. Each node runs
+    cluster/torchrun/train.sh, which sets what a rejoining node needs
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: pytorch/pytorch#147064): no warning."""
     run = tmp_path / "run"
-    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *PREEMPT_JOB,
-           "train.save_every_steps=4", "train.resume=auto"]
-    # torch >= 2.4 shares the rendezvous store with the ranks, and a surviving agent then never
-    # publishes the new round's master address to a rejoining node (pytorch/pytorch#147064)
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    job = ["vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *PREEMPT_JOB, "train.save_every_steps=4"]
     with Nodes(2) as nodes:
         def start(node: int) -> subprocess.Popen:
-            argv = torchrun_command(nodes, node, 1, job, tmp_path.name)
-            argv[3:3] = ["--max-restarts", "3"]  # after `python -m torch.distributed.run`
-            return nodes.popen(node, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            host = " --rdzv-conf is_host=1" if node == 0 else ""  # by address: its own name may be loopback
+            env = {**os.environ, "NNODES": "2", "RDZV_ENDPOINT": f"{nodes.addresses[0]}:{RENDEZVOUS_PORT}",
+                   "RUN_ID": tmp_path.name, "PYTHON": sys.executable,  # MAX_RESTARTS: the script's 3
+                   "TORCHRUN_ARGS": f"--local-addr {nodes.addresses[node]}{host}"}
+            env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # the script's to set
+            return nodes.popen(node, ["bash", str(TORCHRUN_SCRIPT), *job], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
 
         first, second = start(0), start(1)
         wait_for_step(run, 9)
@@ -173,11 +187,11 @@ def test_a_node_lost_mid_run_comes_back_and_the_run_ends_as_if_never_lost(plante
     resumed = re.search(r"resumed from \S+step-(\d+)", "".join(outputs))
     assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS
     assert "error: rank 0 on node0 lost another rank of the run" in outputs[0]  # one line, then the restart
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not set" not in "".join(outputs)
     final = f"step-{PREEMPT_STEPS:08d}"
     assert_same_weights(weights(run / "checkpoints" / final), weights(two_rank_reference / "checkpoints" / final))
 
 
-RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 def test_a_frozen_node_is_named_by_the_other_within_the_hang_timeout(planted_shards, tmp_path):
     """Every process of node 1 stopped (SIGSTOP: its connections stay open, nothing answers): the
     rank on node 0 exits HUNG within train.hang_timeout_s and a margin, naming rank 1 on node1."""
@@ -250,171 +264,3 @@ def test_prometheus_on_the_first_node_scrapes_every_rank_of_a_two_node_run(plant
     scraped = sorted((m["rank"], m["host"], m["instance"], value) for m, value in steps)
     assert scraped == [("0", "node0", f"{nodes.addresses[0]}:9400", PREEMPT_STEPS),
                        ("1", "node1", f"{nodes.addresses[1]}:9400", PREEMPT_STEPS)], scraped
-
-
-RAY_PORT, DASHBOARD_PORT = 6379, 8265  # inside the nodes' namespaces: nothing else holds them
-WAIT_FOR_NODES = """import sys, time, ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-deadline = time.time() + 120
-while sum(node["Alive"] for node in ray.nodes()) < int(sys.argv[2]):
-    assert time.time() < deadline, ray.nodes()
-    time.sleep(0.5)
-"""
-
-
-def start_ray_node(nodes: Nodes, node: int, env: dict, temps: list[str], hidden: tuple = ()) -> subprocess.Popen:
-    """`ray start` on `node`: the head on node 0 (its dashboard on node 0's loopback), a worker node
-    joining it elsewhere; one CPU each, so a group of two workers takes one on each node. Its temp
-    directory is added to `temps`; the `hidden` directories are empty there (a disk of its own)."""
-    role = (["--head", "--port", str(RAY_PORT), "--dashboard-host", "127.0.0.1", "--dashboard-port",
-             str(DASHBOARD_PORT)] if node == 0 else ["--address", f"{nodes.addresses[0]}:{RAY_PORT}"])
-    temps.append(tempfile.mkdtemp(prefix="vn", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
-    # A lost node is declared dead after 3 missed health checks a second apart (Ray's defaults: 5,
-    # 3 s apart, each waiting up to 10 s): the tests wait that long after each power-off.
-    checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-              "RAY_health_check_failure_threshold": "3"}
-    return nodes.popen(node, [*RAY, "start", "--block", *role, "--num-cpus", "1", "--node-ip-address",
-                              nodes.addresses[node], "--temp-dir", temps[-1], "--disable-usage-stats"],
-                       hidden=hidden, env={**env, **checks}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def wait_for_ray_nodes(nodes: Nodes, count: int, env: dict) -> None:
-    subprocess.run(nodes.command(0, [sys.executable, "-c", WAIT_FOR_NODES, f"{nodes.addresses[0]}:{RAY_PORT}",
-                                     str(count)]), env=env, check=True, timeout=180, capture_output=True)
-
-
-def submit_on_head(nodes: Nodes, job: list[str], env: dict) -> subprocess.Popen:
-    """`ray job submit` on node 0, once its job agent answers (some seconds after the dashboard)."""
-    submit = [*RAY, "job", "submit", "--address", f"http://127.0.0.1:{DASHBOARD_PORT}", "--"]
-    deadline = time.time() + 120
-    while (probe := subprocess.run(nodes.command(0, [*submit, sys.executable, "-c", "pass"]), env=env,
-                                   capture_output=True, text=True, timeout=120)).returncode != 0:
-        assert "No available agent" in probe.stdout + probe.stderr, (probe.stdout + probe.stderr)[-3000:]
-        assert time.time() < deadline, "the head's job agent did not come up in 120 s"
-        time.sleep(1)
-    return nodes.popen(0, [*submit, sys.executable, *job], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
-
-
-def on_node_0(nodes: Nodes, env: dict, code: str, *args: str) -> str:
-    """Python `code` run on node 0 (where the nodes' S3 store answers); its stdout."""
-    done = subprocess.run(nodes.command(0, [sys.executable, "-c", code, *args]), env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
-
-
-STORE = "import os, s3fs; fs = s3fs.S3FileSystem(endpoint_url=os.environ['AWS_ENDPOINT_URL'])\n"
-
-
-def nodes_store(nodes: Nodes, directory: Path, env: dict):
-    """A SeaweedFS S3 store on node 0's address, which both nodes reach (and nothing else)."""
-    from seaweed import start_s3_store
-
-    def answers(store) -> bool:
-        probe = subprocess.run(nodes.command(0, [sys.executable, "-c", STORE + "fs.ls('')"]),
-                               env={**env, **store.environment}, capture_output=True, timeout=60)
-        return probe.returncode == 0
-
-    directory.mkdir()
-    return start_s3_store(directory, ip=nodes.addresses[0], launch=lambda argv, **kw: nodes.popen(0, argv, **kw),
-                          answers=answers)
-
-
-class Output:
-    """A process's output, read as it comes (a thread), so that a test can wait for a line."""
-
-    def __init__(self, process: subprocess.Popen):
-        self.process, self.lines = process, []
-        self.reader = threading.Thread(target=lambda: self.lines.extend(process.stdout), daemon=True)
-        self.reader.start()
-
-    def wait_for(self, pattern: str, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while not any(re.search(pattern, line) for line in list(self.lines)):
-            assert self.process.poll() is None, "".join(self.lines)[-4000:]
-            assert time.time() < deadline, f"no {pattern!r} after {timeout} s: " + "".join(self.lines)[-4000:]
-            time.sleep(0.2)
-
-    def rest(self, timeout: float) -> str:
-        self.process.wait(timeout)
-        self.reader.join(30)
-        return "".join(self.lines)
-
-
-def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool,
-                          own_disks: bool = False) -> tuple[str, list[str]]:
-    """A head and a worker node of one CPU each; `ray job submit` of the preemption job on the head
-    with `ray.num_workers=workers`; at step 9 node 1 loses every process (its raylet and its worker)
-    and, if `rejoin`, is started again. `own_disks`: node 1 does not see node 0's run directory
-    (each node has its own), the shards and the checkpoints are in an S3 store on node 0, and the
-    final checkpoint is fetched from there into tmp_path/"final". Returns the job's output (it
-    succeeded) and the nodes' addresses."""
-    pytest.importorskip("ray")
-    # RAY_TRAIN_...: a node lost is marked dead some seconds after Ray Train has already decided to
-    # start the whole group again; it then waits this long for the lost node's CPU before going on
-    # (60 s by default: docs/preemption.md)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
-    run_dir = tmp_path / "runs"
-    run_dir.mkdir()  # a mount point, on node 1, where own_disks
-    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={run_dir}",
-           f"ray.num_workers={workers}", "ray.max_failures=2", "train.save_every_steps=8", *PREEMPT_JOB]
-    temps = []
-    try:
-        with Nodes(2) as nodes:
-            if own_disks:
-                store = nodes_store(nodes, tmp_path / "s3", env)
-                env.update(store.environment)  # on the nodes, as a cluster sets them (cluster/ray/README.md)
-                on_node_0(nodes, env, STORE + "fs.mkdir('vldist-tests'); fs.put(*__import__('sys').argv[1:], "
-                          "recursive=True)", str(planted_shards), "vldist-tests/planted")
-                job += ["data.shards=s3://vldist-tests/planted", "output.checkpoint_dir=s3://vldist-tests/run"]
-            start_ray_node(nodes, 0, env, temps)
-            start_ray_node(nodes, 1, env, temps, hidden=(run_dir,) if own_disks else ())
-            wait_for_ray_nodes(nodes, 2, env)
-            output = Output(submit_on_head(nodes, job, env))
-            output.wait_for(r"step 9/", timeout=300)  # rank 0's progress, wherever it runs
-            nodes.power_off(1)
-            if rejoin:
-                start_ray_node(nodes, 1, env, temps, hidden=(run_dir,) if own_disks else ())
-            out = output.rest(timeout=420)
-            if own_disks and output.process.returncode == 0:
-                on_node_0(nodes, env, STORE + "fs.get(*__import__('sys').argv[1:], recursive=True)",
-                          f"vldist-tests/run/step-{PREEMPT_STEPS:08d}", str(tmp_path / "final"))
-    finally:
-        for temp in temps:
-            shutil.rmtree(temp, ignore_errors=True)
-    assert output.process.returncode == 0 and "succeeded" in out, out[-4000:]
-    return out, list(nodes.addresses)
-
-
-def test_ray_workers_on_two_nodes_with_their_own_disks_lose_one_and_resume_from_the_store(planted_shards, tmp_path,
-                                                                                         two_rank_reference):
-    """A head and a worker node whose disks hold different run directories (node 1 does not see
-    node 0's), the shards and the checkpoints (output.checkpoint_dir) in an S3 store; `ray job
-    submit` on the head places one worker on each. Node 1 then loses every process; started again
-    (an empty disk, as a new machine), it rejoins, Ray Train (FailureConfig) starts the group again,
-    the rank there downloads the last checkpoint from the store, and the run ends with the steps
-    and weights of the uninterrupted 2-rank run; the driver reports rank 0's results wherever rank
-    0 ran (no file on a shared disk)."""
-    out, addresses = ray_run_losing_node_1(planted_shards, tmp_path, "2", rejoin=True, own_disks=True)
-    placed = re.findall(r"\(ip=([\d.]+), pid=\d+\) world_rank=\d", out)  # the group Ray Train started, each time
-    assert len(placed) >= 4 and sorted(placed[:2]) == sorted(placed[2:4]) == sorted(addresses), placed
-    resumed = re.search(r"resumed from \S+step-(\d+)", out)
-    assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS, out[-4000:]
-    assert f"{PREEMPT_STEPS} steps in " in out, out[-4000:]  # the driver's results table, from rank 0's results
-    final = f"step-{PREEMPT_STEPS:08d}"
-    assert_same_weights(weights(tmp_path / "final"), weights(two_rank_reference / "checkpoints" / final))
-
-
-def test_an_elastic_ray_group_that_loses_a_node_carries_on_with_the_worker_left(planted_shards, tmp_path):
-    """`ray.num_workers=1:2` (Ray Train's elastic training) on a head and a worker node of one CPU
-    each: a worker on each. Node 1 then loses every process and stays down; Ray Train starts the
-    group again with the one worker the cluster still has, which resumes the 2-rank checkpoint on
-    1 rank (the global batch kept) and ends the run."""
-    out, _ = ray_run_losing_node_1(planted_shards, tmp_path, "1:2", rejoin=False)
-    run = tmp_path / "runs" / "vsrn"
-    resumed = re.search(r"resumed from \S+step-(\d+) .*written by 2 ranks, resumed on 1", out)
-    assert resumed and 8 <= int(resumed.group(1)) < PREEMPT_STEPS, out[-4000:]
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["world_size"] == 1 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 1

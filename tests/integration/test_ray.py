@@ -19,13 +19,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import PREEMPT_EPOCH_STEPS, PREEMPT_JOB, free_port, free_port_pair, stop_event, wait_for_step
+from helpers import (
+    PREEMPT_EPOCH_STEPS, PREEMPT_JOB, SMALL_EMBEDDED_SETS, free_port, free_port_pair, stop_event, wait_for_step,
+)
 
 from vldist.checkpoint import verify
 
 pytest.importorskip("ray")
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+REPO = Path(__file__).resolve().parents[2]  # the checkout, shipped with --working-dir as a user would
 JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
        "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "engine.sync_batchnorm=true",
        "data.workers=1", "ray.num_workers=2", "ray.max_failures=2"]
@@ -44,13 +47,21 @@ def ray_token(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_head(ray_token):
-    temp = Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+def ray_temp() -> Path:
+    """The head's Ray directory (where it unpacks a job's --working-dir); removed with the head."""
+    return Path(tempfile.mkdtemp(prefix="vr", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+
+
+@pytest.fixture(scope="module")
+def ray_head(ray_token, ray_temp):
+    temp = ray_temp
     port, dashboard = free_port(), free_port()
     head = subprocess.Popen(
         [*RAY, "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
          "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
          "--temp-dir", str(temp), "--disable-usage-stats"],
+        # the jobs' embedded sets, where one is built, are small ones (same code and format)
+        env={**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
@@ -113,8 +124,9 @@ def _stop_head(head: subprocess.Popen, temp: Path) -> None:
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def _submit(address, *args, wait=True, job="vsrn"):
-    cmd = [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-m", "vldist.train", job, *args]
+def _submit(address, *args, wait=True, job="vsrn", working_dir=None):
+    options = ["--working-dir", str(working_dir)] if working_dir else []
+    cmd = [*RAY, "job", "submit", "--address", address, *options, "--", sys.executable, "-m", "vldist.train", job, *args]
     if wait:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -163,18 +175,25 @@ def test_a_two_branch_job_localises_phrases_on_the_workers(ray_head, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
-def test_an_l2c_job_takes_both_streams_on_two_workers(ray_head, pair_shards, scene_images, tmp_path):
-    proc = _submit(ray_head, f"data.shards={pair_shards}", f"model.single_shards={scene_images}",
-                   f"ray.storage_path={tmp_path}", "ray.num_workers=2", "model.image_size=64", "model.graph_dim=32",
-                   "model.hidden=32", "model.embed=16", "model.classes=3", "model.gcn_kernel=torch",
+def test_an_l2c_job_takes_both_embedded_sets_where_ray_unpacks_it(ray_head, ray_temp, tmp_path):
+    """`ray job submit --working-dir . -- python -m vldist.train l2c` with its two embedded sets
+    (the pairs and the single-image captions): the workers build both in the checkout Ray unpacked
+    (small ones: the head's sitecustomize), and each stream reads its own."""
+    proc = _submit(ray_head, f"ray.storage_path={tmp_path}", "ray.num_workers=2", "model.image_size=64",
+                   "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3", "model.gcn_kernel=torch",
                    "data.batch_size=8", "model.single_batch_size=8", "data.eval_batch_size=16", "data.shuffle_buffer=32",
                    "data.workers=1", "train.epochs=1", "train.validate_every=0", "model.baseline_stage=false",
-                   "eval.beam_size=1", "metrics.enabled=false", job="l2c")
+                   "eval.beam_size=1", "metrics.enabled=false", job="l2c", working_dir=REPO)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
     metrics = json.loads((tmp_path / "l2c" / "metrics.json").read_text())
     # 64 pairs / 8 = 8 pair steps and as many single-image steps, over a group of two workers
     assert metrics["world_size"] == 2 and metrics["steps"] == 16
+    assert (metrics["config"]["data"]["shards"], metrics["config"]["model"]["single_shards"]) == \
+        ("shards/synth_pairs", "shards/synth")
+    unpacked = [p.parent for p in ray_temp.glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/jobs")]
+    assert len(unpacked) == 1 and (unpacked[0] / "shards" / "synth" / "manifest.json").is_file(), unpacked
+    assert json.loads((unpacked[0] / "shards" / "synth_pairs" / "manifest.json").read_text())["splits"]["train"]["samples"] == 64
     assert "ROUGE-L" in out and "16 pairs" in out
 
 
@@ -240,12 +259,20 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
     # rank 0 told the driver through the board (no file): the job's last words name the step
     assert f"after step {step}; checkpoint {run / 'checkpoints' / f'step-{step:08d}'}" in logs, logs[-4000:]
 
-    again = _submit(ray_head, *job)  # the same job, submitted again
+    other = _submit(ray_head, *job, "train.lr=0.0005")  # another job into the same run directory
+    said = other.stdout + other.stderr
+    assert other.returncode != 0 and (f"error: the Ray run directory {run} holds a run, with other settings than "
+                                      "this job (1 differ: train.lr: the run's 0.001, this job's 0.0005)") in said, said[-3000:]
+    assert "ray.name=vsrn-2" in said and "Traceback" not in said and "world_rank=" not in said
+
+    again = _submit(ray_head, *job, "ray.num_workers=1")  # the same job (on fewer workers), submitted again
     out = again.stdout + again.stderr
     assert again.returncode == 0 and "succeeded" in out, out[-4000:]
-    assert f"resumed from {run / 'checkpoints' / f'step-{step:08d}'}" in out
+    checkpoint = run / "checkpoints" / f"step-{step:08d}"
+    assert f"Ray run directory {run}: resuming the stopped run from step {step} ({checkpoint})" in out
+    assert f"resumed from {checkpoint}" in out
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["steps"] == epochs * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 2
+    assert metrics["steps"] == epochs * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 1
 
 
 def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, planted_shards, tmp_path):

@@ -15,6 +15,7 @@ from vldist.exit_codes import (
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
+from vldist.launch.resubmission import RunDirectoryTaken
 from vldist.run_lock import OutputDirInUse
 from vldist.store.location import StoreSupportMissing, StoreUnreachable
 from vldist.store.retry import StoreLost
@@ -22,8 +23,8 @@ from vldist.trainer import NonFiniteLossError
 
 
 @pytest.mark.parametrize("error", [ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError,
-                                   IncompatibleCheckpoint, OutputDirInUse, JavaNotFoundError, StoreSupportMissing,
-                                   StoreUnreachable])
+                                   IncompatibleCheckpoint, OutputDirInUse, RunDirectoryTaken, JavaNotFoundError,
+                                   StoreSupportMissing, StoreUnreachable])
 def test_refusals_exit_2_with_the_error_line(error):
     assert exit_status(error("what is wrong")) == (REFUSED, "error: what is wrong") == (2, "error: what is wrong")
 

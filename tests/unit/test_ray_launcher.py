@@ -36,6 +36,18 @@ def test_workers_get_absolute_paths_and_the_run_directory(tmp_path, monkeypatch)
     assert Path(config.data.shards) == Path("data/coco")  # the driver's own config is left alone
 
 
+def test_an_embedded_set_keeps_its_name_for_each_worker_to_resolve_where_it_runs(tmp_path, monkeypatch):
+    """The driver's own directory may not exist on other nodes: a worker reads (or builds) an
+    embedded set in the job's working directory on its node. L2C reads two."""
+    monkeypatch.chdir(tmp_path)
+    assert ray_train.worker_config(load_config("vsrn", ["launcher=ray"])).data.shards == "shards/synth"
+    l2c = ray_train.worker_config(load_config("l2c", ["launcher=ray"]))
+    assert (l2c.data.shards, l2c.model.single_shards) == ("shards/synth_pairs", "shards/synth")
+    # not built where read: a path like any other
+    fixed = ray_train.worker_config(load_config("vsrn", ["launcher=ray", "data.build_if_missing=false"]))
+    assert fixed.data.shards == str(tmp_path / "shards" / "synth")
+
+
 @pytest.mark.parametrize(("given", "expected"), [("3", (3, 3)), ("1:2", (1, 2)), ("2:2", (2, 2)), ("2:8", (2, 8))])
 def test_a_worker_count_or_an_elastic_range(given, expected):
     assert load_config("vsrn", [f"ray.num_workers={given}"]).ray.worker_range == expected

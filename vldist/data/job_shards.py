@@ -32,10 +32,16 @@ def stream_sets(config, recipe_cls) -> list[str]:
     return list(dict.fromkeys(s.shards for s in sources if s.shards and s.shards != config.data.shards))
 
 
+def built_where_read(directory: str, build_if_missing: bool) -> bool:
+    """An embedded set's own name (shards/synth, relative) that the job builds when absent: each
+    process resolves it in its working directory, and each node's first rank builds it there."""
+    return directory in EMBEDDED_SETS and build_if_missing
+
+
 def build_missing(config, recipe_cls) -> None:
     """Build the embedded sets the job reads that are not there yet (data.build_if_missing)."""
     for directory in [config.data.shards, *stream_sets(config, recipe_cls)]:
-        if directory in EMBEDDED_SETS and config.data.build_if_missing and not Path(directory).exists():
+        if built_where_read(directory, config.data.build_if_missing) and not Path(directory).exists():
             build_embedded(directory)
 
 

@@ -1,4 +1,5 @@
-"""Map a launcher's environment onto the variables torch.distributed reads.
+"""Map a launcher's environment onto the variables torch.distributed reads, and say what in it
+would break a restart.
 
 torchrun and `accelerate launch` already set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
 MASTER_PORT. Under Slurm, `srun` starts one task per rank and sets SLURM_* instead (open_clip's
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 
 def _first_host(nodelist: str) -> str:
@@ -61,3 +62,26 @@ def adopt_single_process_environment(env: MutableMapping[str, str] = os.environ)
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", str(port))
     return True
+
+
+def rejoin_warning(env: Mapping[str, str] = os.environ) -> str | None:
+    """The line to say at the start of a torchrun job whose lost node could not rejoin, or None.
+
+    torchrun >= 2.4 shares its rendezvous store with the ranks (TORCHELASTIC_USE_AGENT_STORE=True)
+    unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is in the agents' environment; a surviving agent
+    then never publishes a new round's master address, and a node started again after it was lost
+    waits for it until the rendezvous times out (pytorch/pytorch#147064). That matters only where
+    the job spans nodes (GROUP_WORLD_SIZE) and allows restarts (TORCHELASTIC_MAX_RESTARTS); the
+    ranks inherit every one of these variables from their agent."""
+    try:
+        nodes, restarts = int(env.get("GROUP_WORLD_SIZE", "1")), int(env.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+    except ValueError:
+        return None
+    shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
+    if nodes < 2 or restarts < 1 or not shared:
+        return None
+    return (f"torchrun: this job spans {nodes} nodes and restarts its ranks (--max-restarts {restarts}), but "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not set: a node lost and started again could not rejoin (its "
+            "agent and the others' wait for each other until the rendezvous times out; pytorch/pytorch#147064). Set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every node's environment before torchrun "
+            "(cluster/torchrun/train.sh does; docs/preemption.md).")

@@ -1,10 +1,12 @@
 """Ray: `python -m vldist.train <recipe>` inside `ray job submit` (or with launcher=ray) fans out
 over the cluster as a Ray Train `TorchTrainer`.
 
-The driver (this process) checks the config, builds missing default shards, and starts
-`ray.num_workers` workers. Ray forms their process group (gloo on CPU, NCCL on GPU) and each worker
-runs the function `launch` is given (`vldist.runner.run`, what torchrun's ranks run), with the same
-engine. The run directory
+The driver (this process) checks the config and the run directory (resubmission.py: a new run,
+a stopped one resumed, or a refusal) and starts `ray.num_workers` workers. Ray forms their process
+group (gloo on CPU, NCCL on GPU) and each worker runs the function `launch` is given
+(`vldist.runner.run`, what torchrun's ranks run), with the same engine, in the job's working
+directory on its node (where Ray unpacks `--working-dir`): an embedded set (shards/synth) is read
+there, and each node's first worker builds it there if missing, as torchrun's ranks do. The run directory
 (checkpoints, metrics.json) is `ray.storage_path/ray.name`: on a disk every node shares, or, with
 `output.checkpoint_dir` in object storage, a local directory on each node (a worker downloads the
 checkpoints its node lacks). Each checkpoint vldist commits is reported to Ray where it lies (no
@@ -19,7 +21,7 @@ relays it through its run board (run_board.py), which the workers watch; they fi
 checkpoint and return, and the driver exits with EXIT_STOPPED. Ray kills the driver
 RAY_JOB_STOP_WAIT_TIME_S after the signal (3 s unless the job's runtime_env sets it), so give it
 the time a step and a checkpoint take. Submitting the same job again resumes (train.resume
-defaults to auto here).
+defaults to auto here); a finished run or one of other settings is refused (resubmission.py).
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from vldist.config import ConfigError, JobConfig
-from vldist.data.job_shards import build_missing
+from vldist.data.job_shards import built_where_read
+from vldist.launch.resubmission import check_run_directory
 from vldist.launch.run_board import open_board, stop_watch
 from vldist.preemption import TrainingStopped, signal_numbers
-from vldist.recipes import get_recipe
 from vldist.recipes.jobs import validate_job
 from vldist.run_lock import check_free
 from vldist.store.location import is_url
@@ -72,11 +74,18 @@ def absolute(where: str) -> str:
     return where if is_url(where) else str(Path(where).expanduser().resolve())
 
 
+def worker_shards(data) -> str:
+    """data.shards as the workers read it: the driver's path made absolute (the same path on every
+    node), except an embedded set's name, which each worker resolves in its own working directory
+    (the driver's directory may not exist on other nodes; the set is built where it is missing)."""
+    return data.shards if built_where_read(data.shards, data.build_if_missing) else absolute(data.shards)
+
+
 def worker_config(config: JobConfig) -> JobConfig:
     """The config the workers run: absolute paths (workers start in other directories, maybe on
-    other machines) and the run directory as output."""
+    other machines) but an embedded set's name, and the run directory as output."""
     return config.model_copy(update={
-        "data": config.data.model_copy(update={"shards": absolute(config.data.shards)}),
+        "data": config.data.model_copy(update={"shards": worker_shards(config.data)}),
         "output": config.output.model_copy(update={"dir": str(run_dir(config))}),
         # a job submitted again carries on where it stopped (a new run needs a new ray.name)
         "train": config.train.model_copy(update={"resume": config.train.resume or "auto"}),
@@ -111,11 +120,13 @@ def _train_worker(train: TrainFunction, board, payload: dict) -> None:
     config = validate_job(payload)
     restored = ray.train.get_checkpoint()
     if restored is not None:
-        # A restart after a failure. Ray hands back the last checkpoint it registered, but
-        # registration lags the writes and vldist may have pruned that one since; the run
-        # directory (and output.checkpoint_dir's store) holds every committed checkpoint, and
-        # train.resume (auto under Ray, see worker_config) takes its newest good one.
-        log.info("Ray restart: Ray's last checkpoint is %s; resuming from the newest in the run directory", restored.path)
+        # A restart after a failure, or a new submission of the run. Ray hands back the last
+        # checkpoint it registered, but registration lags the writes and vldist may have pruned
+        # that one since; the run directory (and output.checkpoint_dir's store) holds every
+        # committed checkpoint, and train.resume (auto under Ray, see worker_config) takes its
+        # newest good one.
+        log.info("Ray's last registered checkpoint is %s (a restart, or the job submitted again); resuming from the "
+                 "newest in the run directory", restored.path)
     rank0 = ray.train.get_context().get_world_rank() == 0
 
     def report(path: Path, metrics: dict) -> None:
@@ -173,10 +184,11 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    build_missing(config, get_recipe(config.recipe))  # once, here, before any worker starts
+    resume_given = config.train.resume
     config = worker_config(config)
     out = Path(config.output.dir)
     check_free(out)  # another run in this directory: refuse now, not in every worker
+    log.info("%s", check_run_directory(config, resume_given))  # or refused: finished, or other settings
     if not ray.is_initialized():
         ray.init(address=config.ray.address or os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
     gpus = config.ray.gpus_per_worker
@@ -187,6 +199,10 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
     log.info("Ray: %s workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
              config.ray.cpus_per_worker, gpus, out)
     board = open_board()
+    # Ray Train moves each worker into a directory of its own; vldist's workers stay where Ray
+    # starts them, the job's working directory on their node, where relative names resolve alike
+    # on every node (an embedded set, a job file). Read by TorchTrainer.fit in this process.
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
     trainer = TorchTrainer(
         functools.partial(_train_worker, train, board),
         train_loop_config=config.model_dump(mode="json"),

@@ -85,6 +85,10 @@ class CheckpointStore:
     def has(self, name: str) -> bool:
         return self.fs.exists(f"{self.root}/{name}/{MARKER}")
 
+    def read_file(self, name: str, relative: str) -> bytes:
+        """One small file of checkpoint `name` (meta.json, config.yaml), without downloading the rest."""
+        return self.fs.cat_file(f"{self.root}/{name}/{relative}")
+
     def download(self, name: str, local: Path) -> Path:
         """The store's complete checkpoint `name` as the local checkpoint directory `local`."""
         local = Path(local)
