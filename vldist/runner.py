@@ -21,7 +21,6 @@ from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
 from vldist.distributed.peer_loss import PeerLost, peer_loss_reported
 from vldist.distributed.shared_output import check_output_shared
-from vldist.launch.environment import rejoin_warning
 from vldist.preemption import stop_requests
 from vldist.recipes import get_recipe
 from vldist.run_lock import OutputDirInUse, RunLock
@@ -67,8 +66,6 @@ def run(config: JobConfig, on_checkpoint=None, stop_watch: Callable[[], str | No
             with output_dir_lock(engine, config.output_dir):
                 if not engine.is_main:
                     logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
-                elif warning := rejoin_warning():
-                    log.warning("%s", warning)
                 if engine.local_rank == 0:  # each node: the embedded sets are the same bytes wherever built
                     build_missing(config, recipe_cls)
                 engine.barrier()  # a node's first rank builds missing shards (once per disk: a file lock); the others wait

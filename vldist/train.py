@@ -19,6 +19,7 @@ from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
 from vldist.distributed.peer_loss import PeerLost
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.launch import ray_train
+from vldist.launch.environment import rejoin_warning
 from vldist.launch.resubmission import refuse_other_settings, start_afresh
 from vldist.recipes import get_recipe, recipe_names
 from vldist.recipes.jobs import load_config
@@ -86,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage(job))
         return DONE
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if _speaks() and (warning := rejoin_warning()):  # torchrun's agents: a lost node could not rejoin
+        log.warning("%s", warning)
     try:
         config, results = run_stages(load_config(job, overrides))
     except (*REPORTED_ERRORS, KeyboardInterrupt) as err:  # Ctrl-C too: training says what it kept

@@ -66,6 +66,8 @@ def test_a_finished_run_is_neither_resumed_nor_started_over(tmp_path):
                               f"is its last step's, 40 ({last})"), message
     assert "ray.name=vsrn-2" in message and f"python -m vldist.evaluate {config.output_dir}" in message
     assert "raise train.max_steps (or train.epochs) and pass train.resume=latest" in message
+    with pytest.raises(RunDirectoryTaken, match="finished"):  # train.resume=auto given: the default's rules
+        check_run_directory(config, "auto")
 
 
 def test_a_run_finished_before_checkpoints_said_so_is_known_by_its_metrics(tmp_path):

@@ -12,7 +12,7 @@ newest complete step checkpoint in the directory and in output.checkpoint_dir's 
 - else the stopped run resumes, and the driver says from which step.
 
 A refusal says how to start afresh (another ray.name) and how to carry on anyway: an explicit
-train.resume=latest resumes the newest checkpoint whatever the settings, as plain runs do.
+train.resume=latest (or a checkpoint's path) resumes whatever the settings, as plain runs do.
 """
 
 from __future__ import annotations
@@ -129,12 +129,13 @@ def _finished(newest: Newest, run_dir: Path) -> bool:
 def check_run_directory(config: JobConfig, resume_given: str | None) -> str:
     """The line the driver says about the run directory of `config` (a worker's config: output.dir
     is the run directory); raises RunDirectoryTaken where the job must not go on in it.
-    `resume_given`: train.resume as the job gave it (None: the default)."""
+    `resume_given`: train.resume as the job gave it (None: the default, auto; latest or a path
+    carries on whatever the run)."""
     out = config.output_dir
     newest = newest_checkpoint(config)
     if newest is None:
         return f"Ray run directory {out}: a new run" + (f" (train.resume={resume_given})" if resume_given else "")
-    if resume_given is not None:
+    if resume_given not in (None, "auto"):
         return (f"Ray run directory {out}: train.resume={resume_given} as given; its newest checkpoint is step "
                 f"{newest.step} ({newest.where})")
     afresh = start_afresh(config, use_ray=True)
