@@ -127,7 +127,7 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
             finished = stage.output_dir / "metrics.json"
             if index < len(stages) - 1 and finished.is_file():
                 done[name] = json.loads(finished.read_text())
-                refuse_other_settings(done[name]["config"], stage,
+                refuse_other_settings(done[name].get("config", {}), stage,
                                       f"stage '{name}' finished before in {stage.output_dir}", start_afresh(stage, use_ray))
                 log.info("stage '%s' finished before: using %s", name, finished)
                 continue

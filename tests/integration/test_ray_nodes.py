@@ -215,7 +215,7 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
     builds shards/synth in that node's copy of the checkout (the builder shrunk for the test:
     workers/small_embedded_set), the same bytes on both; the job SUCCEEDS with test recall above
     chance. Submitted again, the finished run is refused in one line, before any worker starts,
-    and left as it was."""
+    and left as it was; a job of other settings into its run directory is refused naming them."""
     env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
            "PYTHONPATH": SMALL_EMBEDDED_SETS}
     runs = tmp_path / "runs"  # the run directory: on a disk both nodes share
@@ -235,6 +235,8 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
             metrics_before = (run / "metrics.json").read_bytes()
             again = submit_on_head(nodes, job, env, options=("--working-dir", str(REPO)))
             refused = again.communicate(timeout=300)[0]
+            other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=("--working-dir", str(REPO)))
+            other_refused = other.communicate(timeout=300)[0]
         sets = [sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
                 for temp in temps]
         built = [set_digests(found[0]) if len(found) == 1 else found for found in sets]
@@ -254,4 +256,8 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
     assert f"error: the run in the Ray run directory {run} finished: its newest checkpoint is its last step's, 120" \
         in refused, refused[-3000:]
     assert "ray.name=vsrn-2" in refused and "Traceback" not in refused and "world_rank=" not in refused
+    # another job into the same run directory: refused too, naming what differs
+    assert other.returncode != 0 and (f"error: the Ray run directory {run} holds a run, with other settings than this "
+                                      "job (1 differ: train.max_steps: the run's 120, this job's 240)") in other_refused, \
+        other_refused[-3000:]
     assert (run / "metrics.json").read_bytes() == metrics_before

@@ -62,9 +62,9 @@ def settings_differences(recorded: dict, job: dict) -> list[str]:
     """'key: the run's X, this job's Y' for every setting of what a run trains that differs between
     a run's recorded config and a job's (both as dicts); keys the record lacks (a newer vldist's)
     are not compared."""
-    differ = []
+    differ, theirs_all = [], _settings(recorded)
     for key, value in _settings(job).items():
-        theirs = _settings(recorded).get(key, value)
+        theirs = theirs_all.get(key, value)
         if key == "data.shards":
             theirs, value = _shard_set(theirs, recorded), _shard_set(value, job)
         if theirs != value:
