@@ -111,6 +111,10 @@ class TrainConfig(Section):
     straggler_ratio: float | None = Field(
         1.5, gt=1, description="name the slowest rank when its own step time is this many times the others' median"
     )
+    replica_check_every: int = Field(
+        100, ge=0, description="compare the ranks' replicas of the model after the first update and every N steps; "
+        "ranks that differ stop the run, naming the tensor (exit 4; docs/distributed.md); 0: never"
+    )
     negatives_group_size: int | None = Field(
         None, ge=1, description="cross-batch objectives take negatives from blocks of this many consecutive ranks "
         "(8: the GPUs of a node); None: the whole global batch (docs/distributed.md, what global negatives cost)"

@@ -10,6 +10,7 @@ from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
 from vldist.eval_split import EmptySplitError
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.distributed.peer_loss import PeerLost
+from vldist.distributed.replicas import ReplicasDiverged
 from vldist.distributed.watchdog import HUNG as WATCHDOG_HUNG
 from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
@@ -23,6 +24,7 @@ DONE = 0
 FAILED = 1  # failed while it ran; what was checkpointed before stays usable
 REFUSED = 2  # refused before anything ran or was written
 HUNG = WATCHDOG_HUNG  # 3: no rank advanced for train.hang_timeout_s (the watchdog's os._exit, no exception)
+DIVERGED = 4  # the ranks' replicas of the model differ (train.replica_check_every)
 STOPPED = EXIT_STOPPED  # 75: stopped on request after checkpointing; the same command carries on
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports): ended at once
 
@@ -33,6 +35,7 @@ EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
                OutputDirInUse, RunDirectoryTaken, JavaNotFoundError, StoreSupportMissing,
                StoreUnreachable)),
     (FAILED, (RunFailed, PeerLost, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost)),
+    (DIVERGED, (ReplicasDiverged,)),
     (STOPPED, (TrainingStopped, RunStopped)),
     (INTERRUPTED, (KeyboardInterrupt,)),
 )

@@ -24,6 +24,7 @@ from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.distributed.heartbeat import heartbeat
+from vldist.distributed.replicas import ReplicaCheck
 from vldist.distributed.watchdog import Watchdog, watchdog_store
 from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
 from vldist.models.global_batchnorm import convert_global_batchnorm
@@ -126,6 +127,8 @@ class Trainer:
         }
         self.checkpoints = Checkpointer(config, engine, self.schedulers, recipe, lambda: asdict(self.state),
                                         on_checkpoint, metrics)
+        self.replicas = ReplicaCheck(engine.unwrap(), engine.world_size, t.replica_check_every,
+                                     config.engine.sync_batchnorm)
 
     # ------------------------------------------------------------------ evaluation
 
@@ -199,6 +202,9 @@ class Trainer:
                 self.state.samples_seen += n
                 self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr(),
                                    note=self.watchdog.straggler)
+                if self.replicas.due(self.state.step):  # before a checkpoint could keep a diverged copy
+                    with heartbeat.collective("all_gather (replica check)"):
+                        self.replicas.check(self.state.step)
                 if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
                     self.checkpoints.save_step(self.state.step, self.state.epoch)
                 if stopping:

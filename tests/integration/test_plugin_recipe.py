@@ -63,9 +63,28 @@ def test_a_plugin_recipe_trains_evaluates_resumes_and_runs_on_two_ranks(plugin, 
     assert "meanpool checkpoint" in evaluated.stdout and "rsum" in evaluated.stdout
 
     two = tmp_path / "two_ranks"
-    ranks = train(plugin, planted_shards, two, "train.epochs=1", launcher=(*TORCHRUN, "-m"))
+    # compared after every step: both ranks end with the same parameters
+    ranks = train(plugin, planted_shards, two, "train.epochs=1", "train.replica_check_every=1",
+                  launcher=(*TORCHRUN, "-m"))
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     assert json.loads((two / "metrics.json").read_text())["world_size"] == 2
+    assert "replica check at step 1: the 2 ranks hold the same 3 parameters and buffers" in ranks.stdout + ranks.stderr
+
+
+def test_a_plugin_whose_loss_skips_the_engines_wrapper_is_stopped_after_its_first_update(plugin, planted_shards,
+                                                                                          tmp_path):
+    """Its ranks train apart (no gradient all-reduce): the replica check stops every rank at step 1,
+    exit 4, naming the first parameter that differs and which rank holds which value."""
+    run = tmp_path / "run"
+    ranks = train(plugin, planted_shards, run, "recipe=meanpool_unsynced", "train.epochs=1",
+                  launcher=(*TORCHRUN, "-m"))
+    assert ranks.returncode != 0
+    assert ("error: the ranks' replicas of the model diverged by step 1: parameter image.weight differs (2 values: "
+            "rank 0; rank 1; 3 of 3 checked tensors differ); this is the process's first check.") in ranks.stderr, \
+        ranks.stderr[-3000:]
+    assert "model.module skips the gradient all-reduce" in ranks.stderr
+    assert ranks.stderr.count("exitcode  : 4") + ranks.stderr.count("exitcode: 4") >= 1, ranks.stderr[-3000:]
+    assert not list((run / "checkpoints").glob("step-*"))  # nothing of the diverged run was kept
 
 
 def test_without_the_plugin_the_job_names_the_recipes_it_knows(planted_shards, tmp_path):

@@ -9,8 +9,9 @@ from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError
 from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
 from vldist.eval_split import EmptySplitError
+from vldist.distributed.replicas import ReplicasDiverged
 from vldist.exit_codes import (
-    FAILED, INTERRUPTED, INTERRUPTED_MESSAGE, REFUSED, REPORTED_ERRORS, STOPPED, exit_status,
+    DIVERGED, FAILED, INTERRUPTED, INTERRUPTED_MESSAGE, REFUSED, REPORTED_ERRORS, STOPPED, exit_status,
 )
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.preemption import TrainingStopped
@@ -33,6 +34,10 @@ def test_refusals_exit_2_with_the_error_line(error):
                                    NonFiniteLossError, StoreLost])
 def test_failures_exit_1_with_the_error_line(error):
     assert exit_status(error("what failed")) == (FAILED, "error: what failed") == (1, "error: what failed")
+
+
+def test_diverged_replicas_exit_4_with_the_error_line():
+    assert exit_status(ReplicasDiverged("rank 1 differs")) == (DIVERGED, "error: rank 1 differs") == (4, "error: rank 1 differs")
 
 
 def test_a_missing_java_refuses_although_it_is_a_caption_metrics_error():

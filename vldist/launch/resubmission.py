@@ -38,7 +38,7 @@ HOW_IT_RUNS = {
     "data.workers", "data.eval_batch_size", "data.test_split",
     "train.resume", "train.log_every", "train.stop_signals", "train.hang_timeout_s", "train.straggler_ratio",
     "train.threads", "train.device", "train.keep_last", "train.save_every_steps", "train.async_checkpoints",
-    "train.checkpoint_format",
+    "train.checkpoint_format", "train.replica_check_every",
     "engine.timeout_s",
 }
 
