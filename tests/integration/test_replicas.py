@@ -1,7 +1,7 @@
 """The replica check on 2 gloo ranks (torchrun): a rank whose model is changed behind the trainer's
 back is stopped at the next check, every rank with exit 4 and one line naming the step, the tensor
 and the ranks. (A recipe whose loss skips the engine's wrapper: tests/integration/test_plugin_recipe.py;
-the hash and what is compared: tests/unit/test_replicas.py.)"""
+the hash and what is compared: tests/unit/test_replica_hash.py.)"""
 
 import re
 import subprocess
