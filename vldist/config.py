@@ -304,21 +304,44 @@ def job_config_class(model_config: type[Section]) -> type[JobConfig]:
 # --------------------------------------------------------------------------- loading
 
 
+# Installed packages add job files through this entry-point group: `name = "package"` makes the
+# package's jobs/ folder a place where `python -m vldist.train <job>` finds <job>.yaml by name.
+JOBS_GROUP = "vldist.jobs"
+
+
+def plugin_job_dirs() -> list[Path]:
+    """The jobs/ folders of the packages that declare one (entry-point group vldist.jobs); the
+    packages are located, not imported."""
+    import importlib.util
+    from importlib.metadata import entry_points
+
+    found = []
+    for entry in entry_points(group=JOBS_GROUP):
+        spec = importlib.util.find_spec(entry.value)
+        found += [Path(location) / "jobs" for location in (spec.submodule_search_locations or [])] if spec else []
+    return found
+
+
 def find_job_file(name_or_path: str) -> Path:
     """`vsrn` -> jobs/vsrn.yaml; a path is taken as it is."""
-    # a path as given, then a user's own jobs/ in the working directory, then the built-in ones
-    candidates = [Path(name_or_path), Path("jobs") / f"{name_or_path}.yaml", JOBS_DIR / f"{name_or_path}.yaml"]
+    # a path as given, then a user's own jobs/ in the working directory, the built-in ones, the plugins'
+    folders = [Path("jobs"), JOBS_DIR, *plugin_job_dirs()]
+    candidates = [Path(name_or_path), *(folder / f"{name_or_path}.yaml" for folder in folders)]
     for path in candidates:
         if path.is_file():
             return path
+    names = list_job_files()
+    close = difflib.get_close_matches(name_or_path, names, n=1)
     raise ConfigError(
-        f"no job file for '{name_or_path}': looked at {', '.join(str(c) for c in candidates)}. "
-        f"Job files: {', '.join(list_job_files()) or 'none'}."
+        f"no job file for '{name_or_path}'" + (f". Did you mean '{close[0]}'?" if close else "") +
+        f" Looked at {', '.join(str(c) for c in candidates)}. Job files: {', '.join(names) or 'none'}."
     )
 
 
 def list_job_files() -> list[str]:
-    return sorted(p.stem for p in JOBS_DIR.glob("*.yaml"))
+    """The job files found by name: vldist's own, the plugins', and those in ./jobs."""
+    folders = [Path("jobs"), JOBS_DIR, *plugin_job_dirs()]
+    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
 
 
 class YamlLoader(yaml.SafeLoader):

@@ -42,7 +42,7 @@ def usage(job: str) -> str:
         "",
         "recipes:",
         *(f"  {name:<18}{get_recipe(name).description}" for name in recipe_names()),
-        "job files (jobs/*.yaml): " + ", ".join(list_job_files()),
+        "job files (vldist's jobs/, the plugins' and ./jobs): " + ", ".join(list_job_files()),
         "",
         f"config keys of job '{job}' with their values (override any as section.key=value):",
     ]

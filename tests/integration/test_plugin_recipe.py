@@ -1,6 +1,6 @@
 """A recipe from another package, through the ordinary commands and no change to vldist: the
 package (tests/fixtures/meanpool_plugin, docs/adding-a-method.md) is installed without network into
-a directory of its own, and with it on the path `python -m vldist.train meanpool.yaml` trains and
+a directory of its own, and with it on the path `python -m vldist.train meanpool` (its job, by name) trains and
 evaluates, resumes, runs on 2 ranks, `--help` lists it and `python -m vldist.evaluate` reads its
 run."""
 
@@ -15,6 +15,7 @@ import pytest
 from helpers import TORCHRUN
 
 PLUGIN = Path(__file__).resolve().parents[1] / "fixtures" / "meanpool_plugin"
+JOB_FILE = PLUGIN / "vldist_meanpool" / "jobs" / "meanpool.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +37,17 @@ def command(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def train(env: dict, planted_shards: Path, out: Path, *overrides: str, launcher=(sys.executable, "-m")):
-    return command(env, *launcher, "vldist.train", str(PLUGIN / "meanpool.yaml"), f"data.shards={planted_shards}",
-                   f"output.dir={out}", *overrides, cwd=out.parent)
+def train(env: dict, planted_shards: Path, out: Path, *overrides: str, launcher=(sys.executable, "-m"), job="meanpool"):
+    """The plugin's job, by its name (found through the plugin's vldist.jobs entry point)."""
+    return command(env, *launcher, "vldist.train", job, f"data.shards={planted_shards}", f"output.dir={out}",
+                   *overrides, cwd=out.parent)
 
 
 def test_a_plugin_recipe_trains_evaluates_resumes_and_runs_on_two_ranks(plugin, planted_shards, tmp_path):
     help_text = command(plugin, sys.executable, "-m", "vldist.train", "--help", cwd=tmp_path).stdout
     assert "meanpool" in help_text and "(a plugin)" in help_text and "vsrn" in help_text
+    listed = next(line for line in help_text.splitlines() if line.startswith("job files"))
+    assert "meanpool" in listed.split(": ", 1)[1].split(", ") and "vsrn" in listed  # the plugin's job file too
 
     run = tmp_path / "run"
     done = train(plugin, planted_shards, run, "train.epochs=1")
@@ -88,7 +92,7 @@ def test_a_plugin_whose_loss_skips_the_engines_wrapper_is_stopped_after_its_firs
 
 
 def test_without_the_plugin_the_job_names_the_recipes_it_knows(planted_shards, tmp_path):
-    missing = train(dict(os.environ), planted_shards, tmp_path / "run")
+    missing = train(dict(os.environ), planted_shards, tmp_path / "run", job=str(JOB_FILE))
     assert missing.returncode == 2
     assert "unknown recipe 'meanpool'" in missing.stderr and "vsrn" in missing.stderr
     assert "Traceback" not in missing.stderr

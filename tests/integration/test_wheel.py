@@ -55,7 +55,7 @@ def test_an_installed_wheel_lists_its_jobs_and_trains_from_anywhere(planted_shar
     help_text = python("-m", "vldist.train", "vsrn", "--help")
     assert help_text.returncode == 0, help_text.stderr
     shipped = ", ".join(sorted(p.stem for p in (Path(__file__).parents[2] / "jobs").glob("*.yaml")))
-    assert f"job files (jobs/*.yaml): {shipped}" in help_text.stdout
+    assert f"job files (vldist's jobs/, the plugins' and ./jobs): {shipped}" in help_text.stdout
     assert "model.rrr_layers = 4" in help_text.stdout
 
     trained = python("-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", "train.max_steps=3", *SMALL)

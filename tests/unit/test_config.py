@@ -55,6 +55,17 @@ def test_malformed_override_and_missing_job():
         load_config("nosuchjob", [])
 
 
+def test_a_misspelt_job_name_gets_the_closest_one(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match=r"no job file for 'vsrm'\. Did you mean 'vsrn'\? Looked at vsrm, "):
+        load_config("vsrm", [])
+    monkeypatch.chdir(tmp_path)  # a user's own ./jobs is searched and listed too
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "my_vsrn.yaml").write_text("recipe: vsrn\n")
+    with pytest.raises(ConfigError, match=r"Did you mean 'my_vsrn'\?.* Job files: .*my_vsrn"):
+        load_config("my_vsr", [])
+    assert load_config("my_vsrn", []).recipe == "vsrn"
+
+
 def test_help_lists_recipes_job_files_and_keys_with_defaults():
     text = usage("vsrn")
     assert "vsrn" in text and "vsrn_coco" in text
