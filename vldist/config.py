@@ -322,11 +322,15 @@ def plugin_job_dirs() -> list[Path]:
     return found
 
 
+def job_folders() -> list[Path]:
+    """Where job files are found by name, in order: a user's own jobs/ in the working directory,
+    the built-in ones, the plugins'."""
+    return [Path("jobs"), JOBS_DIR, *plugin_job_dirs()]
+
+
 def find_job_file(name_or_path: str) -> Path:
     """`vsrn` -> jobs/vsrn.yaml; a path is taken as it is."""
-    # a path as given, then a user's own jobs/ in the working directory, the built-in ones, the plugins'
-    folders = [Path("jobs"), JOBS_DIR, *plugin_job_dirs()]
-    candidates = [Path(name_or_path), *(folder / f"{name_or_path}.yaml" for folder in folders)]
+    candidates = [Path(name_or_path), *(folder / f"{name_or_path}.yaml" for folder in job_folders())]
     for path in candidates:
         if path.is_file():
             return path
@@ -340,8 +344,7 @@ def find_job_file(name_or_path: str) -> Path:
 
 def list_job_files() -> list[str]:
     """The job files found by name: vldist's own, the plugins', and those in ./jobs."""
-    folders = [Path("jobs"), JOBS_DIR, *plugin_job_dirs()]
-    return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+    return sorted({p.stem for folder in job_folders() for p in folder.glob("*.yaml")})
 
 
 class YamlLoader(yaml.SafeLoader):

@@ -32,7 +32,8 @@ from netns import Nodes, unavailable
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no test nodes: {unavailable()}")
 pytest.importorskip("ray")
-REPO = Path(__file__).resolve().parents[2]  # the checkout, shipped with --working-dir as a user would
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = ("--working-dir", str(REPO))  # the checkout, shipped as a user would
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 RAY_PORT, DASHBOARD_PORT = 6379, 8265  # inside the nodes' namespaces: nothing else holds them
@@ -228,14 +229,14 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
             start_ray_node(nodes, 0, env, temps)
             start_ray_node(nodes, 1, env, temps, hidden=(temps[0],))
             wait_for_ray_nodes(nodes, 2, env)
-            first = submit_on_head(nodes, job, env, options=("--working-dir", str(REPO)))
+            first = submit_on_head(nodes, job, env, options=SHIPPED)
             out = first.communicate(timeout=600)[0]
             assert first.returncode == 0 and "succeeded" in out, out[-5000:]
             run = runs / "vsrn"
             metrics_before = (run / "metrics.json").read_bytes()
-            again = submit_on_head(nodes, job, env, options=("--working-dir", str(REPO)))
+            again = submit_on_head(nodes, job, env, options=SHIPPED)
             refused = again.communicate(timeout=300)[0]
-            other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=("--working-dir", str(REPO)))
+            other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=SHIPPED)
             other_refused = other.communicate(timeout=300)[0]
         sets = [sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
                 for temp in temps]

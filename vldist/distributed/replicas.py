@@ -51,7 +51,7 @@ def tensor_hash(tensor: torch.Tensor) -> int:
     flat = tensor.detach().contiguous().reshape(-1)
     if flat.numel() == 0:
         return 0
-    words = flat.view(WORDS[flat.element_size()]) if flat.dtype != torch.bool else flat.view(torch.uint8)
+    words = flat.view(WORDS[flat.element_size()])
     rows = -(-words.numel() // ROW)
     weights = torch.arange(1, ROW + 1, dtype=torch.int64, device=words.device)
     row_sums = []

@@ -50,7 +50,8 @@ class RunDirectoryTaken(RuntimeError):
 
 @dataclass
 class Newest:
-    """The newest complete step checkpoint of a run: where it is, its meta.json and config.yaml."""
+    """The newest complete step checkpoint of a run: where it is, its step (meta.json's), its
+    meta.json and config.yaml."""
 
     where: str
     step: int
@@ -97,7 +98,8 @@ def newest_checkpoint(config: JobConfig) -> Newest | None:
     found = []
     local = step_checkpoints(config.output_dir / "checkpoints")
     if local:
-        found.append(Newest(str(local[-1]), _step(local[-1].name), read_meta(local[-1]), read_config(local[-1])))
+        meta = read_meta(local[-1])
+        found.append(Newest(str(local[-1]), meta["step"], meta, read_config(local[-1])))
     if config.output.checkpoint_dir:
         store = CheckpointStore(config.output.checkpoint_dir, config.output.storage_options)
         try:
@@ -105,14 +107,10 @@ def newest_checkpoint(config: JobConfig) -> Newest | None:
             if names:
                 meta = json.loads(store.read_file(names[-1], "meta.json"))
                 raw = yaml.safe_load(store.read_file(names[-1], "config.yaml")) or {}
-                found.append(Newest(store.where(names[-1]), _step(names[-1]), meta, compat.upgrade_config(raw, meta)))
+                found.append(Newest(store.where(names[-1]), meta["step"], meta, compat.upgrade_config(raw, meta)))
         except (OSError, ValueError, yaml.YAMLError) as err:
             raise unreachable(config.output.checkpoint_dir, err) from None
     return max(found, key=lambda n: n.step, default=None)
-
-
-def _step(name: str) -> int:
-    return int(name.rsplit("-", 1)[-1])
 
 
 def _finished(newest: Newest, run_dir: Path) -> bool:
