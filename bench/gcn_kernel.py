@@ -112,7 +112,7 @@ def bench_vsrn_step(device: torch.device, embed: int, repeats: int, dtype: str) 
 
         def step():
             with autocast:
-                loss = recipe.losses(model, batch)["loss"]
+                loss = recipe.training_losses(model, batch)["loss"]
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

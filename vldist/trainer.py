@@ -250,7 +250,7 @@ class Trainer:
             for i, batch in enumerate(micro_batches):
                 with self.engine.micro_batch(last=i == len(micro_batches) - 1):
                     with self.engine.autocast(), heartbeat.phase_of(f"forward ({update})"):
-                        losses = self.recipe.losses(self.model, batch, update)
+                        losses = self.recipe.training_losses(self.model, batch, update)
                     summed = self._global_finite(losses, update)
                     with heartbeat.phase_of(f"backward ({update})"):
                         self.engine.backward(losses["loss"], len(micro_batches))

@@ -77,7 +77,7 @@ def test_accumulated_micro_batches_step_on_the_mean_of_their_losses(tmp_path, on
     model = worker.build_model(recipe)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     rows = worker.global_samples()
-    loss = sum(recipe.losses(model, recipe.collate_train(rows[k * 4:(k + 1) * 4]))["loss"] for k in range(2)) / 2
+    loss = sum(recipe.training_losses(model, recipe.collate_train(rows[k * 4:(k + 1) * 4]))["loss"] for k in range(2)) / 2
     loss.backward()
     expected = {n: -0.5 * p.grad for n, p in model.named_parameters()}  # the SGD update, lr 0.5
 

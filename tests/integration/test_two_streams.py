@@ -26,9 +26,9 @@ class TwoStreamVSRN(VSRNRecipe):
     def train_streams(cls, config):
         return {"captions": "train", "pairs": "val"}
 
-    def losses(self, model, batch, update="main"):
+    def forward_inputs(self, batch, update="main"):
         TwoStreamVSRN.seen.append(batch["stream"])
-        return super().losses(model, batch, update)
+        return super().forward_inputs(batch, update)
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])

@@ -65,7 +65,7 @@ def test_vsrn_takes_the_official_weighting_by_default(reduction):
                for c in ["red circle left of blue square", "blue square", "red", "circle left of square"]]
     batch = recipe.collate_train(samples)
     with torch.no_grad():
-        caption = recipe.losses(model, batch)["caption"]
+        caption = recipe.training_losses(model, batch)["caption"]
         logits = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])["caption_logits"]
         targets = batch["tokens"][:, 1:]
         mask = (targets != vocab.pad_id).double()

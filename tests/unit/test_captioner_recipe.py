@@ -46,7 +46,7 @@ def test_the_loss_is_the_mean_token_nll_of_every_caption_under_its_image():
     raws = [_raw("a", ["a red circle", "a blue square", "red"], value=0.5), _raw("b", ["blue circle", "a"], value=-1.0)]
     batch = recipe.collate_train([recipe.train_sample(r, random.Random(1)) for r in raws])
     model = recipe.build_model()
-    loss = recipe.losses(model, batch)["loss"].detach()
+    loss = recipe.training_losses(model, batch)["loss"].detach()
     # direct: -log p(word) at every real next token, one caption and its image at a time
     total, count = 0.0, 0
     for row, image in enumerate(batch["caption_images"].tolist()):

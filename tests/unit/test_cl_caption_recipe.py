@@ -102,7 +102,7 @@ def test_the_reference_never_trains_and_stays_in_eval_mode(captioner):
     for step in range(3):
         recipe.start_step(step)
         for name in recipe.updates(step):
-            recipe.losses(model, batch, name)["loss"].backward()
+            recipe.training_losses(model, batch, name)["loss"].backward()
             assert all(p.grad is None for p in model.reference.parameters())
             optimizers[name].step()
             optimizers[name].zero_grad()
@@ -124,8 +124,8 @@ class _Wrapper(torch.nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, *args):
-        return self.module(*args)
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
 
 
 def test_the_reference_becomes_the_target_once_at_each_replacement_step(captioner):
@@ -140,14 +140,14 @@ def test_the_reference_becomes_the_target_once_at_each_replacement_step(captione
 
     for step in range(3):
         recipe.start_step(step)
-        losses = recipe.losses(model, batch)
+        losses = recipe.training_losses(model, batch)
         if step == 2:  # replaced before this step's forward: G = 0 for every pair (dropout 0)
             assert same(module.reference, module.target)
             assert float(losses["g_pos"]) == 0 and float(losses["g_neg"]) == 0
             assert losses["loss"].item() == pytest.approx(2 * math.log(2))
             with torch.no_grad():  # a second micro-batch of the same step must not copy again
                 next(module.target.parameters()).add_(1.0)
-            recipe.losses(model, batch)
+            recipe.training_losses(model, batch)
             assert not same(module.reference, module.target)
         else:
             assert not same(module.reference, module.target) or step == 0  # they start equal
@@ -155,7 +155,7 @@ def test_the_reference_becomes_the_target_once_at_each_replacement_step(captione
         optimizer.step()
         optimizer.zero_grad()
     recipe.start_step(3)
-    recipe.losses(model, batch)
+    recipe.training_losses(model, batch)
     assert not same(module.reference, module.target)  # not a replacement step
 
 
@@ -170,7 +170,7 @@ def test_negatives_come_from_other_images_and_are_redrawn_every_step(captioner):
     draws = []
     for step in range(6):
         recipe.start_step(step)
-        recipe.losses(model, batch)
+        recipe.training_losses(model, batch)
         draw = recipe.last_draw
         assert draw["offset"] == 0 and torch.equal(draw["image_ids"], own)  # one process: ids are the rows
         assert draw["draw"].shape == (4, len(own))
@@ -181,7 +181,7 @@ def test_negatives_come_from_other_images_and_are_redrawn_every_step(captioner):
     for t in range(len(own)):
         assert set(own[seen[:, t]].tolist()) == set(own.tolist()) - {int(own[t])}
     recipe.start_step(2)
-    recipe.losses(model, batch)
+    recipe.training_losses(model, batch)
     assert torch.equal(recipe.last_draw["draw"], draws[2])  # the draw is a function of (seed, step)
     import pickle  # loader workers get the recipe pickled (data/pipeline.py): not the step's tensors
 
@@ -201,7 +201,7 @@ def test_the_loss_is_eq10_on_independently_computed_sentence_logprobs(captioner,
     calls = []
     model.target.decoder.register_forward_hook(lambda m, args, out: calls.append(args[2].shape[0]))
     recipe.start_step(4)
-    losses = recipe.losses(model, batch)
+    losses = recipe.training_losses(model, batch)
     recipe_calls = list(calls)  # the recipe's decoder passes, not the test's own below
 
     rows, tokens = batch["caption_images"], batch["tokens"]

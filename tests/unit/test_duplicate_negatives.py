@@ -204,7 +204,7 @@ def test_recipes_pass_the_identity_to_their_losses():
     batch = recipe.collate_train(samples)
     batch["identity"] = torch.tensor([0, 1, 2, 3, 1])
     with torch.no_grad():
-        loss = recipe.losses(model, batch)["matching"]
+        loss = recipe.training_losses(model, batch)["matching"]
         out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
         ref = hinge_without_copies(out["image"].double(), out["text"].double(), batch["identity"], 0.2, True)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
@@ -231,7 +231,7 @@ def test_the_similarity_network_draws_no_sentence_of_a_copy(planted_shards, monk
     batch["identity"] = torch.tensor([identity_of(r["__key__"]) for r in [*raws, raws[1]]])
     for step in range(4):
         recipe.start_step(step)
-        recipe.losses(model, batch)
+        recipe.training_losses(model, batch)
     for ids, draw in draws:
         assert torch.equal(ids, batch["identity"][batch["text_image"]])
         assert not (ids[draw] == ids[None, :]).any()
@@ -250,7 +250,7 @@ def test_embedding_network_and_cl_pass_the_identity(planted_shards, monkeypatch)
     batch = recipe.collate_train([recipe.train_sample(r, rng) for r in [*raws, raws[2]]])
     batch["identity"] = torch.tensor([0, 1, 2, 3, 4, 2])
     with torch.no_grad():
-        loss = recipe.losses(model, batch)["loss"]
+        loss = recipe.training_losses(model, batch)["loss"]
         out = model(batch["images"], batch["tokens"])
         cfg = recipe.cfg
         ref = direct_loss(out["image"].double(), out["text"].double(), batch["text_image"], cfg.margin, cfg.top_k,
@@ -268,7 +268,7 @@ def test_cl_draws_no_caption_of_a_copy(tmp_path):
     own = batch["identity"][batch["caption_images"]]
     for step in range(5):
         recipe.start_step(step)
-        recipe.losses(model, batch)
+        recipe.training_losses(model, batch)
         draw = recipe.last_draw
         assert torch.equal(draw["image_ids"], own)
         assert not (own[draw["draw"]] == own[None]).any()
@@ -299,7 +299,7 @@ def test_laviter_passes_the_identity_to_damsm_and_the_mismatched_captions(phase,
     batch = batch_for(recipe, n=4)
     batch["identity"] = torch.tensor([3, 3, 4, 3])
     for update in recipe.updates(0):
-        recipe.losses(model, batch, update)
+        recipe.training_losses(model, batch, update)
     assert seen["damsm"] and all(torch.equal(i, batch["identity"]) for i in seen["damsm"])
     if phase == "joint":  # the GAN's discriminator step: each image's wrong caption is another image's
         rows = [m for m in seen["mismatched"] if m is not None]

@@ -57,13 +57,13 @@ def test_pair_and_single_batches_give_their_losses_and_the_mask_loss_only_where_
     rng = random.Random(0)
     pairs = recipe.collate_train([recipe.train_sample(r, rng) for r in _raw_pairs(pair_shards)])
     assert bool(pairs["mask_present"].all())  # the embedded pairs store both masks
-    out = recipe.losses(model, pairs)
+    out = recipe.training_losses(model, pairs)
     assert set(out) == {"loss", "diff", "tv", "mask"}
     assert float(out["loss"].detach()) == pytest.approx(float(out["diff"] + out["tv"] + out["mask"]), rel=1e-5)
     # a single-image batch without stored masks: L_single + λ L_TV, nothing for the mask head
     singles = [{"images": p["images"], "second": None, "masks": [None], "captions": p["captions"]}
                for p in (recipe.train_sample(r, rng) for r in _raw_pairs(pair_shards))]
-    out = recipe.losses(model, recipe.collate_train(singles))
+    out = recipe.training_losses(model, recipe.collate_train(singles))
     assert set(out) == {"loss", "single", "tv", "mask"} and float(out["mask"]) == 0.0  # same parts on every rank
     out["loss"].backward()
     assert not model.encoder.mask_head.weight.grad.any()
@@ -85,7 +85,7 @@ def test_the_tv_term_is_the_total_variation_of_the_confidence_maps_of_both_image
     torch.manual_seed(0)
     model = recipe.build_model()
     batch = recipe.collate_train([recipe.train_sample(r, random.Random(1)) for r in _raw_pairs(pair_shards)])
-    out = recipe.losses(model, batch)
+    out = recipe.training_losses(model, batch)
     confidence = model.encoder(torch.cat([batch["images"], batch["second"]]))["confidence"]
     assert confidence.shape[0] == 2 * len(batch["images"])
     assert float(out["tv"]) == pytest.approx(float(total_variation_loss(confidence).detach()), rel=1e-5)
@@ -117,7 +117,7 @@ def test_the_baseline_reads_pooled_features_of_both_images_and_pairs_only(pair_s
     pooled = model.trunk(torch.cat([batch["images"], batch["second"]])).mean(dim=(2, 3))
     first, second = pooled.chunk(2)
     assert torch.allclose(features[:, 0], torch.cat([first, second], dim=-1), atol=1e-6) and aux == {}
-    assert set(recipe.losses(model, batch)) == {"loss", "diff"}
+    assert set(recipe.training_losses(model, batch)) == {"loss", "diff"}
 
 
 def test_the_job_trains_the_baseline_then_l2c_and_single_images_take_turns_one_for_one(pair_shards):

@@ -54,7 +54,7 @@ def train_steps(recipe: LAViTeRRecipe, model, batch: dict, steps: int = 2) -> No
     for step in range(steps):
         for update in recipe.updates(step):
             model.zero_grad(set_to_none=True)
-            recipe.losses(model, batch, update)["loss"].backward()
+            recipe.training_losses(model, batch, update)["loss"].backward()
             optimizers[update].step()
 
 
@@ -151,7 +151,7 @@ def test_discriminator_and_generator_updates_step_only_their_own_parameters(phas
     for update in recipe.updates(0):
         model.zero_grad(set_to_none=True)
         before = snapshot(model, parameters_only=True)
-        recipe.losses(model, batch, update)["loss"].backward()
+        recipe.training_losses(model, batch, update)["loss"].backward()
         if update == "discriminator":  # the generated images are detached: no gradient reaches G
             assert all(p.grad is None for p in model.generator.parameters())
         optimizers[update].step()

@@ -418,7 +418,7 @@ def test_a_chain_phrases_and_their_regions_are_never_each_other_negatives(flickr
     torch.manual_seed(0)
     model = recipe.build_model()
     recipe.initialize(model, None, JobShards(ShardSet.open(recipe.config.data.shards)))
-    loss = recipe.losses(model, {**batch, "stream": "phrases"})["loss"]
+    loss = recipe.training_losses(model, {**batch, "stream": "phrases"})["loss"]
     loss.backward()
     assert torch.isfinite(loss) and float(loss.detach()) > 0
     for branch in (model.image, model.text):

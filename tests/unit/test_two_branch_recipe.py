@@ -80,7 +80,7 @@ def test_the_similarity_loss_is_the_logistic_loss_of_each_positive_and_its_drawn
     raws = list(_raw_samples(planted_shards, 6))
     batch = recipe.collate_train([recipe.train_sample(r, rng) for r in raws])
     recipe.start_step(5)
-    loss = recipe.losses(model, batch)["loss"]
+    loss = recipe.training_losses(model, batch)["loss"]
     # direct: the same draw (seed 7, step 5, first micro-batch), then pair by pair
     draw = draw_negatives(batch["text_image"], 2, step_generator(7, 5, 0))
     with torch.no_grad():

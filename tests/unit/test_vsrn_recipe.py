@@ -72,7 +72,7 @@ def test_every_ablation_trains_one_step(overrides):
     rng = random.Random(0)
     batch = recipe.collate_train([recipe.train_sample(_raw(f"k{i}", areas=(1, 2, 3)), rng) for i in range(4)])
     batch["regions"] += torch.randn_like(batch["regions"])  # distinct images
-    losses = recipe.losses(model, batch)
+    losses = recipe.training_losses(model, batch)
     assert ("caption" in losses) == ("model.caption_loss=false" not in overrides)
     assert len(model.image.rrr) == (0 if "model.rrr_layers=0" in overrides else 1 if "model.rrr_layers=1" in overrides else 4)
     before = [p.detach().clone() for p in model.parameters()]

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, final
 
 import torch
 from torch import nn
@@ -129,9 +129,28 @@ class Recipe(ABC):
         return ("main",)
 
     @abstractmethod
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
-        """{'loss': this rank's share of the loss for optimizer `update`, <component>: detached
-        parts for logging}."""
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict[str, Any]:
+        """The keyword arguments of the model's forward for one micro-batch and optimizer `update`.
+        The trainer calls the engine's wrapper of the model with them (training_losses): that call
+        is where the ranks' gradients get synchronised, so a recipe never calls its forward itself."""
+
+    @abstractmethod
+    def losses(self, outputs: Any, batch: dict, update: str = "main", model: nn.Module | None = None
+               ) -> dict[str, torch.Tensor]:
+        """From the forward's `outputs`: {'loss': this rank's share of the loss for optimizer
+        `update`, <component>: detached parts for logging}. `model` is the module itself (not the
+        engine's wrapper), for what a loss computes from the outputs with the model's own layers
+        (the similarity network's fusion layers on pairs drawn from the global batch): the forward
+        having gone through the engine, gradients through those layers are synchronised too."""
+
+    @final
+    def training_losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+        """One micro-batch's losses as the trainer computes them: `model` (the engine's wrapper)
+        called on forward_inputs, its outputs handed to losses. Not for overriding: a recipe that
+        reached the model past the engine's wrapper would train each rank apart (the replica check
+        stops such a run; tests/fixtures/meanpool_plugin's negative example does it on purpose)."""
+        outputs = model(**self.forward_inputs(batch, update))
+        return self.losses(outputs, batch, update, model=unwrap(model))
 
     # ================================================================== evaluation
 
@@ -162,3 +181,8 @@ class Recipe(ABC):
         """The results table printed after training and by `vldist.evaluate`: `rows` maps a name
         ('untrained', 'trained') to that model's whole metrics on `split`; the last is the one
         that matters (it may add what the table leaves out: skipped samples, example outputs)."""
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module under the engine's wrapper (DistributedDataParallel's, DeepSpeed's), or `model`."""
+    return getattr(model, "module", model)

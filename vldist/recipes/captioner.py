@@ -29,7 +29,7 @@ from vldist.models.caption_scoring import caption_image_logprobs
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.generation import generate
-from vldist.recipes.base import Recipe
+from vldist.recipes.base import Recipe, unwrap
 from vldist.report import caption_report
 
 DECODERS = {"adaptive_attention": AdaptiveAttentionDecoder, "show_tell": ShowTellDecoder}
@@ -130,9 +130,11 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
 
     # ------------------------------------------------------------------ losses and evaluation
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
         rows = batch["caption_images"]
-        logits = model(batch["regions"][rows], batch["mask"][rows], batch["tokens"])
+        return {"regions": batch["regions"][rows], "mask": batch["mask"][rows], "tokens": batch["tokens"]}
+
+    def losses(self, logits, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         nll = cross_rank_token_nll(logits, batch["tokens"][:, 1:], self.vocab.pad_id)  # Eq. 1, per token
         return {"loss": nll, "nll": nll.detach()}
 
@@ -206,8 +208,3 @@ def _trim(ids: torch.Tensor) -> list[list[int]]:
             row.pop()
         rows.append(row)
     return rows
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The model under DDP/DeepSpeed wrappers (generation calls the decoder's own methods)."""
-    return getattr(model, "module", model)

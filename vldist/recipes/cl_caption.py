@@ -41,7 +41,7 @@ from vldist.losses.negatives import draw_negatives, gather_captions, step_genera
 from vldist.losses.not_negative import local_identities
 from vldist.models.generation import sequence_logprob
 from vldist.recipes.base import StartingWeights
-from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe, unwrap
+from vldist.recipes.captioner import CaptionerConfig, CaptionerModel, CaptionerRecipe
 
 ARCHITECTURE_KEYS = ("decoder", "hidden", "embed")  # the captioner keys that shape the weights
 
@@ -103,13 +103,16 @@ class CLCaptionModel(nn.Module):
                 ref.copy_(tgt)
 
     def forward(self, regions: torch.Tensor, mask: torch.Tensor, caption_images: torch.Tensor,
-                tokens: torch.Tensor, negatives: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                tokens: torch.Tensor, negatives: torch.Tensor | None = None,
+                replace_reference: bool = False) -> dict[str, torch.Tensor]:
         """Sentence log-probabilities ln p(c | I) (end token included) under target and reference.
 
         tokens (T, L): the positives, caption t under image caption_images[t]; negatives (K, T, L'):
         the negative captions, [k, t] under caption t's image. Returns pos_target, pos_reference (T,)
         and, with negatives, neg_target, neg_reference (K, T). One decoder pass per model covers both.
         """
+        if replace_reference:  # φ ← θ first (Table 6's periodic replacement)
+            self.replace_reference()
         n = tokens.shape[0]
         rows, captions = caption_images, tokens
         if negatives is not None:
@@ -136,7 +139,7 @@ class CLCaptionRecipe(CaptionerRecipe):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._step = 0  # the optimizer step in progress (start_step)
-        self._micro = 0  # losses() calls within it (gradient accumulation)
+        self._micro = 0  # forward_inputs() calls within it (gradient accumulation)
         self._replaced_at: int | None = None
         self.last_draw: dict | None = None  # the newest negatives, for inspection (tests)
 
@@ -227,16 +230,20 @@ class CLCaptionRecipe(CaptionerRecipe):
     def start_step(self, step: int) -> None:
         self._step, self._micro = step, 0
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
-        cfg = self.cfg
-        every = cfg.replace_reference_every
-        if every and self._step > 0 and self._step % every == 0 and self._replaced_at != self._step:
-            unwrap(model).replace_reference()  # before the step's first forward
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
+        every = self.cfg.replace_reference_every
+        replace = bool(every and self._step > 0 and self._step % every == 0 and self._replaced_at != self._step)
+        if replace:  # in the step's first forward
             self._replaced_at = self._step
-        negatives = self._draw_negatives(batch) if cfg.terms != "positive" else None
-        out = model(batch["regions"], batch["mask"], batch["caption_images"], batch["tokens"], negatives)
+        negatives = self._draw_negatives(batch) if self.cfg.terms != "positive" else None
         self._micro += 1
-        if negatives is None:  # CL(P): no negative pairs
+        return {"regions": batch["regions"], "mask": batch["mask"], "caption_images": batch["caption_images"],
+                "tokens": batch["tokens"], "negatives": negatives, "replace_reference": replace}
+
+    def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
+        cfg = self.cfg
+        negatives = "neg_target" in out
+        if not negatives:  # CL(P): no negative pairs
             empty = out["pos_target"].new_zeros((0, out["pos_target"].shape[0]))
             out["neg_target"], out["neg_reference"] = empty, empty
         loss = cross_rank_contrastive_captioning_loss(out["pos_target"], out["pos_reference"], out["neg_target"],
@@ -245,7 +252,7 @@ class CLCaptionRecipe(CaptionerRecipe):
         g_pos = (out["pos_target"] - out["pos_reference"]).detach()
         n_global = global_sum(torch.tensor(float(g_pos.numel()), device=g_pos.device)).clamp(min=1)
         logged = {"loss": loss, "g_pos": g_pos.sum() / n_global}
-        if negatives is not None:
+        if negatives:
             g_neg = (out["neg_target"] - out["neg_reference"]).detach()
             logged["g_neg"] = g_neg.sum() / (n_global * g_neg.shape[0])
         return logged

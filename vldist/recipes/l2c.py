@@ -34,7 +34,8 @@ from vldist.models.common import all_real
 from vldist.models.l2c import L2CEncoder, build_trunk
 from vldist.data.streams import StreamSource
 from vldist.recipes.base import Recipe
-from vldist.recipes.captioner import GeneratesCaptions, unwrap
+from vldist.recipes.base import unwrap
+from vldist.recipes.captioner import GeneratesCaptions
 from vldist.report import caption_report
 from vldist.recipes.l2c_pictures import pair_panel
 from vldist.shards.synthetic.pairs import swap_image_tokens
@@ -204,8 +205,12 @@ class L2CRecipe(GeneratesCaptions, Recipe):
 
     # ------------------------------------------------------------------ losses
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
-        logits, aux = model(batch["images"], batch["second"], batch["tokens"], batch["caption_images"])
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
+        return {"images": batch["images"], "second": batch["second"], "tokens": batch["tokens"],
+                "rows": batch["caption_images"]}
+
+    def losses(self, outputs: tuple, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
+        logits, aux = outputs
         nll = cross_rank_token_nll(logits, batch["tokens"][:, 1:], self.vocab.pad_id)  # Eq. 4 or 5, per token
         name = "single" if batch["second"] is None else "diff"
         loss, parts = nll, {name: nll.detach()}

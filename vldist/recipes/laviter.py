@@ -39,7 +39,8 @@ from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
 from vldist.recipes.base import Recipe, StartingWeights
-from vldist.recipes.captioner import GeneratesCaptions, unwrap
+from vldist.recipes.base import unwrap
+from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.laviter_report import laviter_report
 from vldist.visualize import to_pil
 
@@ -263,19 +264,22 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
 
     # ------------------------------------------------------------------ losses
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
         images, batch_size = batch["images"], batch["images"].shape[0]
         if batch_size < 2 and self.cfg.tim and self.phase in ("assist", "joint"):
             raise ValueError("LAViTeR's GAN needs at least 2 images per rank in a step (batch norm, mismatched "
                              "captions): raise data.batch_size to 2 x the number of ranks or more")
         noise = torch.randn(batch_size, self.cfg.z_dim, device=images.device)
-        weights = self.weights()
         identity = batch.get("identity")  # pairs of one image are never negatives (data/identity.py)
         mismatched = None
         if update == "discriminator" and identity is not None:
             mismatched = other_image_rows(identity.to(images.device))
-        out = model(images, batch["words"], batch["lengths"], batch["tokens"], update=update, noise=noise,
-                    weights=weights, mismatched=mismatched)
+        return {"images": images, "words": batch["words"], "lengths": batch["lengths"], "tokens": batch["tokens"],
+                "update": update, "noise": noise, "weights": self.weights(), "mismatched": mismatched}
+
+    def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
+        batch_size, weights = batch["images"].shape[0], self.weights()
+        identity = batch.get("identity")
         if update == "discriminator":
             loss = cross_rank_mean(out["discriminator"], batch_size)
             return {"loss": loss, "discriminator": loss.detach()}

@@ -44,7 +44,7 @@ from vldist.losses.two_branch import cross_rank_phrase_ranking_loss, cross_rank_
 from vldist.metrics import phrase_localization_recall, retrieval_protocols, sentence_to_sentence_recall
 from vldist.models.two_branch import TwoBranchModel
 from vldist.recipes.base import Recipe
-from vldist.recipes.captioner import unwrap
+from vldist.recipes.base import unwrap
 from vldist.report import chance_recall, retrieval_report
 
 FUSION_WIDTHS = (512, 256)  # the paper's fusion layers: FC 512x512, ReLU, FC 512x256, ReLU, FC 256x1
@@ -252,8 +252,10 @@ class TwoBranchRecipe(Recipe):
 
     # ------------------------------------------------------------------ losses
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
-        out = model(batch["images"], batch["tokens"])
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
+        return {"images": batch["images"], "tokens": batch["tokens"]}
+
+    def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         if batch.get("stream", "retrieval") == "phrases":
             return {"loss": self.phrase_loss(model, out, batch)}
         return self.retrieval_loss(model, out, batch)
@@ -426,8 +428,8 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         generator = step_generator(self.config.seed, self._step, self._micro)
         self._micro += 1
         draw = draw_negatives(all_ids, self.cfg.negatives_per_positive, generator)[:, offset:offset + len(rows)]
-        pairs = unwrap(model).pair_scores(image[rows].repeat(draw.shape[0] + 1, 1),
-                                          torch.cat([text, all_text[draw.flatten()]]))
+        pairs = model.pair_scores(image[rows].repeat(draw.shape[0] + 1, 1),
+                                  torch.cat([text, all_text[draw.flatten()]]))
         positive, negative = pairs[:len(rows)], pairs[len(rows):]
         loss = F.softplus(-positive.float()).sum() + F.softplus(negative.float()).sum()
         return {"loss": loss, "positive_logit": positive.detach().mean(), "negative_logit": negative.detach().mean()}
@@ -440,7 +442,7 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         drawn = batch["drawn_negatives"].to(image.device)
         rows = torch.cat([batch["text_image"].to(image.device), drawn[1]])
         phrases = torch.cat([torch.arange(text.shape[0], device=image.device), drawn[0]])
-        logits = unwrap(model).pair_scores(image[rows], text[phrases]).float()
+        logits = model.pair_scores(image[rows], text[phrases]).float()
         labels = torch.ones_like(logits)
         labels[text.shape[0]:] = -1
         return F.softplus(-labels * logits).sum()

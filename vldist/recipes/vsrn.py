@@ -160,8 +160,10 @@ class VSRNRecipe(Recipe):
 
     # ------------------------------------------------------------------ losses and evaluation
 
-    def losses(self, model: nn.Module, batch: dict, update: str = "main") -> dict[str, torch.Tensor]:
-        out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
+        return {name: batch[name] for name in ("regions", "mask", "tokens", "lengths")}
+
+    def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         # Each term is this rank's share of the global batch's loss (see losses/distributed.py).
         matching = cross_rank_vse_hinge_loss(
             out["image"], out["text"], self.cfg.margin, self.hardest_negatives, self.cfg.gather_negatives,

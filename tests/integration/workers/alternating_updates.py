@@ -34,8 +34,7 @@ class AlternatingVSRN(VSRNRecipe):
     def updates(self, step):
         return ("image",) if step % 2 == 0 else ("text",)
 
-    def losses(self, model, batch, update="main"):
-        out = model(batch["regions"], batch["mask"], batch["tokens"], batch["lengths"])
+    def losses(self, out, batch, update="main", model=None):
         image, text = out["image"], out["text"]
         if update == "image":
             loss = cross_rank_vse_hinge_loss(image, text.detach(), self.cfg.margin, False, True)

@@ -18,6 +18,7 @@ from torch import nn
 from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.losses.damsm import PARTS, cross_rank_damsm_parts
+from vldist.recipes.base import Recipe
 
 from sgd_steps import sgd_steps  # noqa: E402  (this directory is on sys.path)
 
@@ -54,8 +55,13 @@ class DamsmRecipe:
     def start_step(self, step: int) -> None:
         pass
 
-    def losses(self, model: nn.Module, batch: dict) -> dict:
-        words, regions, sentence, image = model(batch["words"], batch["lengths"], batch["regions"])
+    training_losses = Recipe.training_losses  # the trainer's forward-then-losses
+
+    def forward_inputs(self, batch: dict, update: str = "main") -> dict:
+        return {"words": batch["words"], "lengths": batch["lengths"], "regions": batch["regions"]}
+
+    def losses(self, outputs: tuple, batch: dict, update: str = "main", model=None) -> dict:
+        words, regions, sentence, image = outputs
         parts = cross_rank_damsm_parts(words, batch["lengths"], regions, sentence, image)
         return {"loss": sum(parts[name] for name in PARTS), **parts}
 

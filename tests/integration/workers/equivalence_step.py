@@ -72,7 +72,7 @@ def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches
     rows = my_rows(engine, ragged, micro_batches)
     for k, mine in enumerate(rows):
         with engine.micro_batch(last=k == len(rows) - 1):
-            losses = recipe.losses(model, recipe.collate_train(mine))
+            losses = recipe.training_losses(model, recipe.collate_train(mine))
             engine.backward(losses["loss"], len(rows))
         for key in totals:
             totals[key] += float(global_sum(losses[key])) / len(rows)

@@ -22,7 +22,7 @@ def sgd_steps(engine: Engine, recipe, module: torch.nn.Module, batch: dict, step
     out = []
     for step in range(steps):
         recipe.start_step(step)
-        losses = recipe.losses(model, batch)
+        losses = recipe.training_losses(model, batch)
         engine.backward(losses["loss"])
         grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
         engine.step("main", None)

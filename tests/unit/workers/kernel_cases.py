@@ -63,7 +63,7 @@ def vsrn_run(kernel: str) -> dict:
     batch = recipe.collate_train(worker.global_samples())
     losses = []
     for _ in range(3):
-        loss = recipe.losses(model, batch)["loss"]
+        loss = recipe.training_losses(model, batch)["loss"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
