@@ -13,6 +13,7 @@ from contextlib import closing
 from pathlib import Path
 
 from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
+from vldist.recipes.contract import check_evaluation
 from vldist.visualize import save_pictures
 
 
@@ -60,14 +61,16 @@ class SkipTally:
 
 def evaluate_split(recipe, model, loader, device, where: str, validation: bool = False,
                    images_dir: Path | None = None) -> dict:
-    """recipe.evaluate over the loader's batches, plus `skipped_samples` in the result. Pictures a
-    recipe returns under `images` (name -> PIL image) are written as PNG into `images_dir` and
-    replaced by their paths (none kept without a directory)."""
+    """recipe.evaluate over the loader's batches, plus `skipped_samples` in the result, checked
+    against the recipe contract (recipes/contract.py). Pictures a recipe returns under `images`
+    (name -> PIL image) are written as PNG into `images_dir` and replaced by their paths (none kept
+    without a directory)."""
     tally = SkipTally(where)
     # closing: should evaluate raise, the loader's workers end now, not at interpreter exit (where
     # multiprocessing's SIGTERM would not end them: they ignore the stop signals)
     with closing(tally.batches(loader)) as batches:
         result = recipe.evaluate(model, batches, device, validation=validation)
+    check_evaluation(recipe, result, selecting=validation)
     result["skipped_samples"] = tally.count
     pictures = result.pop("images", None)
     if pictures and images_dir is not None:

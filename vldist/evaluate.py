@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         code, message = exit_status(err)
         print(message, file=sys.stderr)
         return code
-    recipe = get_recipe(config.recipe)(config, vocab=None)
+    recipe = get_recipe(config.recipe)  # its report is a class method: no model or vocabulary needed
     print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} {metrics.get('unit', 'images')}, "
           f"{metrics['n_captions']} captions")
     print(recipe.report({"model": metrics}, args.split))

@@ -56,7 +56,7 @@ def usage(job: str) -> str:
 def print_results(config: JobConfig, results: dict) -> None:
     """The results table; a job of several stages shows each stage's model side by side (and the
     untrained model of the first)."""
-    recipe = get_recipe(config.recipe)(config, vocab=None)
+    recipe = get_recipe(config.recipe)  # its report is a class method: no model or vocabulary needed
     test = results["test"]
     stages = results.get("stages", {"trained": results})
     untrained = {}  # every stage's untrained model (CL: the MLE stage's; two-branch: one per task)

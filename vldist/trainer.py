@@ -13,6 +13,7 @@ import logging
 import math
 import time
 from contextlib import closing
+from itertools import islice
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -138,17 +139,26 @@ class Trainer:
         with heartbeat.phase_of(f"evaluation ({split})"):
             return self._evaluate(split)
 
-    def _evaluate(self, split: str) -> dict | None:
+    def check_evaluation_contract(self) -> None:
+        """The recipe's evaluation on the first batch of the validation split, checked against the
+        contract (recipes/contract.py), so that a recipe returning the wrong thing stops before
+        training rather than after it. Random state is restored: training draws what it would have."""
+        with heartbeat.phase_of("evaluation (contract check)"), torch.random.fork_rng(devices=[]):
+            self._evaluate(self.config.data.val_split, batches=1, validation=True)
+
+    def _evaluate(self, split: str, batches: int | None = None, validation: bool | None = None) -> dict | None:
         result = None
         model = self.engine.evaluation_model(self.recipe.build_model)  # collective
         if self.engine.is_main:
             loader = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
-            batches = eval_batches(heartbeat.beating(loader), eval_batch_count(self.config, self.shards, split), split,
-                                   True)
+            count = eval_batch_count(self.config, self.shards, split)
+            loaded = heartbeat.beating(loader if batches is None else islice(loader, batches))
             where = f"the {split} split of {self.shards.directory}"
-            validation = split == self.config.data.val_split and split != self.config.eval.split
-            pictures = self.out_dir / "images" / f"{split}-step-{self.state.step:08d}"
-            result = evaluate_split(self.recipe, model, batches, self.engine.device, where, validation, pictures)
+            if validation is None:
+                validation = split == self.config.data.val_split and split != self.config.eval.split
+            pictures = None if batches else self.out_dir / "images" / f"{split}-step-{self.state.step:08d}"
+            result = evaluate_split(self.recipe, model, eval_batches(loaded, batches or count, split, True),
+                                    self.engine.device, where, validation, pictures)
             raise_if_interrupted()
         with heartbeat.collective("barrier (rank 0 evaluates)"):
             self.engine.barrier()
@@ -302,6 +312,8 @@ class Trainer:
         self._resume()
         self.progress = TrainingProgress(self.engine.is_main, self.total_steps, self.state.step, cfg.train.log_every,
                                          self.out_dir / "metrics.jsonl", self.trackers.record if self.trackers else None)
+        if self.state.step == 0 and not cfg.eval.baseline:
+            self.check_evaluation_contract()  # the baseline evaluation is checked as it runs
         if cfg.eval.baseline and self.state.step == 0:
             self.state.untrained = self.evaluate(cfg.eval.split)
             if self.engine.is_main:

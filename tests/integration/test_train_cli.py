@@ -87,9 +87,9 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted
                                   "eval.baseline=false", "data.workers=0", *SMALL])
     real_losses, calls = VSRNRecipe.losses, {"n": 0}
 
-    def poisoned(self, model, batch, update="main"):
+    def poisoned(self, outputs, batch, update="main", model=None):
         calls["n"] += 1
-        out = real_losses(self, model, batch, update)
+        out = real_losses(self, outputs, batch, update, model)
         if calls["n"] > 10:  # after the first epoch (7 steps) has been checkpointed
             out["loss"] = out["loss"] * torch.tensor(float("nan"))
         return out
@@ -98,3 +98,27 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted
     with pytest.raises(NonFiniteLossError, match="non-finite loss at step 11"):
         run(config)
     assert [p.name for p in (tmp_path / "checkpoints").glob("step-*")] == ["step-00000007"]
+
+
+@pytest.mark.parametrize("baseline", ["true", "false"])
+def test_a_recipe_whose_evaluation_lacks_its_counts_is_refused_before_training(planted_shards, tmp_path, monkeypatch,
+                                                                               capsys, baseline):
+    """Without the untrained baseline, the first validation batch is evaluated and checked first."""
+    import vldist.recipes
+    from vldist.recipes.vsrn import VSRNRecipe
+    from vldist.train import main
+
+    class Countless(VSRNRecipe):
+        def evaluate(self, model, batches, device, validation=False):
+            metrics = super().evaluate(model, batches, device, validation)
+            del metrics["n_images"]
+            return metrics
+
+    monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", Countless)
+    out = tmp_path / "run"
+    code = main(["vsrn", f"data.shards={planted_shards}", f"output.dir={out}", f"eval.baseline={baseline}", *SMALL])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "error: recipe 'vsrn': evaluate() returned no 'n_images' (the number of images" in err
+    assert "Traceback" not in err
+    assert not list(out.glob("checkpoints/step-*")) and not (out / "metrics.jsonl").exists()  # no step was taken

@@ -1,8 +1,8 @@
 """Do the ranks still hold the same model? A check of the replicated state, in one collective.
 
 Data parallelism keeps one replica of the model on every rank and relies on every rank applying
-the same update. A recipe whose loss skips the engine's wrapper (`model.module`: no gradient
-all-reduce), a nondeterministic kernel, or a device that corrupts a value silently lets one
+the same update. A recipe whose forward skips the engine's wrapper (it would have to override
+the final `Recipe.training_losses`: no gradient all-reduce), a nondeterministic kernel, or a device that corrupts a value silently lets one
 replica drift, and nothing else would notice: rank 0 evaluates and checkpoints its own copy.
 
 After the first update of a process and every `train.replica_check_every` steps, each rank hashes
@@ -116,6 +116,6 @@ def _diverged(step: int, name: str, values: list[int], count: int, checked: int,
              if passed_at is not None else "this is the process's first check")
     return (f"the ranks' replicas of the model diverged by step {step}: {name} differs ({len(groups)} values: {held}; "
             f"{count} of {checked} checked tensors differ); {since}. Something updated one rank's copy alone: a "
-            "recipe whose loss does not go through the model the trainer hands it (model.module skips the gradient "
-            "all-reduce), a nondeterministic kernel, or a faulty device. Fix the cause, then resume from a "
+            "recipe whose forward skips the engine's wrapper (an override of Recipe.training_losses that calls the "
+            "module itself: no gradient all-reduce), a nondeterministic kernel, or a faulty device. Fix the cause, then resume from a "
             "checkpoint written before the divergence (train.resume=<its path>).")

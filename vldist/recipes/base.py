@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, Required, TypedDict, final
 
 import torch
 from torch import nn
@@ -37,8 +37,20 @@ class StartingWeights:
     state: dict[str, torch.Tensor] = field(repr=False)  # its weights
 
 
+class Evaluation(TypedDict, total=False):
+    """What `Recipe.evaluate` returns: the counts the platform prints and records, beside the
+    recipe's own metrics under keys of its choosing (nested as it likes; metrics.json keeps them
+    whole). vldist.recipes.contract checks every evaluation against it."""
+
+    n_images: Required[int]  # images evaluated (or pairs: set `unit`)
+    n_captions: Required[int]  # captions evaluated
+    unit: str  # what n_images counts when not images ("pairs")
+    examples: list[dict]  # generated captions, for the trackers' tables
+    images: dict  # name -> PIL image: written as PNG under the run's images/ and replaced by its path
+
+
 class Recipe(ABC):
-    name: ClassVar[str]
+    name: ClassVar[str]  # the registry key it is found by (vldist.recipes.get_recipe sets it)
     description: ClassVar[str]
     ModelConfig: ClassVar[type[Section]]
 
@@ -163,21 +175,28 @@ class Recipe(ABC):
 
     @abstractmethod
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> dict:
-        """Metrics over a whole eval split. `validation`: the per-epoch check that picks the best
-        checkpoint, where a recipe may leave out costly metrics that selection does not use."""
+                 validation: bool = False) -> Evaluation:
+        """Metrics over a whole eval split, with the counts of Evaluation. `validation`: the
+        per-epoch check that picks the best checkpoint, where a recipe may leave out costly
+        metrics that selection does not use."""
 
-    def headline(self, metrics: dict) -> dict[str, float]:
-        """The few numbers printed in the results table."""
-        return metrics
+    # headline and report read only the metrics: class methods, so that a results table needs no
+    # model or vocabulary (vldist.train and vldist.evaluate call them on the class).
+
+    @classmethod
+    def headline(cls, metrics: Evaluation) -> dict[str, float]:
+        """The few numbers of the progress lines and the results table, flat. Default: every number
+        in the metrics but the counts, nested keys joined with '/'."""
+        return {key: value for key, value in _numbers(metrics) if key not in ("n_images", "n_captions")}
 
     @abstractmethod
-    def selection_score(self, metrics: dict) -> float:
+    def selection_score(self, metrics: Evaluation) -> float:
         """The validation number that picks the best checkpoint, higher is better (VSRN: rsum;
         captioning: CIDEr-D)."""
 
+    @classmethod
     @abstractmethod
-    def report(self, rows: dict[str, dict], split: str) -> str:
+    def report(cls, rows: dict[str, Evaluation], split: str) -> str:
         """The results table printed after training and by `vldist.evaluate`: `rows` maps a name
         ('untrained', 'trained') to that model's whole metrics on `split`; the last is the one
         that matters (it may add what the table leaves out: skipped samples, example outputs)."""
@@ -186,3 +205,12 @@ class Recipe(ABC):
 def unwrap(model: nn.Module) -> nn.Module:
     """The module under the engine's wrapper (DistributedDataParallel's, DeepSpeed's), or `model`."""
     return getattr(model, "module", model)
+
+
+def _numbers(metrics: dict, prefix: str = ""):
+    """(key, value) of every number in nested metrics, keys joined with '/'."""
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            yield from _numbers(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value

@@ -192,11 +192,13 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
     def selection_score(self, metrics: dict) -> float:
         return metrics["captions"]["cider_d"]  # the CL paper's headline metric
 
-    def headline(self, metrics: dict) -> dict[str, float]:
+    @classmethod
+    def headline(cls, metrics: dict) -> dict[str, float]:
         return {"cider_d": metrics["captions"]["cider_d"], "bleu4": metrics["captions"]["bleu4"],
                 "rouge_l": metrics["captions"]["rouge_l"]}
 
-    def report(self, rows: dict[str, dict], split: str) -> str:
+    @classmethod
+    def report(cls, rows: dict[str, dict], split: str) -> str:
         return caption_report(rows, split)
 
 

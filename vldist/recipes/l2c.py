@@ -294,9 +294,11 @@ class L2CRecipe(GeneratesCaptions, Recipe):
     def selection_score(self, metrics: dict) -> float:
         return metrics["captions"]["rouge_l"]  # the paper's main metric and its model selection
 
-    def headline(self, metrics: dict) -> dict[str, float]:
+    @classmethod
+    def headline(cls, metrics: dict) -> dict[str, float]:
         c = metrics["captions"]
         return {"bleu4": c["bleu4"], "rouge_l": c["rouge_l"], "cider_d": c["cider_d"]}
 
-    def report(self, rows: dict[str, dict], split: str) -> str:
+    @classmethod
+    def report(cls, rows: dict[str, dict], split: str) -> str:
         return caption_report(rows, split)

@@ -419,7 +419,8 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             return metrics.get("captions", {}).get("cider_d", 0.0)
         return metrics["r_precision"]["r1"]
 
-    def headline(self, metrics: dict) -> dict[str, float]:
+    @classmethod
+    def headline(cls, metrics: dict) -> dict[str, float]:
         line = {"r_precision1": metrics["r_precision"]["r1"], "rsum": metrics["retrieval"]["rsum"]}
         if "label_recall" in metrics:
             line["label_recall"] = metrics["label_recall"]
@@ -431,7 +432,8 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             line["cider_d"] = metrics["captions"]["cider_d"]
         return line
 
-    def report(self, rows: dict[str, dict], split: str) -> str:
+    @classmethod
+    def report(cls, rows: dict[str, dict], split: str) -> str:
         return laviter_report(rows, split)
 
 

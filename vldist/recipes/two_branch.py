@@ -321,7 +321,8 @@ class TwoBranchRecipe(Recipe):
             into["gt"] += gt
             into["iou"] += list(phrase_data.overlaps(gt, boxes))
 
-    def headline(self, metrics: dict) -> dict[str, float]:
+    @classmethod
+    def headline(cls, metrics: dict) -> dict[str, float]:
         out = {}
         if "full" in metrics:
             full = metrics["full"]
@@ -339,14 +340,15 @@ class TwoBranchRecipe(Recipe):
             score += sum(metrics["phrases"][f"r{k}"] for k in (1, 5, 10))
         return score
 
-    def report(self, rows: dict[str, dict], split: str) -> str:
+    @classmethod
+    def report(cls, rows: dict[str, dict], split: str) -> str:
         """A retrieval table and a phrase table, each over the rows that have its task (a job of
         both tasks has one stage each: untrained, retrieval, phrases)."""
         lines = []
         retrieval = {name: m for name, m in rows.items() if "full" in m}
         if retrieval:
             last = list(retrieval.values())[-1]
-            table = {"chance": last["chance"], **{name: self.headline(m) for name, m in retrieval.items()}}
+            table = {"chance": last["chance"], **{name: cls.headline(m) for name, m in retrieval.items()}}
             lines.append(retrieval_report(table, last, split))
             if "sentence_to_sentence" in last:
                 lines.append("sentence-to-sentence R@1 (a sentence finds another of its image, itself excluded): "

@@ -198,14 +198,16 @@ class VSRNRecipe(Recipe):
                       chance=chance_recall(len(counts), caption_counts=counts))
         return result
 
-    def headline(self, metrics: dict) -> dict[str, float]:
+    @classmethod
+    def headline(cls, metrics: dict) -> dict[str, float]:
         full = metrics["full"]
         return {k: full[k] for k in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")}
 
     def selection_score(self, metrics: dict) -> float:
         return metrics["full"]["rsum"]  # as VSRN's code: the best epoch by validation rsum
 
-    def report(self, rows: dict[str, dict], split: str) -> str:
+    @classmethod
+    def report(cls, rows: dict[str, dict], split: str) -> str:
         last = list(rows.values())[-1]
-        table = {"chance": last["chance"], **{name: self.headline(m) for name, m in rows.items()}}
+        table = {"chance": last["chance"], **{name: cls.headline(m) for name, m in rows.items()}}
         return retrieval_report(table, last, split)
