@@ -143,8 +143,12 @@ class Trainer:
         """The recipe's evaluation on the first batch of the validation split, checked against the
         contract (recipes/contract.py), so that a recipe returning the wrong thing stops before
         training rather than after it. Random state is restored: training draws what it would have."""
-        with heartbeat.phase_of("evaluation (contract check)"), torch.random.fork_rng(devices=[]):
-            self._evaluate(self.config.data.val_split, batches=1, validation=True)
+        split = self.config.data.val_split
+        if not self.shards.num_samples(split):  # a set without one: its evaluation split, unselected
+            split = self.config.eval.split
+        devices = [self.engine.device] if self.engine.device.type == "cuda" else []
+        with heartbeat.phase_of("evaluation (contract check)"), torch.random.fork_rng(devices=devices):
+            self._evaluate(split, batches=1, validation=split == self.config.data.val_split)
 
     def _evaluate(self, split: str, batches: int | None = None, validation: bool | None = None) -> dict | None:
         result = None
