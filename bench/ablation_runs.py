@@ -41,9 +41,10 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Callable, Iterable
 
 REPO = Path(__file__).resolve().parent.parent
 SCHEMA = "vldist-ablation/1"
@@ -224,7 +225,7 @@ def ablation_table(data: dict, rows: list[Row], columns: list[Col], per_seed: Co
 def neighbours(rows: list[Row], data: dict) -> list[tuple[str, str]]:
     """Each row that `data` holds with the next one of them, in table order."""
     present = [row for row in rows if row.key in data["rows"]]
-    return [(a.key, b.key) for a, b in zip(present, present[1:])]
+    return [(a.key, b.key) for a, b in pairwise(present)]
 
 
 def spread_line(data: dict, rows: list[Row], col: Col, pairs: list[tuple[str, str]]) -> str:

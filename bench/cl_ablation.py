@@ -28,8 +28,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks, paper_columns, pick, \
-    spread_line, train_once
+from ablation_runs import (
+    Col,
+    Recorder,
+    Row,
+    ablation_table,
+    bench_main,
+    blocks,
+    paper_columns,
+    pick,
+    spread_line,
+    train_once,
+)
 
 MLE = Row("mle", "MLE", "captioner", [])
 ROWS = [Row("cl-p", "CL(P)", "cl_caption", ["model.terms=positive"]),
@@ -48,8 +58,8 @@ _TABLE_4 = {"mle": ("1.042", "0.327", "0.260", "0.540"), "cl-p": ("1.059", "0.33
 # The paper's Table 1: self-retrieval top-K recall (%) on the MS-COCO test set, 5,000 images in the
 # pool, AdaptiveAttention (MLE) and AdaptiveAttention + CL; CL(P) and CL(N) are not in it.
 _TABLE_1 = {"mle": ("0.10", "0.96", "11.76", "78.46"), "full": ("0.32", "1.18", "11.84", "80.96")}
-PAPER = {key: {**dict(zip(["cider_d", "bleu4", "meteor", "rouge_l"], _TABLE_4[key])),
-               **dict(zip([f"sr_r{k}" for k in SR_KS], _TABLE_1.get(key, ())))} for key in _TABLE_4}
+PAPER = {key: {**dict(zip(["cider_d", "bleu4", "meteor", "rouge_l"], _TABLE_4[key], strict=True)),
+               **dict(zip([f"sr_r{k}" for k in SR_KS], _TABLE_1.get(key, ()), strict=False))} for key in _TABLE_4}
 PAPER_POOL = 5000
 
 CAPTION_COLUMNS = [Col("cider_d", "CIDEr-D", 3), Col("bleu4", "BLEU-4", 3), Col("meteor", "METEOR", 3),

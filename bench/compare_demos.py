@@ -45,7 +45,7 @@ def numbers(value, root: Path):
 def same_files(a: Path, b: Path, pattern: str, read) -> tuple[int, bool]:
     fa, fb = sorted(a.rglob(pattern)), sorted(b.rglob(pattern))
     same = [f.relative_to(a) for f in fa] == [f.relative_to(b) for f in fb] and all(
-        read(x, a) == read(y, b) for x, y in zip(fa, fb))
+        read(x, a) == read(y, b) for x, y in zip(fa, fb, strict=True))
     return len(fa), same
 
 

@@ -46,7 +46,7 @@ def count(job: str, world_size: int, overrides: list[str]) -> dict:
     config = load_config(job, overrides)
     per_rank = [rank_identities(config, rank, world_size) for rank in range(world_size)]
     pairs = []
-    for step in zip(*per_rank):
+    for step in zip(*per_rank, strict=True):
         seen = Counter(i for batch in step for i in batch)
         pairs.append(sum(n * (n - 1) // 2 for n in seen.values()))
     return {"job": job, "overrides": overrides, "ranks": world_size, "global_batch": config.data.batch_size,

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,6 +28,18 @@ from vldist.kernels.region_affinity import region_affinity, region_affinity_torc
 SHAPES = [(128, 36, 1024), (128, 36, 2048), (128, 9, 2048)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
+
+
+def forward_backward(fn, x, normalize, mask, dy):
+    return torch.autograd.grad(fn(*x, normalize, mask), x, dy)
+
+
+def train_step(recipe, model, batch, optimizer, autocast):
+    with autocast:
+        loss = recipe.training_losses(model, batch)["loss"]
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
 
 def timed(fn, device: torch.device, repeats: int) -> float:
     """Median seconds of fn() after warm-up."""
@@ -75,8 +88,8 @@ def bench_op(device: torch.device, dtype: torch.dtype, repeats: int, normalize: 
         for name, fn in implementations(device).items():
             try:
                 with torch.no_grad():
-                    fwd = timed(lambda: fn(*x, normalize, mask), device, repeats)
-                both = timed(lambda: torch.autograd.grad(fn(*x, normalize, mask), x, dy), device, repeats)
+                    fwd = timed(partial(fn, *x, normalize, mask), device, repeats)
+                both = timed(partial(forward_backward, fn, x, normalize, mask, dy), device, repeats)
             except Exception as err:  # noqa: BLE001
                 print(f"{B:>4} {K:>4} {D:>5} {name:>8} | failed: {str(err).splitlines()[0][:80]}")
                 continue
@@ -90,8 +103,8 @@ def bench_op(device: torch.device, dtype: torch.dtype, repeats: int, normalize: 
 
 def bench_vsrn_step(device: torch.device, embed: int, repeats: int, dtype: str) -> None:
     from vldist.data.vocab import Vocab
-    from vldist.recipes.vsrn import VSRNRecipe
     from vldist.recipes.jobs import load_config
+    from vldist.recipes.vsrn import VSRNRecipe
 
     vocab = Vocab([f"w{i}" for i in range(1000)])
     print(f"\nwhole VSRN training step: B=128, K=36, regions 2048-d, embed {embed}, on {device_name(device)}")
@@ -110,14 +123,7 @@ def bench_vsrn_step(device: torch.device, embed: int, repeats: int, dtype: str) 
         }
         autocast = torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "fp32")
 
-        def step():
-            with autocast:
-                loss = recipe.training_losses(model, batch)["loss"]
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-
-        seconds = timed(step, device, repeats)
+        seconds = timed(partial(train_step, recipe, model, batch, optimizer, autocast), device, repeats)
         print(f"  gcn_kernel={kernel:<7} {1e3 * seconds:9.1f} ms/step  {128 / seconds:8.0f} samples/s")
     if device.type == "cpu":
         print("  gcn_kernel=triton  needs CUDA")

@@ -33,8 +33,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks, paper_columns, pick, \
-    spread_line, train_once
+from ablation_runs import (
+    Col,
+    Recorder,
+    Row,
+    ablation_table,
+    bench_main,
+    blocks,
+    paper_columns,
+    pick,
+    spread_line,
+    train_once,
+)
 
 ALONE = ["model.single_images=false"]
 ROWS = [
@@ -61,7 +71,7 @@ METRICS = {k: ("test", "captions", k) for k in ("bleu4", "rouge_l", "cider_d", "
 # (ablations, trained on B2W alone) has only validation numbers, so Table 1's rows are its
 # validation columns too (CNN+LSTM; L2C [B2W], which is Table 3's L2C; L2C [CUB+B2W]). The paper
 # reports no METEOR.
-PAPER = {key: dict(zip(["bleu4", "rouge_l", "cider_d"], values)) for key, values in {
+PAPER = {key: dict(zip(["bleu4", "rouge_l", "cider_d"], values, strict=True)) for key, values in {
     "cnn-lstm": ("25.1", "43.4", "10.2"),      # Table 1
     "full": ("32.3", "46.2", "16.4"),          # Table 1, L2C [CUB+B2W]
     "pairs-only": ("31.9", "45.7", "15.2"),    # Table 1, L2C [B2W] = Table 3, L2C

@@ -88,7 +88,7 @@ def one_pass(make, config, batches: int) -> tuple[float, float]:
         size = len(first["identity"]) if "identity" in first else config.data.batch_size
         first_seconds = time.perf_counter() - start
         start, samples = time.perf_counter(), 0
-        for _, batch in zip(range(wanted - 1), batches_iter):
+        for _, _batch in zip(range(wanted - 1), batches_iter, strict=False):
             samples += size
         return first_seconds, samples / (time.perf_counter() - start)
 

@@ -45,8 +45,8 @@ import torch
 
 from vldist.checkpoint import CheckpointError, find_checkpoint, read_meta
 from vldist.eval_split import SkipTally, eval_loader
-from vldist.trained_model import load_checkpoint
 from vldist.models.gcn import RegionRelationReasoning
+from vldist.trained_model import load_checkpoint
 
 RECIPES = ("vsrn", "l2c")
 
@@ -74,7 +74,7 @@ class BranchProbe:
         self.regions: list[torch.Tensor] = []  # real regions per sample, seen at the first layer
         self._handles = []
 
-    def __enter__(self) -> "BranchProbe":
+    def __enter__(self) -> BranchProbe:
         for i, (name, layer) in enumerate(self.layers):
             self._handles.append(layer.register_forward_hook(self._hook(name, layer, first=i == 0), with_kwargs=True))
         return self
@@ -141,14 +141,14 @@ class BatchStatistics:
         self.bns = [layer.bn for _, layer in reasoning_layers(model)]
         self._saved = []
 
-    def __enter__(self) -> "BatchStatistics":
+    def __enter__(self) -> BatchStatistics:
         self._saved = [{k: v.clone() for k, v in bn.named_buffers()} for bn in self.bns]
         for bn in self.bns:
             bn.train()
         return self
 
     def __exit__(self, *exc) -> None:
-        for bn, saved in zip(self.bns, self._saved):
+        for bn, saved in zip(self.bns, self._saved, strict=True):
             bn.eval()
             for k, v in bn.named_buffers():
                 v.copy_(saved[k])
@@ -161,7 +161,7 @@ class SkipReasoning:
         self.layers = reasoning_layers(model)
         self._handles = []
 
-    def __enter__(self) -> "SkipReasoning":
+    def __enter__(self) -> SkipReasoning:
         for _, layer in self.layers:
             self._handles.append(layer.register_forward_hook(
                 lambda module, args, kwargs, output: args[0] if args else kwargs["v"], with_kwargs=True))
@@ -344,7 +344,7 @@ def table(result: dict) -> str:
         lines.append("".join(cells).rstrip())
     samples = next(iter(result["layers"].values())).get(BN_MODES[0], {}).get("samples")
     skip = result["skip_all_change"]
-    lines.append(f"  skip all layers (identity): output changes by ||f - f_skip|| / ||f|| = "
+    lines.append("  skip all layers (identity): output changes by ||f - f_skip|| / ||f|| = "
                  + ", ".join(f"{_fmt(skip[m]['mean'], '.2e')} (max {_fmt(skip[m]['max'], '.2e')}) with {m} stats"
                              for m in BN_MODES if skip.get(m))
                  + f"; {result['batches']} batches, {samples} samples")

@@ -39,8 +39,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks, paper_columns, paper_sum, pick, \
-    spread_line, train_once
+from ablation_runs import (
+    Col,
+    Recorder,
+    Row,
+    ablation_table,
+    bench_main,
+    blocks,
+    paper_columns,
+    paper_sum,
+    pick,
+    spread_line,
+    train_once,
+)
 
 RETRIEVAL = ["model.tasks=[retrieval]"]
 SINGLE = ["model.lambda_image=0", "model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
@@ -113,7 +124,7 @@ PAPER = {
     **{key: {"i2t_r1": r[0], "t2i_r1": r[3], "rsum": paper_sum(r),
              **({"s2s_r1": _TABLE_4[key]} if key in _TABLE_4 else {})}
        for key, r in _TABLE_2.items()},
-    **{key: dict(zip(["phrase_r1", "phrase_r5", "phrase_r10"], r)) for key, r in _TABLE_1.items()},
+    **{key: dict(zip(["phrase_r1", "phrase_r5", "phrase_r10"], r, strict=True)) for key, r in _TABLE_1.items()},
 }
 
 RETRIEVAL_COLUMNS = [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), Col("rsum", "rsum"), Col("s2s_r1", "s2s R@1")]

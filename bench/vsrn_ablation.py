@@ -28,8 +28,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks, neighbours, paper_columns, \
-    paper_sum, pick, spread_line, train_once
+from ablation_runs import (
+    Col,
+    Recorder,
+    Row,
+    ablation_table,
+    bench_main,
+    blocks,
+    neighbours,
+    paper_columns,
+    paper_sum,
+    pick,
+    spread_line,
+    train_once,
+)
 
 # in the paper's order, weakest first
 ROWS = [
@@ -52,7 +64,7 @@ _TABLE_4 = {
     "gsr-star": ("74.6", "94.6", "98.2", "61.2", "89.0", "94.8"),
     "full": ("76.2", "94.8", "98.2", "62.8", "89.7", "95.1"),
 }
-PAPER = {key: {**dict(zip(RECALLS, recalls)), "rsum": paper_sum(recalls)} for key, recalls in _TABLE_4.items()}
+PAPER = {key: {**dict(zip(RECALLS, recalls, strict=True)), "rsum": paper_sum(recalls)} for key, recalls in _TABLE_4.items()}
 
 R1 = [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), Col("rsum", "rsum")]
 R5_R10 = [Col("i2t_r5", "i2t R@5"), Col("i2t_r10", "i2t R@10"), Col("t2i_r5", "t2i R@5"), Col("t2i_r10", "t2i R@10")]

@@ -85,7 +85,7 @@ class FaultyServer:
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="faulty-http", daemon=True)
 
-    def __enter__(self) -> "FaultyServer":
+    def __enter__(self) -> FaultyServer:
         self.thread.start()
         return self
 

@@ -79,7 +79,7 @@ class FaultProxy:
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._accept, name="fault-proxy", daemon=True)
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         self._thread.start()
         return self
 

@@ -62,7 +62,7 @@ class Nodes:
         self.own_name_loopback = own_name_loopback
         self._scratch = Path(tempfile.mkdtemp(prefix=f"{self.tag}-"))
 
-    def __enter__(self) -> "Nodes":
+    def __enter__(self) -> Nodes:
         try:
             self._create()
         except BaseException:
@@ -78,7 +78,7 @@ class Nodes:
         _ip("-n", self.bridge, "link", "set", "lo", "up")
         _ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.bridge, "link", "set", "br0", "up")
-        for i, (namespace, address) in enumerate(zip(self.namespaces, self.addresses)):
+        for i, (namespace, address) in enumerate(zip(self.namespaces, self.addresses, strict=True)):
             _ip("netns", "add", namespace)
             _ip("-n", namespace, "link", "set", "lo", "up")
             port = f"{self.tag}-p{i}"  # the bridge's end; created in the node's namespace, so the
@@ -91,7 +91,7 @@ class Nodes:
         for node in range(self.count):
             self.hosts_file(node).write_text("127.0.0.1 localhost\n" + "".join(
                 f"{'127.0.1.1' if self.own_name_loopback and i == node else address} {name}\n"
-                for i, (address, name) in enumerate(zip(self.addresses, self.hostnames))))
+                for i, (address, name) in enumerate(zip(self.addresses, self.hostnames, strict=True))))
 
     def hosts_file(self, node: int) -> Path:
         return self._scratch / f"hosts.{node}"

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         code, message = exit_status(err)
         print(message, file=sys.stderr)
         return code
-    for paths, caption in zip(groups, captions):
+    for paths, caption in zip(groups, captions, strict=True):
         print(" ".join(paths) + f"\t{caption}")
     return REFUSED if failed else DONE
 

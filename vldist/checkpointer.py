@@ -19,8 +19,23 @@ from pathlib import Path
 import torch
 
 from vldist.checkpoint import (
-    STEP_PREFIX, CheckpointError, begin, check_checkpoint_fits_job, check_engine_fits, commit, is_complete, load_model_state,
-    load_train_state, prune, read_meta, step_checkpoints, step_name, temporary_path, verify, write_failed, write_files,
+    STEP_PREFIX,
+    CheckpointError,
+    begin,
+    check_checkpoint_fits_job,
+    check_engine_fits,
+    commit,
+    is_complete,
+    load_model_state,
+    load_train_state,
+    prune,
+    read_meta,
+    step_checkpoints,
+    step_name,
+    temporary_path,
+    verify,
+    write_failed,
+    write_files,
 )
 from vldist.config import JobConfig, to_yaml
 from vldist.distributed.collectives import gather_objects

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from contextlib import closing
-
 from pathlib import Path
 
 from vldist.data.pipeline import EvalStream, StreamSpec, make_loader

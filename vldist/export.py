@@ -18,13 +18,25 @@ from pathlib import Path
 import yaml
 
 from vldist.checkpoint import (
-    CHOICES, CheckpointError, begin, chosen_name, commit, find_checkpoint, is_complete, load_model_state, read_config,
-    read_meta, step_checkpoints, verify, write_files,
+    CHOICES,
+    CheckpointError,
+    begin,
+    chosen_name,
+    commit,
+    find_checkpoint,
+    is_complete,
+    load_model_state,
+    read_config,
+    read_meta,
+    step_checkpoints,
+    verify,
+    write_files,
 )
 from vldist.data.vocab import Vocab
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.store.checkpoint_store import local_checkpoint
 from vldist.store.location import is_url
+
 
 def choose_checkpoint(run: Path, which: str | None) -> Path:
     """The checkpoint of `run` that `which` names (None: what evaluation takes, best else newest);
@@ -45,7 +57,7 @@ def choose_checkpoint(run: Path, which: str | None) -> Path:
     return directory / name
 
 
-def export(run: "Path | str", out: Path, which: str | None = None) -> Path:
+def export(run: Path | str, out: Path, which: str | None = None) -> Path:
     """Write the export of `run`'s chosen checkpoint to `out` (atomically: a killed export leaves no
     half-written DIR); returns the checkpoint exported."""
     if is_url(str(run)):  # a store: the chosen checkpoint downloaded into the local cache first

@@ -32,7 +32,7 @@ class RunLock:
         self.path = Path(directory) / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         """Take the lock, or raise OutputDirInUse naming the run that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -55,7 +55,7 @@ class RunLock:
             os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

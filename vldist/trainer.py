@@ -13,8 +13,8 @@ import logging
 import math
 import time
 from contextlib import closing
-from itertools import islice
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 
 import torch
 
@@ -282,7 +282,7 @@ class Trainer:
         check the same sum, so on a NaN they stop together instead of one waiting in a collective."""
         with heartbeat.collective("all_reduce (loss)"):  # .tolist() inside: on CUDA that is where it waits
             totals = global_sum(torch.stack([v.detach().float().reshape(()) for v in losses.values()]))  # one all-reduce
-            summed = dict(zip(losses, totals.tolist()))
+            summed = dict(zip(losses, totals.tolist(), strict=True))
         if not math.isfinite(summed["loss"]):
             parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
             saved = self.checkpoints.saved()

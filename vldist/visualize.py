@@ -11,6 +11,7 @@ from PIL import Image
 
 from vldist.data.pixels import MEAN, STD
 
+
 def to_pil(image: torch.Tensor, value_range: str = "imagenet") -> Image.Image:
     """A (3, H, W) image tensor back to RGB: ImageNet-normalised ("imagenet") or in [0, 1] ("unit")."""
     pixels = image.detach().float().cpu()

@@ -67,7 +67,7 @@ def _config(root: Path, spool: Path, nodes: Nodes | None) -> str:
         f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd-%n.pid",
         f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd-%n.log",
         *(f"NodeName={name} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
-          f"RealMemory={memory_mb} State=UNKNOWN" for name, address in zip(names, addresses)),
+          f"RealMemory={memory_mb} State=UNKNOWN" for name, address in zip(names, addresses, strict=True)),
         f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
         "",
     ])

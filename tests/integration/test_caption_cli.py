@@ -98,10 +98,10 @@ def test_synth_features_rebuilt_from_the_set_are_the_stored_ones(synth_set):
     assert [jpeg_bytes(scene) for scene in scenes] == [members["jpg"] for _, members in samples]
     # in one batch, as build_synth featurised them (8 scenes, one FEATURE_BATCH): bit for bit
     batch = features.extractor.extract([s.image for s in scenes], [m["region_boxes"] for m in metas])
-    for got, (_, members) in zip(batch, samples):
+    for got, (_, members) in zip(batch, samples, strict=True):
         assert np.array_equal(got, _regions(members))
     # one image at a time, as the CLI computes them: to float16 rounding
-    for scene, meta, (_, members) in zip(scenes, metas, samples):
+    for scene, meta, (_, members) in zip(scenes, metas, samples, strict=True):
         _within_float16_rounding(features.extractor.extract([scene.image], [meta["region_boxes"]])[0],
                                  _regions(members))
 
@@ -148,12 +148,12 @@ def test_folder_set_features_rebuilt_from_the_set_are_the_stored_ones(folder_set
     samples = _samples(out, "val")
     # the user's own files, read as the CLI reads them
     images = [caption_cli.read_image(str(photos / json.loads(m["json"])["filename"])) for _, m in samples]
-    for image, (_, members) in zip(images, samples):
+    for image, (_, members) in zip(images, samples, strict=True):
         assert features.boxes(image.width, image.height) == json.loads(members["json"])["region_boxes"]
     # in one batch, as the converter featurised them (4 items, one call of its sample maker): bit for bit
-    for got, (_, members) in zip(features(images), samples):
+    for got, (_, members) in zip(features(images), samples, strict=True):
         assert np.array_equal(got, _regions(members))
-    for image, (_, members) in zip(images, samples):  # one at a time, as the CLI
+    for image, (_, members) in zip(images, samples, strict=True):  # one at a time, as the CLI
         _within_float16_rounding(features([image])[0], _regions(members))
 
     # converted before the file was stored: no way to recompute, a clear error saying what to do

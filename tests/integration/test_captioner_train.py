@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from trackers_readback import tensorboard_texts, wandb_history
 
 from vldist.evaluate import main as evaluate_main

@@ -17,9 +17,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import cl_caption_step as worker  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 from helpers import run_on_two_ranks  # noqa: E402
 
-from engines import cpu_engine  # noqa: E402
 from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def one_process(captioner) -> dict:
 def test_two_ranks_take_the_steps_of_one_process(two_ranks, one_process, split):
     two = two_ranks[split]
     assert two["world_size"] == 2 and one_process["world_size"] == 1
-    for step, (got, expected) in enumerate(zip(two["steps"], one_process["steps"])):
+    for step, (got, expected) in enumerate(zip(two["steps"], one_process["steps"], strict=True)):
         for key, value in expected["losses"].items():
             # g_pos, g_neg: differences of float32 log-probabilities of size ~10 (ulp ~1e-6)
             assert got["losses"][key] == pytest.approx(value, rel=1e-6, abs=1e-6), (step, key)

@@ -72,5 +72,5 @@ def test_gathered_captions_and_their_negatives_match_one_process(ranks, split):
         assert got["offset"] == worker.my_columns(split, rank).start
         assert torch.equal(got["tokens"], tokens)  # each rank padded to its own width; gathered to the global one
         assert torch.equal(got["lengths"], lengths) and torch.equal(got["image_ids"], image_ids)
-        for got_draw, draw in zip(got["draws"], draws):
+        for got_draw, draw in zip(got["draws"], draws, strict=True):
             assert torch.equal(got_draw, draw)

@@ -8,9 +8,9 @@ import sys
 import pytest
 from dataset_fixtures import make_karpathy, make_precomp, make_scene_folder
 
-from vldist.shards.__main__ import main
 from vldist.recipes.jobs import load_config
 from vldist.runner import run
+from vldist.shards.__main__ import main
 
 SMALL_MODEL = ["model.embed_size=128", "model.decoder_hidden=128", "model.word_dim=64", "data.shuffle_buffer=300",
                "metrics.enabled=false", "data.workers=1"]

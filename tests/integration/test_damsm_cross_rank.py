@@ -4,6 +4,7 @@ the one-process loss (each of the four terms too), and the gradients and weights
 step match. Splits 4 + 4, 5 + 3 and 8 + 0; the ranks pad their words to different widths."""
 
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import damsm_step as worker  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 from helpers import run_on_two_ranks  # noqa: E402
 
-from engines import cpu_engine  # noqa: E402
-from vldist.shards.convert.images import one_thread  # noqa: E402
 from vldist.losses.damsm import PARTS  # noqa: E402
+from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,8 @@ def test_two_ranks_take_the_steps_of_one_process(two_ranks, one_process, split):
     two, one = two_ranks["results"][split], one_process
     assert two["world_size"] == 2 and one["world_size"] == 1
     losses = [s["losses"]["loss"] for s in one["steps"]]
-    assert losses[0] > 1.0 and all(b < a - 0.1 for a, b in zip(losses, losses[1:]))  # each step lowered it
-    for step, (got, expected) in enumerate(zip(two["steps"], one["steps"])):
+    assert losses[0] > 1.0 and all(b < a - 0.1 for a, b in pairwise(losses))  # each step lowered it
+    for step, (got, expected) in enumerate(zip(two["steps"], one["steps"], strict=True)):
         for name in ("loss", *PARTS):
             assert got["losses"][name] == pytest.approx(expected["losses"][name], rel=1e-5), (step, name)
         assert sum(got["losses"][name] for name in PARTS) == pytest.approx(got["losses"]["loss"], rel=1e-6)

@@ -17,7 +17,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
-
 from engines import cpu_engine  # noqa: E402
 
 WORKER = Path(worker.__file__)

@@ -28,7 +28,13 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 from engines import cpu_engine  # noqa: E402
 from helpers import (  # noqa: E402
-    PREEMPT_JOB, PREEMPT_STEPS, SMALL_EMBEDDED_SETS, SMALL_VSRN, assert_same_weights, wait_for_step, weights,
+    PREEMPT_JOB,
+    PREEMPT_STEPS,
+    SMALL_EMBEDDED_SETS,
+    SMALL_VSRN,
+    assert_same_weights,
+    wait_for_step,
+    weights,
 )
 from netns import Nodes, unavailable  # noqa: E402
 
@@ -65,7 +71,7 @@ def finished(processes: list[subprocess.Popen], timeout: float = 240) -> list[st
     """The outputs of every process, once each has exited 0 (else all of them in the failure)."""
     outputs = [process.communicate(timeout=timeout)[0] for process in processes]
     assert all(process.returncode == 0 for process in processes), \
-        "\n\n".join(f"node {i}, exit {p.returncode}:\n{out[-3000:]}" for i, (p, out) in enumerate(zip(processes, outputs)))
+        "\n\n".join(f"node {i}, exit {p.returncode}:\n{out[-3000:]}" for i, (p, out) in enumerate(zip(processes, outputs, strict=True)))
     return outputs
 
 

@@ -10,7 +10,13 @@ import time
 
 import psutil
 from helpers import (
-    PREEMPT_EPOCH_STEPS, PREEMPT_JOB, PREEMPT_STEPS, TORCHRUN, assert_same_weights, stop_event, wait_for_step,
+    PREEMPT_EPOCH_STEPS,
+    PREEMPT_JOB,
+    PREEMPT_STEPS,
+    TORCHRUN,
+    assert_same_weights,
+    stop_event,
+    wait_for_step,
     weights,
 )
 

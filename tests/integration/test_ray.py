@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 from helpers import (
-    PREEMPT_EPOCH_STEPS, PREEMPT_JOB, SMALL_EMBEDDED_SETS, free_port, free_port_pair, stop_event, wait_for_step,
+    PREEMPT_EPOCH_STEPS,
+    PREEMPT_JOB,
+    SMALL_EMBEDDED_SETS,
+    free_port,
+    free_port_pair,
+    stop_event,
+    wait_for_step,
 )
 
 from vldist.checkpoint import verify

@@ -24,9 +24,13 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import (
-    PREEMPT_JOB, PREEMPT_STEPS, SMALL_EMBEDDED_SETS, SMALL_VSRN, assert_same_weights, weights,
+    PREEMPT_JOB,
+    PREEMPT_STEPS,
+    SMALL_EMBEDDED_SETS,
+    SMALL_VSRN,
+    assert_same_weights,
+    weights,
 )
 from netns import Nodes, unavailable
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 import pytest
-
 from fault_http import FaultyServer
 from helpers import SMALL_VSRN
 

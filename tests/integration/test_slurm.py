@@ -12,7 +12,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from helpers import (  # noqa: E402
-    PREEMPT_EPOCH_STEPS, PREEMPT_JOB, PREEMPT_STEPS, assert_same_weights, stop_event, wait_for_step, weights,
+    PREEMPT_EPOCH_STEPS,
+    PREEMPT_JOB,
+    PREEMPT_STEPS,
+    assert_same_weights,
+    stop_event,
+    wait_for_step,
+    weights,
 )
 from netns import Nodes  # noqa: E402
 from netns import unavailable as no_nodes  # noqa: E402

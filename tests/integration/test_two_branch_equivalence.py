@@ -12,9 +12,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import two_branch_step as worker  # noqa: E402
+from engines import cpu_engine  # noqa: E402
 from helpers import run_on_two_ranks  # noqa: E402
 
-from engines import cpu_engine  # noqa: E402
 from vldist.shards.convert.images import one_thread  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def test_two_ranks_take_the_steps_of_one_process(two_ranks, one_process, job, sp
     assert two["world_size"] == 2 and one["world_size"] == 1
     losses = [s["losses"]["loss"] for s in one["steps"]]
     assert losses[0] > 0.1 and len(set(losses)) == len(losses)  # active hinges, and the steps moved the model
-    for step, (got, expected) in enumerate(zip(two["steps"], one["steps"])):
+    for step, (got, expected) in enumerate(zip(two["steps"], one["steps"], strict=True)):
         assert got["losses"]["loss"] == pytest.approx(expected["losses"]["loss"], rel=1e-5), step
         assert got["grads"].keys() == expected["grads"].keys()
         # Float32 sums in another order differ by ~1e-6 of the step's largest gradient. That

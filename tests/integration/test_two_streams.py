@@ -10,8 +10,8 @@ import pytest
 
 import vldist.recipes
 from vldist.data.streams import StreamSource
-from vldist.recipes.vsrn import VSRNRecipe
 from vldist.recipes.jobs import load_config
+from vldist.recipes.vsrn import VSRNRecipe
 from vldist.runner import run
 
 SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",

@@ -49,8 +49,8 @@ def test_the_per_token_mean_is_smaller_by_the_mean_caption_length():
 @pytest.mark.parametrize("reduction", ["caption", "token"])
 def test_vsrn_takes_the_official_weighting_by_default(reduction):
     from vldist.data.vocab import Vocab
-    from vldist.recipes.vsrn import VSRNRecipe
     from vldist.recipes.jobs import load_config
+    from vldist.recipes.vsrn import VSRNRecipe
 
     vocab = Vocab(["red", "blue", "circle", "square", "left", "of"])
     overrides = ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8", "model.decoder_dropout=0",

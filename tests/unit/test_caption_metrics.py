@@ -150,7 +150,7 @@ def test_one_meteor_jvm_serves_every_call_of_a_process_until_released(clean_scor
     assert len(kept) == 1  # METEOR's; the tokenizer's JVM ends with its run
     # another set through the same JVM: the numbers of pycocoevalcap with a JVM of their own
     others = {i: REFS[i] for i in list(REFS)[:5]}
-    shuffled = dict(zip(others, [CANDS[i] for i in list(REFS)[1:6]]))
+    shuffled = dict(zip(others, [CANDS[i] for i in list(REFS)[1:6]], strict=True))
     assert caption_scores(others, shuffled) == pycocoevalcap_scores(others, shuffled)
     assert caption_scores(REFS, CANDS) == clean_scores
     assert java_children() == kept

@@ -3,13 +3,12 @@ under the step protocol (the transformer's own tests: test_transformer_captioner
 
 import pytest
 import torch
+from helpers import decoder_batch, fit_captions, stepwise_logits
 
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
-from vldist.models.transformer_captioner import TransformerCaptioner
-from helpers import decoder_batch, fit_captions, stepwise_logits
-
 from vldist.models.generation import generate
+from vldist.models.transformer_captioner import TransformerCaptioner
 
 PAD, START, END = 0, 1, 2
 VOCAB, FEATURES = 12, 6

@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from vldist.checkpoint import (
-    CheckpointError, find_checkpoint, load_model_state, load_train_state, prune, save_checkpoint, step_checkpoints,
+    CheckpointError,
+    find_checkpoint,
+    load_model_state,
+    load_train_state,
+    prune,
+    save_checkpoint,
+    step_checkpoints,
 )
 from vldist.data.vocab import Vocab
 

@@ -8,8 +8,8 @@ import torch
 from vldist.checkpoint import CheckpointError, CheckpointWriteError
 from vldist.checkpointer import Checkpointer, rank_rng_state
 from vldist.compat import IncompatibleCheckpoint
-from vldist.distributed.resharding import refuse_unconvertible
 from vldist.data.vocab import Vocab
+from vldist.distributed.resharding import refuse_unconvertible
 from vldist.recipes.jobs import load_config
 
 VOCAB = Vocab(["red", "circle"])

@@ -1,6 +1,7 @@
 """The cl_caption recipe: frozen reference, global negatives, the loss of Eq. 10, its two stages."""
 
 import math
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,9 @@ from vldist.losses import contrastive_captioning_loss
 from vldist.recipes import get_recipe
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionConfig, CLCaptionModel, CLCaptionRecipe
-from vldist.starting_weights import read_starting_weights
-from vldist.shards.convert.images import one_thread
 from vldist.recipes.jobs import load_config
+from vldist.shards.convert.images import one_thread
+from vldist.starting_weights import read_starting_weights
 from vldist.trainer import build_optimizers
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small"])
@@ -136,7 +137,7 @@ def test_the_reference_becomes_the_target_once_at_each_replacement_step(captione
     batch = _batch(recipe)
 
     def same(a, b) -> bool:
-        return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+        return all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
 
     for step in range(3):
         recipe.start_step(step)
@@ -176,7 +177,7 @@ def test_negatives_come_from_other_images_and_are_redrawn_every_step(captioner):
         assert draw["draw"].shape == (4, len(own))
         assert (draw["image_ids"][draw["draw"]] != own[None]).all()
         draws.append(draw["draw"])
-    assert all(not torch.equal(a, b) for a, b in zip(draws, draws[1:]))
+    assert all(not torch.equal(a, b) for a, b in pairwise(draws))
     seen = torch.stack(draws).flatten(0, 1)  # every other image's captions get drawn at some point
     for t in range(len(own)):
         assert set(own[seen[:, t]].tolist()) == set(own.tolist()) - {int(own[t])}
@@ -209,7 +210,7 @@ def test_the_loss_is_eq10_on_independently_computed_sentence_logprobs(captioner,
 
     def logprobs(captioner_model, caption_rows, image_rows):
         return torch.stack([_sentence_logprob(captioner_model, batch["regions"][i], batch["mask"][i], tokens[c])
-                            for c, i in zip(caption_rows.tolist(), image_rows.tolist())])
+                            for c, i in zip(caption_rows.tolist(), image_rows.tolist(), strict=True)])
 
     pos_t, pos_r = logprobs(model.target, torch.arange(n), rows), logprobs(model.reference, torch.arange(n), rows)
     if terms == "positive":  # CL(P): no negative pass at all

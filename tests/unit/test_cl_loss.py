@@ -159,7 +159,7 @@ def test_cross_rank_share_is_the_loss_in_one_process():
 ])
 def test_clear_errors(change, message):
     names = ("pos_target", "pos_reference", "neg_target", "neg_reference")
-    args = change(dict(zip(names, log_probs(2, 3, seed=1))))
+    args = change(dict(zip(names, log_probs(2, 3, seed=1), strict=True)))
     with pytest.raises(ValueError, match=message):
         contrastive_captioning_loss(**args)
 

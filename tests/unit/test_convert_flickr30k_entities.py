@@ -133,7 +133,7 @@ def test_captions_objects_regions_and_proposals(dataset, tmp_path, capsys):
     assert features["proposals"] == count and features["regions"] == "grid+objects"
     assert manifest["conversion"]["options"]["proposals"] == {"source": "generated", "count": count}
     for split in SPLITS:
-        for (key, members), image_id in zip(samples[split], ids[split]):
+        for (_key, members), image_id in zip(samples[split], ids[split], strict=True):
             meta = json.loads(members["json"])
             assert meta["image_id"] == image_id and meta["split"] == split
             assert members["jpg"] == (dataset / "flickr30k-images" / f"{image_id}.jpg").read_bytes()

@@ -32,7 +32,7 @@ def test_karpathy_coco_restval_joins_train_in_file_order(tmp_path):
     for split, source_splits in (("train", ("train", "restval")), ("val", ("val",)), ("test", ("test",))):
         wanted = [e for e in expected if e["split"] in source_splits]
         assert [key for key, _ in samples[split]] == [f"{split}-{i:07d}" for i in range(len(wanted))]
-        for (key, members), source in zip(samples[split], wanted):
+        for (_key, members), source in zip(samples[split], wanted, strict=True):
             meta = json.loads(members["json"])
             assert meta["captions"] == source["captions"][:5]  # first five sentences, as VSE++
             assert meta["cocoid"] == source["entry"]["cocoid"] and meta["source_split"] == source["split"]
@@ -51,7 +51,7 @@ def test_karpathy_flickr_reads_images_by_filename_and_restval_options(tmp_path):
     assert {s: e["samples"] for s, e in manifest["splits"].items()} == {"train": 3, "restval": 2, "test": 2}
     assert "features" not in manifest
     test = [e for e in expected if e["split"] == "test"]
-    for (_, members), source in zip(samples["test"], test):
+    for (_, members), source in zip(samples["test"], test, strict=True):
         assert json.loads(members["json"])["captions"] == source["captions"]  # 0: every sentence
         assert "regions.npy" not in members
     manifest, _ = convert("karpathy", src, tmp_path / "drop", "--images", tmp_path / "f30k" / "images",
@@ -68,7 +68,7 @@ def test_precomp_keeps_features_ids_and_boxes(tmp_path, per_caption):
     assert manifest["features"] == {"extractor": "precomputed", "dim": 16, "regions": "as given",
                                     "max_regions": 4, "dtype": "float32"}
     for split, source in (("train", "train"), ("val", "dev"), ("test", "test")):
-        for i, (key, members) in enumerate(samples[split]):
+        for i, (_key, members) in enumerate(samples[split]):
             meta = json.loads(members["json"])
             assert meta["captions"] == expected[source]["captions"][i]
             assert meta["source_id"] == expected[source]["ids"][i] and meta["source_split"] == source
@@ -94,7 +94,7 @@ def test_cub_captions_boxes_and_splits(tmp_path, split):
         by_split.setdefault(image[split], []).append(image)
     assert {s: e["samples"] for s, e in manifest["splits"].items()} == {s: len(v) for s, v in by_split.items()}
     for name, images in by_split.items():
-        for (_, members), image in zip(samples[name], images):
+        for (_, members), image in zip(samples[name], images, strict=True):
             meta = json.loads(members["json"])
             assert meta["captions"] == image["captions"] and len(meta["captions"]) == 10
             assert meta["box"] == image["box"] and meta["class_id"] == image["class_id"]
@@ -112,7 +112,7 @@ def test_birds_to_words_pairs_hold_both_images_and_ordered_descriptions(tmp_path
     assert {s: e["samples"] for s, e in manifest["splits"].items()} == counts
     for split in counts:
         pairs = [p for p in fixture["pairs"] if p["split"] == split]
-        for (_, members), pair in zip(samples[split], pairs):
+        for (_, members), pair in zip(samples[split], pairs, strict=True):
             meta = json.loads(members["json"])
             assert meta["captions"] == pair["descriptions"]  # annN order, rows regrouped
             assert members["img1.jpg"] == pair["paths"][0].read_bytes()
@@ -130,7 +130,7 @@ def test_folder_sidecars_csv_and_jsonl(tmp_path, mode):
     for split in manifest["splits"]:
         images = [e for e in expected if e["split"] == split]
         assert [json.loads(m["json"])["filename"] for _, m in samples[split]] == [e["image"] for e in images]
-        for (_, members), image in zip(samples[split], images):
+        for (_, members), image in zip(samples[split], images, strict=True):
             assert json.loads(members["json"])["captions"] == image["captions"]
             ext = "png" if image["image"].endswith(".png") else "jpg"
             assert members[ext] == image["path"].read_bytes()

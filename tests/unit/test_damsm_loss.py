@@ -7,8 +7,14 @@ import torch
 from torch import nn
 
 from vldist.losses import damsm as damsm_module
-from vldist.losses.damsm import (PARTS, cross_rank_damsm_loss, cross_rank_damsm_parts, damsm_loss, damsm_parts,
-                                 word_region_scores)
+from vldist.losses.damsm import (
+    PARTS,
+    cross_rank_damsm_loss,
+    cross_rank_damsm_parts,
+    damsm_loss,
+    damsm_parts,
+    word_region_scores,
+)
 
 B, T, H, W, D = 5, 7, 2, 3, 8  # regions on a 2 x 3 grid: R = 6
 LENGTHS = [3, 7, 1, 5, 2]
@@ -140,7 +146,7 @@ def test_gradients_equal_attngan_code():
     expected_loss = sum(reference_parts(**reference).values())
     expected = torch.autograd.grad(expected_loss, [reference[k] for k in GRAD_INPUTS])
     torch.testing.assert_close(loss, expected_loss, rtol=1e-12, atol=1e-12)
-    for name, got, want in zip(GRAD_INPUTS, grads, expected):
+    for name, got, want in zip(GRAD_INPUTS, grads, expected, strict=True):
         assert want.abs().max() > 1e-3, name
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12, msg=name)
     # AttnGAN slices the real words: the padding gets no gradient
@@ -164,7 +170,7 @@ def test_padding_content_changes_nothing():
         losses.append(loss)
         grads.append(torch.autograd.grad(loss, [data[k] for k in GRAD_INPUTS]))
     assert torch.equal(losses[0], losses[1]) and torch.isfinite(losses[0])
-    for name, a, b in zip(GRAD_INPUTS, *grads):
+    for name, a, b in zip(GRAD_INPUTS, *grads, strict=True):
         assert torch.isfinite(a).all() and torch.equal(a, b), name
 
 

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from test_two_branch_loss import direct_loss  # tests/unit is on sys.path: pytest prepends it
 
 from vldist.data.identity import identity_of, sample_identity
 from vldist.data.job_shards import JobShards
@@ -17,8 +18,6 @@ from vldist.losses.damsm import cosine_matrix, word_region_scores
 from vldist.losses.hinge import hardest_negative_hinge
 from vldist.losses.negatives import draw_negatives
 from vldist.losses.not_negative import other_image_rows
-
-from test_two_branch_loss import direct_loss  # tests/unit is on sys.path: pytest prepends it
 
 # rows 1 and 4 are one image (its copy may carry another caption)
 IDENTITY = torch.tensor([10, 11, 12, 13, 11, 14])
@@ -58,7 +57,7 @@ def test_hinge_leaves_the_copy_out_of_the_negatives(max_violation):
     assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
     grads = torch.autograd.grad(loss, (img, txt))
     ref_grads = torch.autograd.grad(ref, (img, txt))
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, ref_grads, strict=True):
         assert torch.allclose(g, r, atol=1e-12)
     # the copy was a negative before: masking by row alone gives another loss
     assert vse_hinge_loss(img, txt, 0.2, max_violation).item() > loss.item() + 1e-3
@@ -89,7 +88,7 @@ def test_two_branch_ranking_leaves_the_copy_out(top_k):
     ref = direct_loss(image, text, text_image, *args, identity=IDENTITY)
     # the loss keeps distances differentiable at 0 (sqrt(d^2 + 1e-8)): equal to ~1e-8
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
-    for g_loss, g_ref in zip(torch.autograd.grad(loss, (image, text)), torch.autograd.grad(ref, (image, text))):
+    for g_loss, g_ref in zip(torch.autograd.grad(loss, (image, text)), torch.autograd.grad(ref, (image, text)), strict=True):
         assert torch.allclose(g_loss, g_ref, atol=1e-6)
     assert abs(two_branch_ranking_loss(image, text, text_image, *args).item() - loss.item()) > 1e-3
 
@@ -131,7 +130,7 @@ def test_damsm_leaves_the_copy_out_of_both_softmaxes():
     for name, value in parts.items():
         assert value.item() == pytest.approx(ref[name].item(), rel=1e-12), name
         for g_loss, g_ref in zip(torch.autograd.grad(value, inputs, retain_graph=True, allow_unused=True),
-                                 torch.autograd.grad(ref[name], inputs, retain_graph=True, allow_unused=True)):
+                                 torch.autograd.grad(ref[name], inputs, retain_graph=True, allow_unused=True), strict=True):
             assert (g_loss is None) == (g_ref is None) or torch.count_nonzero(g_loss if g_ref is None else g_ref) == 0
             if g_loss is not None and g_ref is not None:
                 assert torch.allclose(g_loss, g_ref, atol=1e-12), name
@@ -187,8 +186,8 @@ def test_training_batches_carry_the_identity_of_each_sample(planted_shards):
 def test_recipes_pass_the_identity_to_their_losses():
     """VSRN's loss on a batch with a copy equals the hinge that leaves the copy out."""
     from vldist.data.vocab import Vocab
-    from vldist.recipes.vsrn import VSRNRecipe
     from vldist.recipes.jobs import load_config
+    from vldist.recipes.vsrn import VSRNRecipe
 
     vocab = Vocab(["red", "blue", "circle", "square"])
     config = load_config("vsrn", ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8",

@@ -8,15 +8,22 @@ from vldist.checkpoint import CheckpointError, CheckpointWriteError
 from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError
 from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
-from vldist.eval_split import EmptySplitError
 from vldist.distributed.replicas import ReplicasDiverged
+from vldist.eval_split import EmptySplitError
 from vldist.exit_codes import (
-    DIVERGED, FAILED, INTERRUPTED, INTERRUPTED_MESSAGE, REFUSED, REPORTED_ERRORS, STOPPED, exit_status,
+    DIVERGED,
+    FAILED,
+    INTERRUPTED,
+    INTERRUPTED_MESSAGE,
+    REFUSED,
+    REPORTED_ERRORS,
+    STOPPED,
+    exit_status,
 )
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
-from vldist.preemption import TrainingStopped
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.launch.resubmission import RunDirectoryTaken
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
+from vldist.preemption import TrainingStopped
 from vldist.run_lock import OutputDirInUse
 from vldist.store.location import StoreSupportMissing, StoreUnreachable
 from vldist.store.retry import StoreLost

@@ -36,7 +36,7 @@ def test_rrr_layer_matches_the_paper_formula_written_out():
             # R(v_i, v_j) = phi(v_i)^T psi(v_j), row-normalised by the number of regions (official code)
             r = [sum(th[i][d] * ph[j][d] for d in range(D)) / K for j in range(K)]
             y = [sum(r[j] * gg[j][d] for j in range(K)) for d in range(D)]
-            expected = [a + c for a, c in zip(lin(layer.w_r, y), vs[i])]  # V* = W_r(R V W_g) + V
+            expected = [a + c for a, c in zip(lin(layer.w_r, y), vs[i], strict=True)]  # V* = W_r(R V W_g) + V
             assert torch.allclose(out[b, i], torch.tensor(expected), atol=1e-5)
 
 

@@ -41,7 +41,7 @@ def test_matches_bruteforce_loss_and_grads(margin, max_violation):
     torch.testing.assert_close(loss, ref)
     grads = torch.autograd.grad(loss, (img_raw, txt_raw))
     ref_grads = torch.autograd.grad(ref, (img_raw, txt_raw))
-    for g, r in zip(grads, ref_grads):
+    for g, r in zip(grads, ref_grads, strict=True):
         assert g.abs().sum() > 0
         torch.testing.assert_close(g, r)
 

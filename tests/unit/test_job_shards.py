@@ -64,8 +64,8 @@ def test_embedded_sets_are_built_only_when_missing_and_allowed(tmp_path, monkeyp
 def _slow_builder(directory: str) -> None:
     """A stand-in for an embedded set's builder: it counts its calls and takes long enough that
     two processes started together overlap, writing through .partial as the real builders do."""
-    from pathlib import Path
     import time
+    from pathlib import Path
 
     with open(f"{directory}.calls", "a") as calls:
         calls.write("built\n")

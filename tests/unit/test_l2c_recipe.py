@@ -2,16 +2,17 @@
 
 import json
 import random
+from itertools import islice
 
 import pytest
 import torch
 
 from vldist.config import updated
 from vldist.data.shardset import ShardSet
-from vldist.losses import total_variation_loss
 from vldist.data.streams import StreamSource
-from vldist.recipes.l2c import L2CRecipe
+from vldist.losses import total_variation_loss
 from vldist.recipes.jobs import load_config
+from vldist.recipes.l2c import L2CRecipe
 from vldist.shards.synthetic.pairs import swap_image_tokens
 
 TINY = ["model.image_size=64", "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3",
@@ -29,7 +30,7 @@ def _raw_pairs(pair_shards, split="train", n=4) -> list[dict]:
 
     shards = ShardSet.open(pair_shards)
     samples = wds.tarfile_samples({"url": u} for u in shards.urls(split))
-    return [s for _, s in zip(range(n), samples)]
+    return list(islice(samples, n))
 
 
 def _flips(rng_seed: int) -> bool:

@@ -9,8 +9,8 @@ import torch
 
 from vldist.data.vocab import Vocab
 from vldist.models.laviter import caption_words
-from vldist.recipes.laviter import LAViTeRRecipe, attribute_texts
 from vldist.recipes.jobs import load_config
+from vldist.recipes.laviter import LAViTeRRecipe, attribute_texts
 
 TINY = ["model.embed_dim=32", "model.text_heads=2", "model.gf_dim=4", "model.df_dim=4", "model.itm_dim=32",
         "model.itm_heads=2", "model.itm_encoder_layers=1", "model.itm_decoder_layers=1", "model.itm_feedforward=32",

@@ -22,7 +22,7 @@ def bruteforce(scores, proposal_boxes, gt_boxes, ks, iou=0.5):
     n = len(scores)
     hits = {k: 0 for k in ks}
     covered = 0
-    for s, boxes, gt in zip(scores, proposal_boxes, gt_boxes):
+    for s, boxes, gt in zip(scores, proposal_boxes, gt_boxes, strict=True):
         s = [float(v) for v in s]
         covering = [iou_by_hand([float(c) for c in box], [float(c) for c in gt]) >= iou for box in boxes]
         if any(covering):

@@ -32,8 +32,8 @@ from vldist.data.job_shards import JobShards
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.two_branch import cross_rank_two_branch_ranking_loss, phrase_ranking_loss
-from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe
 from vldist.recipes.jobs import load_config
+from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe
 
 
 def iou(a, b) -> float:
@@ -347,7 +347,7 @@ def phrase_rows(recipe, batch, raws) -> dict[tuple[str, str], int]:
     """(image id, phrase text) -> the phrase's row in the batch."""
     ids = [json.loads(r["json"])["image_id"] for r in raws]
     return {(ids[int(s)], recipe.vocab.decode(t)): m
-            for m, (s, t) in enumerate(zip(batch["phrase_sample"], batch["tokens"].tolist()))}
+            for m, (s, t) in enumerate(zip(batch["phrase_sample"], batch["tokens"].tolist(), strict=True))}
 
 
 def perfect_embeddings(batch, raws, seed=0) -> dict:

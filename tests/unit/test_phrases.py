@@ -10,8 +10,9 @@ import pytest
 
 from vldist.data.phrases import chains, random_ranking_recall, read_proposals, training_image
 from vldist.data.shardset import ShardSet, ShardsUnfitError
-from vldist.recipes.two_branch import TwoBranchEmbedRecipe
 from vldist.recipes.jobs import load_config
+from vldist.recipes.two_branch import TwoBranchEmbedRecipe
+
 OBJECTS = [{"phrase": "a red circle", "box": [0, 0, 10, 10], "region": 1},
            {"phrase": "a blue square", "box": [20, 20, 30, 30], "region": 2}]
 PROPOSALS = np.array([

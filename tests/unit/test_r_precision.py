@@ -13,7 +13,7 @@ from vldist.metrics.r_precision import _pools
 
 
 def cos(a, b):
-    return sum(x * y for x, y in zip(a, b)) / (math.sqrt(sum(x * x for x in a)) *
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (math.sqrt(sum(x * x for x in a)) *
                                                math.sqrt(sum(y * y for y in b)))
 
 
@@ -68,7 +68,7 @@ def test_pools_are_deterministic_per_seed_and_differ_across_seeds():
     c = _pools(300, 20, seed=6)
     assert not torch.equal(a, c)
     # Not merely reordered: the distractor sets differ for most images.
-    differ = sum(set(x[1:]) != set(y[1:]) for x, y in zip(a.tolist(), c.tolist()))
+    differ = sum(set(x[1:]) != set(y[1:]) for x, y in zip(a.tolist(), c.tolist(), strict=True))
     assert differ > 250
 
 

@@ -9,9 +9,9 @@ import torch
 from vldist.data.vocab import Vocab
 from vldist.kernels import region_affinity_torch
 from vldist.models.common import l2norm
+from vldist.recipes.jobs import load_config
 from vldist.recipes.l2c import L2CConfig, L2CModel
 from vldist.recipes.vsrn import VSRNModel
-from vldist.recipes.jobs import load_config
 
 _path = Path(__file__).resolve().parents[2] / "bench" / "reasoning_identity.py"
 _spec = importlib.util.spec_from_file_location("reasoning_identity", _path)

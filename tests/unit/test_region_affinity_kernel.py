@@ -93,5 +93,5 @@ def test_compiled_kernel_on_cuda(dtype, tolerance, normalize):
     ref_grads = torch.autograd.grad(ref, ref_inputs, dy.float())
     assert out.dtype == dtype
     assert float((out.float() - ref).abs().max()) <= tolerance * float(ref.abs().max())
-    for got, want in zip(grads, ref_grads):
+    for got, want in zip(grads, ref_grads, strict=True):
         assert float((got.float() - want).abs().max()) <= tolerance * float(want.abs().max())

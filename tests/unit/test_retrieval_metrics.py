@@ -248,7 +248,7 @@ def brute_ranks(sims, caption_images):
 
 def brute_metrics(sims, caption_images):
     out = {}
-    for prefix, ranks in zip(("i2t", "t2i"), brute_ranks(sims, caption_images)):
+    for prefix, ranks in zip(("i2t", "t2i"), brute_ranks(sims, caption_images), strict=True):
         for k in (1, 5, 10):
             out[f"{prefix}_r{k}"] = 100 * sum(r <= k for r in ranks) / len(ranks)
         s, m = sorted(ranks), len(ranks)

@@ -74,7 +74,7 @@ def test_round_trip_with_tarfile_and_webdataset(tmp_path):
 
     read = list(wds.WebDataset(shard, shardshuffle=False))
     assert [r["__key__"] for r in read] == [s["__key__"] for s in samples]
-    for r, s in zip(read, samples):
+    for r, s in zip(read, samples, strict=True):
         assert set(r) >= {"jpg", "json", "regions.npy", "txt", "cls"}
         assert r["jpg"] == s["jpg"]
         assert json.loads(r["json"]) == s["json"]

@@ -8,7 +8,11 @@ import pytest
 
 from vldist import preemption
 from vldist.preemption import (
-    StopRequest, interrupts_deferred, raise_if_interrupted, signal_numbers, stop_requests,
+    StopRequest,
+    interrupts_deferred,
+    raise_if_interrupted,
+    signal_numbers,
+    stop_requests,
 )
 
 

@@ -9,8 +9,8 @@ import re
 
 import numpy as np
 import pytest
-from PIL import Image
 from helpers import read_shard_set
+from PIL import Image
 
 from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.__main__ import main

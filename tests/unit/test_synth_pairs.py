@@ -16,15 +16,21 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from PIL import Image
 from helpers import read_shard_set
+from PIL import Image
 
 from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.__main__ import main
 from vldist.shards.synthetic.captions import make_captions
 from vldist.shards.synthetic.embedded_set import split_rng
-from vldist.shards.synthetic.pairs import (CHANGE_KINDS, STREAM_NAME, build_synth_pairs, foreground_mask,
-                                           make_pair, swap_image_tokens)
+from vldist.shards.synthetic.pairs import (
+    CHANGE_KINDS,
+    STREAM_NAME,
+    build_synth_pairs,
+    foreground_mask,
+    make_pair,
+    swap_image_tokens,
+)
 from vldist.shards.synthetic.scenes import COLORS, SHAPES, SceneObject, generate_scene
 
 SIZE = 128

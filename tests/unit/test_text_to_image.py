@@ -89,7 +89,7 @@ def test_padding_word_vectors_do_not_change_the_output(stages, attend_first):
         a = G(z, sentence, words, mask, condition_noise=eps)
         b = G(z, sentence, changed, mask, condition_noise=eps)
         real_changed = G(z, sentence, words + 1, mask, condition_noise=eps)
-    for x, y in zip(a["images"], b["images"]):
+    for x, y in zip(a["images"], b["images"], strict=True):
         assert torch.equal(x, y)
     assert not torch.equal(a["images"][-1], real_changed["images"][-1])  # real words do matter
 

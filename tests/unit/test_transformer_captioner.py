@@ -2,11 +2,10 @@
 
 import pytest
 import torch
-
 from helpers import decoder_batch, fit_captions, stepwise_logits
 
-from vldist.models.generation import generate
 from vldist.models.common import sinusoidal_positions
+from vldist.models.generation import generate
 from vldist.models.transformer_captioner import TransformerCaptioner
 
 PAD, START, END = 0, 1, 2

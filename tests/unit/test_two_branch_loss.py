@@ -64,7 +64,7 @@ def test_gradient_equals_the_direct_formulas():
     theirs = [x.clone().requires_grad_() for x in (image, text)]
     two_branch_ranking_loss(*ours, text_image, 0.3, 2, 1.0, 2.0, 0.5).backward()
     direct_loss(*theirs, text_image, 0.3, 2, 1.0, 2.0, 0.5).backward()
-    for a, b in zip(ours, theirs):
+    for a, b in zip(ours, theirs, strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
 
 

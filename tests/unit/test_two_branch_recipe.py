@@ -7,17 +7,16 @@ import math
 import random
 
 import numpy as np
-
 import pytest
 import torch
 
-from vldist.data.pipeline import StreamSpec, TrainStream, batches_per_rank, make_loader
 from vldist.data.job_shards import JobShards
+from vldist.data.pipeline import StreamSpec, TrainStream, batches_per_rank, make_loader
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.negatives import draw_negatives, step_generator
-from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe, sentence_chance
 from vldist.recipes.jobs import load_config
+from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe, sentence_chance
 
 TINY = ["model.hidden=16", "model.embed=8", "model.dropout=0", "data.max_regions=3", "model.tasks=[retrieval]"]
 

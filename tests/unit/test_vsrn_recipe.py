@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from vldist.data.vocab import Vocab
-from vldist.recipes.vsrn import VSRNRecipe
 from vldist.recipes.jobs import load_config
+from vldist.recipes.vsrn import VSRNRecipe
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square"])
 
@@ -78,7 +78,7 @@ def test_every_ablation_trains_one_step(overrides):
     before = [p.detach().clone() for p in model.parameters()]
     losses["loss"].backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
-    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))
+    assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
 def test_hardest_negatives_start_after_the_warmup():

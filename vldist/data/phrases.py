@@ -98,7 +98,7 @@ def training_image(meta: dict, regions: np.ndarray, proposals: np.ndarray, propo
     near = iou >= NEGATIVE_IOU
     negative = ~np.stack([near[chain == c].any(0) for c in chain]) if objects else near
     kept, positives, positive_boxes, draws = [], [], [], []
-    for index, (obj, row) in enumerate(zip(objects, iou)):
+    for index, (obj, row) in enumerate(zip(objects, iou, strict=True)):
         candidates = np.flatnonzero(row >= POSITIVE_IOU).tolist()
         region = obj.get("region")
         if augmented and candidates:

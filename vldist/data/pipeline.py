@@ -258,7 +258,7 @@ def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
     return max(1, math.ceil(samples_per_epoch / global_batch))
 
 
-def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> "Loader":
+def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> Loader:
     """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself)."""
     start = _worker_start(stream, tuple(shielded_signals)) if workers else None
     # a fork server's children have the environment of the server's start: hand them this one

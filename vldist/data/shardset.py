@@ -50,7 +50,7 @@ class ShardSet:
     _names: set[str] | None = field(default=None, repr=False)  # a remote set's file names, listed once
 
     @classmethod
-    def open(cls, directory: str | Path, access: StoreAccess | None = None) -> "ShardSet":
+    def open(cls, directory: str | Path, access: StoreAccess | None = None) -> ShardSet:
         access = access or StoreAccess()
         names = None
         if is_url(directory):  # one listing answers whether the set is there, whole, and what it holds
@@ -159,7 +159,7 @@ class ShardSet:
                         return int(regions.shape[1]) if regions.ndim == 2 else None
         return None
 
-    def vocab(self, cache_dir: Path, min_count: int = 1, also: tuple["ShardSet", ...] = ()) -> Vocab:
+    def vocab(self, cache_dir: Path, min_count: int = 1, also: tuple[ShardSet, ...] = ()) -> Vocab:
         """The set's vocab.json, else one built from the train captions and cached in `cache_dir`.
         With `min_count` > 1 (words seen fewer times become <unk>, as captioning papers do) it is
         always built from the train captions: vocab.json keeps no counts. `also`: other sets a job

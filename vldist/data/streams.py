@@ -14,7 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from vldist.data.pipeline import (
-    ExactEpochStream, StreamSpec, TrainStream, batches_per_rank, exact_epoch_steps, make_loader,
+    ExactEpochStream,
+    StreamSpec,
+    TrainStream,
+    batches_per_rank,
+    exact_epoch_steps,
+    make_loader,
 )
 
 
@@ -30,7 +35,7 @@ class StreamSource:
     steps_like: str | None = None  # take as many steps an epoch as this other stream (None: its own epoch)
 
 
-def stream_sources(streams: dict[str, "str | StreamSource"]) -> dict[str, StreamSource]:
+def stream_sources(streams: dict[str, str | StreamSource]) -> dict[str, StreamSource]:
     """A recipe's train_streams() with plain splits as StreamSources."""
     return {name: src if isinstance(src, StreamSource) else StreamSource(src) for name, src in streams.items()}
 

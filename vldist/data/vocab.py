@@ -49,7 +49,7 @@ class Vocab:
         return " ".join(words)
 
     @classmethod
-    def build(cls, captions: Iterable[str], min_count: int = 1) -> "Vocab":
+    def build(cls, captions: Iterable[str], min_count: int = 1) -> Vocab:
         """Words seen at least `min_count` times, most frequent first (ties alphabetical)."""
         counts = Counter(w for c in captions for w in tokenize(c))
         kept = sorted((w for w, n in counts.items() if n >= min_count), key=lambda w: (-counts[w], w))
@@ -59,7 +59,7 @@ class Vocab:
         Path(path).write_text(json.dumps({"words": self.itos[len(SPECIALS):]}, indent=0) + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "Vocab":
+    def load(cls, path: str | Path) -> Vocab:
         try:
             text = Path(path).read_text()
         except OSError as err:
@@ -68,7 +68,7 @@ class Vocab:
         return cls.from_json(text, str(path))
 
     @classmethod
-    def from_json(cls, text: str, where: str) -> "Vocab":
+    def from_json(cls, text: str, where: str) -> Vocab:
         """A vocabulary from vocab.json's text (`where`: where it was read, for the message)."""
         try:
             words = json.loads(text)["words"]

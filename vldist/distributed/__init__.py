@@ -16,13 +16,13 @@ ENGINES = {
 }
 
 
-def engine_class(backend: str) -> "type[Engine]":
+def engine_class(backend: str) -> type[Engine]:
     if backend not in ENGINES:
         raise ValueError(f"unknown engine backend '{backend}'; backends: {', '.join(ENGINES)}")
     module, _, attr = ENGINES[backend].partition(":")
     return getattr(importlib.import_module(module), attr)
 
 
-def make_engine(config) -> "Engine":
+def make_engine(config) -> Engine:
     """The engine of `config.engine.backend`, built from the job config."""
     return engine_class(config.engine.backend)(config)

@@ -110,7 +110,7 @@ def all_gather_with_grad(x: Tensor) -> tuple[Tensor, int]:
     rows = [int(c) for c in all_counts]
     padded = torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, max(rows) - x.shape[0]))
     parts = _AllGather.apply(padded, group)
-    return torch.cat([part[:n] for part, n in zip(parts, rows)], dim=0), sum(rows[:rank])
+    return torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)], dim=0), sum(rows[:rank])
 
 
 def global_sum(x: Tensor) -> Tensor:
@@ -176,5 +176,5 @@ def all_gather_rows(x: Tensor) -> tuple[Tensor, int]:
         padded[:x.shape[0]] = x
         parts = [torch.empty_like(padded) for _ in range(size)]
         dist.all_gather(parts, padded, group=group)
-        out = torch.cat([part[:n] for part, n in zip(parts, rows)], dim=0)
+        out = torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)], dim=0)
     return out.to(device), sum(rows[:rank])

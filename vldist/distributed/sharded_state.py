@@ -32,7 +32,7 @@ MODEL_KEY = "model"
 EXTRA_KEY = "engine"
 
 
-def _dcp() -> "dcp_module":
+def _dcp() -> dcp_module:
     """torch.distributed.checkpoint, imported on first use: it adds about 0.6 s to the start of
     every process that imports it (`python -X importtime`), and most runs write plain checkpoints."""
     import torch.distributed.checkpoint as dcp

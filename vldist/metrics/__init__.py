@@ -1,9 +1,9 @@
 """Evaluation metrics."""
 
 from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError, caption_scores, release_meteor_jvm
-from vldist.metrics.retrieval import retrieval_protocols, retrieval_recall
 from vldist.metrics.phrase_localization import phrase_localization_recall
 from vldist.metrics.r_precision import aimcos, r_precision
+from vldist.metrics.retrieval import retrieval_protocols, retrieval_recall
 from vldist.metrics.self_retrieval import self_retrieval_recall
 from vldist.metrics.sentence_retrieval import sentence_to_sentence_recall
 

@@ -42,9 +42,8 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from typing import Iterator
 
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider

@@ -26,8 +26,8 @@ import numbers
 import numpy as np
 import torch
 
-from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.ks import check_ks
+from vldist.metrics.numpy_input import to_numpy
 
 PHRASE_LOCALIZATION_KS = (1, 5, 10)
 
@@ -97,7 +97,7 @@ def _per_phrase(scores, proposal_boxes) -> tuple[list[np.ndarray], list[np.ndarr
             raise ValueError(f"proposal_boxes has {len(boxes)} entries but scores has {len(scores)}; "
                              f"expected one (P_i, 4) array of boxes per phrase, aligned with scores")
     out_scores, out_boxes = [], []
-    for i, (s, b) in enumerate(zip(scores, boxes)):
+    for i, (s, b) in enumerate(zip(scores, boxes, strict=True)):
         s = _float64(s, f"scores[{i}]", "a 1-D array of proposal scores")
         if s.ndim != 1:
             raise ValueError(f"scores[{i}] must be 1-D (one score per proposal of phrase {i}), "
@@ -132,7 +132,7 @@ def phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou=0.5) -> np.n
     from torchvision.ops import box_iou  # here: torchvision adds ~1.5 s to every process that imports it
 
     ranks = np.full(n, np.inf)
-    for i, (s, b) in enumerate(zip(scores, boxes)):
+    for i, (s, b) in enumerate(zip(scores, boxes, strict=True)):
         if s.shape[0] == 0:
             continue  # no proposals: uncovered
         # float64 IoU so that an overlap exactly at the threshold is not lost to rounding. Two

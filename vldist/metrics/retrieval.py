@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.indices import image_indices
+from vldist.metrics.numpy_input import to_numpy
 
 RECALL_KS = (1, 5, 10)
 # Image rows scored at a time: 256 x 25000 float64 is ~50 MB per chunk.

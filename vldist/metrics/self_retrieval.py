@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.ks import check_ks
+from vldist.metrics.numpy_input import to_numpy
 
 SELF_RETRIEVAL_KS = (1, 5, 50, 500)
 # Caption rows scored at a time: 256 x 5000 float64 is ~10 MB per chunk.

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from vldist.metrics.numpy_input import to_numpy
 from vldist.metrics.indices import image_indices
 from vldist.metrics.ks import check_ks
+from vldist.metrics.numpy_input import to_numpy
 
 SENTENCE_RETRIEVAL_KS = (1, 5, 10)
 # Query rows scored at a time: 256 x 25000 float64 is ~50 MB per chunk, so a 25k-sentence matrix is

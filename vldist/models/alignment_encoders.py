@@ -104,7 +104,7 @@ def inception_image_encoder(dim: int = 256, weights: str | None = None) -> Align
     blocks = [getattr(net, name) for name in INCEPTION_BLOCKS]
     # Max-pools sit inside the stem block before them, so `blocks[:5]` are exactly the 5 stem convs.
     merged: list[nn.Module] = []
-    for name, block in zip(INCEPTION_BLOCKS, blocks):
+    for name, block in zip(INCEPTION_BLOCKS, blocks, strict=True):
         if name in stem:
             merged[-1] = nn.Sequential(merged[-1], block)
         else:

@@ -124,7 +124,7 @@ class LAViTeRModel(nn.Module):
             # each real image with another image's caption (never a caption of a copy of itself)
             wrong = condition[0][mismatched] if mismatched is not None else condition[0].roll(1, dims=0)
             out["discriminator"] = sum(discriminator_loss(d, real, fake, condition[0], wrong) for d, real, fake
-                                       in zip(self.discriminators, self.real_pyramid(images), fakes))
+                                       in zip(self.discriminators, self.real_pyramid(images), fakes, strict=True))
             return out
         encoder_trains = self.trains(self.image_encoder)
         if weights.get("damsm") or weights.get("fake_text") or weights.get("caption"):
@@ -136,7 +136,7 @@ class LAViTeRModel(nn.Module):
             generated = self.generator(noise, *condition)
             fakes = generated["images"]
             out["adversarial"] = sum(generator_adversarial_loss(d, fake, condition[0])
-                                     for d, fake in zip(self.discriminators, fakes))
+                                     for d, fake in zip(self.discriminators, fakes, strict=True))
             out["kl"] = kl_loss(generated["mu"], generated["logvar"])
             # L_FI: E_I reads the last (largest) generated image; gradient reaches G through it.
             # Generated images must not move E_I's batch-norm statistics, which real images use.

@@ -64,7 +64,7 @@ class TfidfTextFeatures(nn.Module):
         return bool(self.idf.any())
 
     @torch.no_grad()
-    def fit(self, vocab: Vocab, captions: Iterable[str]) -> "TfidfTextFeatures":
+    def fit(self, vocab: Vocab, captions: Iterable[str]) -> TfidfTextFeatures:
         """Fit the idf weights on `captions` (the train split's) with scikit-learn, over `vocab`'s
         words, and store them in the `idf` buffer at the words' ids. Returns self."""
         if len(vocab) > self.out_dim:

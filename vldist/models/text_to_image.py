@@ -191,7 +191,7 @@ class Generator(nn.Module):
             hidden, attn = self.first_refine(hidden, words, word_mask)
             attention.append(attn)
         images = [self.image_heads[0](hidden)]
-        for stage, head in zip(self.next_stages, self.image_heads[1:]):
+        for stage, head in zip(self.next_stages, self.image_heads[1:], strict=True):
             hidden, attn = stage(hidden, words, word_mask)
             attention.append(attn)
             images.append(head(hidden))

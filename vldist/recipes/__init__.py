@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 PLUGIN_GROUP = "vldist.recipes"
 # name -> "module:Class" (imported on first use) or the class itself (tests register their own)
-RECIPES: dict[str, "str | type[Recipe]"] = {
+RECIPES: dict[str, str | type[Recipe]] = {
     "vsrn": "vldist.recipes.vsrn:VSRNRecipe",
     "captioner": "vldist.recipes.captioner:CaptionerRecipe",
     "cl_caption": "vldist.recipes.cl_caption:CLCaptionRecipe",
@@ -40,7 +40,7 @@ def recipe_names() -> list[str]:
     return [*RECIPES, *(name for name in plugin_recipes() if name not in RECIPES)]
 
 
-def get_recipe(name: str) -> "type[Recipe]":
+def get_recipe(name: str) -> type[Recipe]:
     entry = RECIPES.get(name) or plugin_recipes().get(name)
     if entry is None:
         raise ValueError(f"unknown recipe '{name}'; recipes: {', '.join(sorted(recipe_names()))}")

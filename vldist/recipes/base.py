@@ -119,6 +119,7 @@ class Recipe(ABC):
         evaluated or captioned, which brings its own): CL's target and reference from `start`,
         the two-branch tf-idf from the captions of `shards` (the job's JobShards). Called by the
         trainer on the freshly built model, before the engine wraps it."""
+        return None  # an optional hook: nothing to do unless a recipe needs it
 
     def optimizer_groups(self, model: nn.Module) -> dict[str, list]:
         """Named optimizers and their parameters (or torch param-group dicts with their own lr).
@@ -129,10 +130,12 @@ class Recipe(ABC):
 
     def start_epoch(self, epoch: int) -> None:
         """Called by the trainer before each epoch (0-based): for schedules and training phases."""
+        return None  # an optional hook: nothing to do unless a recipe needs it
 
     def start_step(self, step: int) -> None:
         """Called by the trainer before each optimizer step: for what the step's losses draw from
         it (CL and the similarity network seed their negatives with it)."""
+        return None  # an optional hook: nothing to do unless a recipe needs it
 
     def updates(self, step: int) -> tuple[str, ...]:
         """The optimizers stepped at optimizer step `step`, in order; no side effects. Each gets
@@ -172,6 +175,7 @@ class Recipe(ABC):
         """Checks before any training or evaluation starts, so that a missing tool or a shard
         set without what the recipe reads fails at once rather than after hours (captioning:
         Java for pycocoevalcap; phrase localisation: proposals in the set)."""
+        return None  # an optional hook: nothing to do unless a recipe needs it
 
     @abstractmethod
     def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,

@@ -62,8 +62,8 @@ class GeneratesCaptions:
     """What every recipe that writes captions shares (the captioners, L2C): Java for the metrics,
     the generation length, ids back to text."""
 
-    config: "JobConfig"
-    vocab: "Vocab"
+    config: JobConfig
+    vocab: Vocab
 
     @property
     def max_generated_len(self) -> int:
@@ -163,7 +163,7 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
             regions, mask = batch["regions"].to(device), batch["mask"].to(device)
             ids = generate(decoder, regions, mask, self.vocab.start_id, self.vocab.end_id, self.max_generated_len,
                            self.config.eval.beam_size)
-            for key, refs, caption in zip(batch["keys"], batch["references"], self.decode(ids)):
+            for key, refs, caption in zip(batch["keys"], batch["references"], self.decode(ids), strict=True):
                 references[key], generated[key] = refs, caption
             if room > 0:
                 pool_regions.append(batch["regions"][:room])

@@ -34,8 +34,8 @@ from torch import nn
 from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError, JobConfig, updated
 from vldist.data.samples import require_region_features
-from vldist.distributed.zero import whole_parameters
 from vldist.distributed.collectives import global_sum
+from vldist.distributed.zero import whole_parameters
 from vldist.losses import cross_rank_contrastive_captioning_loss
 from vldist.losses.negatives import draw_negatives, gather_captions, step_generator
 from vldist.losses.not_negative import local_identities
@@ -97,9 +97,9 @@ class CLCaptionModel(nn.Module):
         """φ ← θ (§4.3, Table 6). Under ZeRO-3 the partitioned weights are gathered for the copy."""
         params = [*self.target.parameters(), *self.reference.parameters()]
         with whole_parameters(params):
-            for ref, tgt in zip(self.reference.parameters(), self.target.parameters()):
+            for ref, tgt in zip(self.reference.parameters(), self.target.parameters(), strict=True):
                 ref.copy_(tgt)
-            for ref, tgt in zip(self.reference.buffers(), self.target.buffers()):
+            for ref, tgt in zip(self.reference.buffers(), self.target.buffers(), strict=True):
                 ref.copy_(tgt)
 
     def forward(self, regions: torch.Tensor, mask: torch.Tensor, caption_images: torch.Tensor,

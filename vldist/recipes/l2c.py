@@ -27,17 +27,16 @@ from vldist.config import JobConfig, Section, updated
 from vldist.data.collate import pad_tokens
 from vldist.data.pixels import read_image, read_mask, stack_masks
 from vldist.data.samples import read_meta
+from vldist.data.streams import StreamSource
 from vldist.losses import cross_rank_mean, cross_rank_token_nll, total_variation_loss
 from vldist.metrics import caption_scores
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.l2c import L2CEncoder, build_trunk
-from vldist.data.streams import StreamSource
-from vldist.recipes.base import Recipe
-from vldist.recipes.base import unwrap
+from vldist.recipes.base import Recipe, unwrap
 from vldist.recipes.captioner import GeneratesCaptions
-from vldist.report import caption_report
 from vldist.recipes.l2c_pictures import pair_panel
+from vldist.report import caption_report
 from vldist.shards.synthetic.pairs import swap_image_tokens
 
 PAIR_KEYS = ("json", "img1.jpg", "img2.jpg")
@@ -259,7 +258,7 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         for batch in batches:
             images, second = batch["images"].to(device), batch["second"].to(device)
             descriptions, aux = self.describe(model, images, second)
-            for key, refs, text in zip(batch["keys"], batch["references"], descriptions):
+            for key, refs, text in zip(batch["keys"], batch["references"], descriptions, strict=True):
                 references[key], generated[key] = refs, text
             room = self.cfg.visualize - len(panels)
             if room > 0 and aux:

@@ -38,8 +38,7 @@ from vldist.losses.not_negative import other_image_rows
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
-from vldist.recipes.base import Recipe, StartingWeights
-from vldist.recipes.base import unwrap
+from vldist.recipes.base import Recipe, StartingWeights, unwrap
 from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.laviter_report import laviter_report
 from vldist.visualize import to_pil
@@ -105,7 +104,7 @@ class LAViTeRConfig(Section):
     grid: int = Field(8, ge=0, description="generated images saved as a PNG grid at each evaluation, for the first captions")
 
     @model_validator(mode="after")
-    def _real_images_as_large_as_generated(self) -> "LAViTeRConfig":
+    def _real_images_as_large_as_generated(self) -> LAViTeRConfig:
         largest = 64 * 2 ** (self.tim_stages - 1)
         if self.tim and self.image_size < largest:  # upsampled real images would tell the discriminator apart
             raise ValueError(f"model.tim_stages={self.tim_stages} generates {largest}-pixel images, but real images "
@@ -329,7 +328,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             vectors["image"].append(image.float().cpu())
             if inner.label_head is not None:  # trunk pretraining: its top-n words against the n true ones
                 scores = inner.label_head(pooled).float().cpu()
-                for row, labels in zip(scores, batch["labels"]):
+                for row, labels in zip(scores, batch["labels"], strict=True):
                     label_hits += len(set(row.topk(len(labels)).indices.tolist()) & set(labels))
                     label_count += len(labels)
             encoded = {}
@@ -357,7 +356,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
                 grid_captions += [refs[0] for refs in batch["references"][:room]]
             if captioning:
                 texts = self.generate_captions(inner.captioner, regions)
-                for key, refs, text in zip(batch["keys"], batch["references"], texts):
+                for key, refs, text in zip(batch["keys"], batch["references"], texts, strict=True):
                     references[key], generated[key] = refs, text
             seen += len(images)
         model.train(was_training)

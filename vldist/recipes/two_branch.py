@@ -43,8 +43,7 @@ from vldist.losses.not_negative import local_identities
 from vldist.losses.two_branch import cross_rank_phrase_ranking_loss, cross_rank_two_branch_ranking_loss
 from vldist.metrics import phrase_localization_recall, retrieval_protocols, sentence_to_sentence_recall
 from vldist.models.two_branch import TwoBranchModel
-from vldist.recipes.base import Recipe
-from vldist.recipes.base import unwrap
+from vldist.recipes.base import Recipe, unwrap
 from vldist.report import chance_recall, retrieval_report
 
 FUSION_WIDTHS = (512, 256)  # the paper's fusion layers: FC 512x512, ReLU, FC 512x256, ReLU, FC 256x1
@@ -224,7 +223,7 @@ class TwoBranchRecipe(Recipe):
                                                     for s in samples]))
 
         def pairs(key: str, column_start) -> torch.Tensor:
-            listed = [s[key] + [p, c] for s, p, c in zip(samples, phrase_start, column_start)]
+            listed = [s[key] + [p, c] for s, p, c in zip(samples, phrase_start, column_start, strict=True)]
             return torch.from_numpy(np.concatenate(listed).astype(np.int64).reshape(-1, 2)).T.contiguous()
 
         dim = samples[0]["positive"].shape[1]
@@ -312,7 +311,7 @@ class TwoBranchRecipe(Recipe):
             return
         regions = net.embed_images(torch.cat(proposals).to(device)).split([len(p) for p in proposals])
         queries = net.embed_captions(pad_tokens(phrases)[0].to(device)).split([len(t) for t in batch["phrases"]])
-        for image_regions, image_queries, boxes, gt in zip(regions, queries, batch["proposal_boxes"], batch["gt_boxes"]):
+        for image_regions, image_queries, boxes, gt in zip(regions, queries, batch["proposal_boxes"], batch["gt_boxes"], strict=True):
             if not len(image_queries):
                 continue
             scores = self.scores(net, image_queries, image_regions).float().cpu()  # (phrases, proposals)

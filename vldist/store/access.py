@@ -19,7 +19,7 @@ class StoreAccess:
     checksums: dict[str, str] = field(default_factory=dict)  # shard URL -> sha256, from the set's manifest
 
     @classmethod
-    def of(cls, data) -> "StoreAccess":
+    def of(cls, data) -> StoreAccess:
         """From a job's data section (data.storage_options, data.retries, data.cache_dir, data.cache_max_gb)."""
         cache = CacheConfig(data.cache_dir, int(data.cache_max_gb * 2**30)) if data.cache_dir else None
         return cls(dict(data.storage_options), RetryPolicy(retries=data.retries), cache)

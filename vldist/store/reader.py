@@ -10,8 +10,9 @@ import io
 import logging
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO
 from urllib.parse import urlsplit
 
 from vldist.store.access import StoreAccess

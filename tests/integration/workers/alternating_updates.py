@@ -10,11 +10,10 @@ told: Recipe.dynamic_graph). Run under torchrun by tests/integration/test_altern
 import logging
 import sys
 
-
 import vldist.recipes
 from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
-from vldist.recipes.vsrn import VSRNRecipe
 from vldist.recipes.jobs import load_config
+from vldist.recipes.vsrn import VSRNRecipe
 from vldist.runner import run
 
 

@@ -13,18 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from engines import cpu_engine
+from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
 from vldist.checkpoint import save_checkpoint
 from vldist.config import to_yaml
 from vldist.data.vocab import Vocab
-from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionRecipe
-from vldist.starting_weights import read_starting_weights
 from vldist.recipes.jobs import load_config
-
-from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
+from vldist.starting_weights import read_starting_weights
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small", "left", "of"])
 DIM, IMAGES, STEPS, LR = 6, 6, 3, 0.5

@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import torch
+from engines import cpu_engine
+from sgd_steps import sgd_steps  # noqa: E402  (this directory is on sys.path)
 from torch import nn
 
-from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.losses.damsm import PARTS, cross_rank_damsm_parts
 from vldist.recipes.base import Recipe
-
-from sgd_steps import sgd_steps  # noqa: E402  (this directory is on sys.path)
 
 WORD_FEATURES, REGION_FEATURES, REGIONS, DIM = 6, 5, 4, 8
 # Rank 0's longest caption is shorter than rank 1's in one split and longer in the other.

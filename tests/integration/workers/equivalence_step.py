@@ -9,14 +9,14 @@ import sys
 
 import numpy as np
 import torch
+from engines import cpu_engine
 
 from vldist.data.vocab import Vocab
-from engines import cpu_engine
 from vldist.distributed.collectives import global_sum
 from vldist.distributed.engine import Engine
 from vldist.models.global_batchnorm import convert_global_batchnorm
-from vldist.recipes.vsrn import VSRNRecipe
 from vldist.recipes.jobs import load_config
+from vldist.recipes.vsrn import VSRNRecipe
 
 GLOBAL_BATCH = 8
 VOCAB = Vocab(["a", "red", "blue", "green", "circle", "square", "star", "left", "of", "above"])

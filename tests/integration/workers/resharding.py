@@ -44,7 +44,7 @@ class TinyRecipe:
 def make_engine(name: str, out: Path, resume: bool):
     stage = ENGINES[name]
     overrides = [f"output.dir={out}", "train.device=cpu", f"data.batch_size={GLOBAL}", "train.grad_clip=1.0",
-                 *([f"engine.backend=deepspeed", f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json"] if stage else []),
+                 *(["engine.backend=deepspeed", f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json"] if stage else []),
                  *(["train.resume=latest"] if resume else []),
                  *(["train.checkpoint_format=sharded", "train.async_checkpoints=true"] if name == "sharded" else [])]
     config = load_config("vsrn", overrides)

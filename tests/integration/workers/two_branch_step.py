@@ -17,16 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from engines import cpu_engine
+from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
 from vldist.data.identity import sample_identity
 from vldist.data.vocab import Vocab
-from engines import cpu_engine
 from vldist.distributed.engine import Engine
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import load_config
-
-from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small", "left", "of"])
 DIM, IMAGES, STEPS, LR = 6, 8, 3, 0.5
@@ -96,7 +95,7 @@ def phrase_raws() -> list[dict]:
 def phrase_batch(recipe, engine: Engine, split: str) -> dict:
     raws = phrase_raws()
     samples = [recipe.phrase_sample(raw, random.Random(i)) for i, raw in enumerate(raws)]
-    for sample, raw in zip(samples, raws):
+    for sample, raw in zip(samples, raws, strict=True):
         sample["identity"] = sample_identity(raw)
     mine = my_slice(samples, engine, SPLITS[split])
     batch = recipe.collate_phrases(mine)

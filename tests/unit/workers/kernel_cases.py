@@ -48,7 +48,7 @@ def case(B, K, D, normalize, mask_kind, seed, dtype=torch.float32):
     return {
         "case": [B, K, D, normalize, mask_kind],
         "forward": float((out - ref).abs().max()) / scale,
-        "grads": [float((a - b).abs().max()) / max(float(b.abs().max()), 1e-6) for a, b in zip(grads, ref_grads)],
+        "grads": [float((a - b).abs().max()) / max(float(b.abs().max()), 1e-6) for a, b in zip(grads, ref_grads, strict=True)],
     }
 
 

@@ -70,7 +70,7 @@ class BirdsToWordsConverter(Converter):
                 if len(row) != len(COLUMNS):
                     problems.report(where, f"has {len(row)} tab-separated fields; expected {len(COLUMNS)}")
                     continue
-                fields = dict(zip(COLUMNS, row))
+                fields = dict(zip(COLUMNS, row, strict=True))
                 if fields["split"] not in SPLITS:
                     problems.report(where, f"has split {fields['split']!r}; expected one of {', '.join(SPLITS)}")
                     continue

@@ -122,7 +122,7 @@ def _fingerprint(converter: type[Converter], options: dict, shard_size: int, pla
     digest = hashlib.sha256()
     head = [converter.name, converter.version, options, shard_size, plan.features, plan.inputs]
     digest.update(json.dumps(head, sort_keys=True).encode())
-    for split, items in plan.splits.items():
+    for items in plan.splits.values():
         for item in items:
             digest.update(json.dumps(item.as_json(), sort_keys=True).encode())
     return digest.hexdigest()
@@ -216,7 +216,7 @@ def write_shard(task: ShardTask, out: Path, make: SampleMaker, on_error: str, ti
             results = make(items)
             if len(results) != len(items):
                 raise RuntimeError(f"sample maker returned {len(results)} results for {len(items)} items")
-            for item, sample in zip(items, results):
+            for item, sample in zip(items, results, strict=True):
                 if isinstance(sample, BadInput):
                     if on_error == "stop":
                         raise sample
@@ -305,7 +305,7 @@ def _finish(out: Path, converter, options: dict, plan: Plan, tasks: list[ShardTa
         with open(out / SKIPPED_NAME, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(s, ensure_ascii=False) + "\n" for s in skipped)
     shards: dict[str, list[dict]] = {}
-    for task, record in zip(tasks, records):
+    for task, record in zip(tasks, records, strict=True):
         listed = shards.setdefault(task.split, [])
         if record["file"]:
             listed.append({k: record[k] for k in ("file", "samples", "sha256")})

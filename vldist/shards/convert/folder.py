@@ -19,8 +19,13 @@ from pathlib import Path
 
 from vldist.files import sha256_file
 from vldist.shards.convert.base import BadInput, Converter, Item, Problems
-from vldist.shards.convert.images import (IMAGE_SUFFIXES, ImageSamples, add_feature_arguments, feature_options,
-                                         image_plan)
+from vldist.shards.convert.images import (
+    IMAGE_SUFFIXES,
+    ImageSamples,
+    add_feature_arguments,
+    feature_options,
+    image_plan,
+)
 
 SPLIT_DIRS = ("train", "val", "test")
 

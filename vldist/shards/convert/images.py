@@ -173,7 +173,7 @@ class RegionFeatures:
         extra = extra or [[] for _ in images]
         with one_thread():
             return self.extractor.extract([im.image for im in images],
-                                          [self.boxes(im) + more for im, more in zip(images, extra)])
+                                          [self.boxes(im) + more for im, more in zip(images, extra, strict=True)])
 
 
 @dataclass
@@ -228,7 +228,7 @@ class ImageSamples:
             results.append(sample)
         if self.features and loaded:
             rows = self.features([x.image for x in loaded], [x.extra + x.proposals for x in loaded])
-            for entry, feats in zip(loaded, rows):
+            for entry, feats in zip(loaded, rows, strict=True):
                 regions = self.features.boxes(entry.image) + entry.extra
                 entry.about["region_boxes"] = regions
                 entry.sample[entry.prefix + "regions.npy"] = feats[:len(regions)]

@@ -13,6 +13,8 @@ style layer="layer4", grid=1 (2048 channels, mean pooled).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import torch
 import torchvision
@@ -44,7 +46,7 @@ def fold_batchnorm(module: nn.Module) -> nn.Module:
     for child in module.children():
         fold_batchnorm(child)
     names = [name for name, _ in module.named_children()]
-    for prev, name in zip(names, names[1:]):
+    for prev, name in pairwise(names):
         conv, bn = getattr(module, prev), getattr(module, name)
         if isinstance(conv, nn.Conv2d) and isinstance(bn, nn.BatchNorm2d):
             setattr(module, prev, fuse_conv_bn_eval(conv, bn))
@@ -101,7 +103,7 @@ class RegionFeatureExtractor:
         """(K, 5) rows [batch index, x0, y0, x1, y1] in feature-map coordinates: each image is
         resized to a square input, so x and y scale separately (roi_align then uses scale 1)."""
         rows = []
-        for i, (im, image_boxes) in enumerate(zip(images, boxes)):
+        for i, (im, image_boxes) in enumerate(zip(images, boxes, strict=True)):
             sx, sy = fw / im.width, fh / im.height
             for x0, y0, x1, y1 in image_boxes:
                 rows.append([i, x0 * sx, y0 * sy, x1 * sx, y1 * sy])

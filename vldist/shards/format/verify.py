@@ -92,7 +92,7 @@ def _read_shard(path: Path, split: str, feature_dim: int | None, keys: Counter, 
     return len(samples)
 
 
-def _check_standardization(files: "_Files", features: dict, report: Report) -> None:
+def _check_standardization(files: _Files, features: dict, report: Report) -> None:
     name = features.get("standardization")
     if not name:
         return

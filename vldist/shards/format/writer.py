@@ -184,7 +184,7 @@ class ShardSetWriter:
         self._open.clear()
         self._closed = True
 
-    def __enter__(self) -> "ShardSetWriter":
+    def __enter__(self) -> ShardSetWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -28,11 +28,22 @@ from vldist.data.vocab import Vocab, tokenize
 from vldist.shards.format.layout import VOCAB_NAME
 from vldist.shards.format.writer import ShardSetWriter
 from vldist.shards.synthetic.captions import NUMBER_WORDS, make_captions, zone
-from vldist.shards.synthetic.embedded_set import (SPLITS, building, check_counts, jpeg_bytes, sample_key,
-                                                  split_rng)
-from vldist.shards.synthetic.scenes import (COLORS, MAX_OBJECTS, SIZES, Scene, SceneObject, as_random,
-                                            bounding_box, boxes_apart, draw_object, generate_scene,
-                                            place_objects, render, shape_outline)
+from vldist.shards.synthetic.embedded_set import SPLITS, building, check_counts, jpeg_bytes, sample_key, split_rng
+from vldist.shards.synthetic.scenes import (
+    COLORS,
+    MAX_OBJECTS,
+    SIZES,
+    Scene,
+    SceneObject,
+    as_random,
+    bounding_box,
+    boxes_apart,
+    draw_object,
+    generate_scene,
+    place_objects,
+    render,
+    shape_outline,
+)
 
 STREAM_NAME = "vldist-synth-pairs"  # each split its own stream, apart from synth's (same seed, other pictures)
 IMAGE_TOKENS = ("image1", "image2")
@@ -196,7 +207,7 @@ def make_pair(rng, image_size: int = 128) -> Pair:
     shown = (change.before, change.after)
     if rnd.random() < 0.5:
         scene, other, shown = other, scene, shown[::-1]
-    diff = _Difference(change.kind, {"image1": scene, "image2": other}, dict(zip(IMAGE_TOKENS, shown)))
+    diff = _Difference(change.kind, {"image1": scene, "image2": other}, dict(zip(IMAGE_TOKENS, shown, strict=True)))
     return Pair(scene, other, diff.record(), describe(diff, rnd))
 
 

@@ -22,8 +22,7 @@ from vldist.shards.format.layout import STANDARDIZATION_NAME, VOCAB_NAME
 from vldist.shards.format.standardization import save_standardization
 from vldist.shards.format.writer import ShardSetWriter
 from vldist.shards.synthetic.captions import make_captions
-from vldist.shards.synthetic.embedded_set import (SPLITS, building, check_counts, jpeg_bytes, sample_key,
-                                                  split_rng)
+from vldist.shards.synthetic.embedded_set import SPLITS, building, check_counts, jpeg_bytes, sample_key, split_rng
 from vldist.shards.synthetic.proposals import make_proposals
 from vldist.shards.synthetic.scenes import Scene, generate_scene
 
@@ -135,7 +134,7 @@ def _write_batch(writer: ShardSetWriter, split: str, pending: list[tuple[Scene, 
     # one pass of the backbone for both: region rows first, then proposal rows
     boxes = [meta["region_boxes"] + meta.get("proposal_boxes", []) for _, meta in pending]
     rows = extractor.extract([s.image for s in scenes], boxes)
-    for (scene, meta), feats in zip(pending, rows):
+    for (scene, meta), feats in zip(pending, rows, strict=True):
         n = len(meta["region_boxes"])
         sample = {"__key__": meta["id"], "jpg": jpeg_bytes(scene), "json": meta, "regions.npy": feats[:n]}
         if "proposal_boxes" in meta:
