@@ -281,6 +281,24 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
     assert metrics["steps"] == epochs * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 1
 
 
+def test_a_rank_drifting_under_ray_stops_every_worker_with_the_check_and_no_restart(ray_head, planted_shards,
+                                                                                   tmp_path):
+    """Rank 1's model is changed after step 2 (the Ray processes' sitecustomize does it, asked by
+    the job's environment): the check at step 4 stops the run as under torchrun, and Ray does not
+    restart it from a checkpoint that may hold the diverging copy."""
+    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, "train.epochs=1",
+           "train.replica_check_every=4", "train.save_every_steps=2"]
+    runtime_env = json.dumps({"env_vars": {"VLDIST_TEST_DRIFT_AFTER_STEP": "2"}})
+    proc = subprocess.run([*RAY, "job", "submit", "--address", ray_head, "--runtime-env-json", runtime_env, "--",
+                           sys.executable, "-m", "vldist.train", "vsrn", *job], capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "drifted: " in out, out[-4000:]
+    assert "error: the ranks' replicas of the model diverged by step 4: parameter " in out, out[-4000:]
+    assert "(2 values: rank 0; rank 1; " in out and "they agreed at step 1" in out
+    assert "resuming from the newest in the run directory" not in out  # no restart
+    assert sorted(p.name for p in (tmp_path / "vsrn" / "checkpoints").glob("step-*")) == ["step-00000002"]
+
+
 def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, planted_shards, tmp_path):
     """The job a user submits, its shards in S3: two workers train, and the driver writes the results
     (a worker lost mid-run, on a node of its own: tests/integration/test_multinode.py)."""

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from vldist.config import ConfigError, JobConfig
 from vldist.data.job_shards import built_where_read
+from vldist.distributed.replicas import ReplicasDiverged
 from vldist.launch.resubmission import check_run_directory
 from vldist.launch.run_board import open_board, stop_watch
 from vldist.preemption import TrainingStopped, signal_numbers
@@ -139,6 +140,10 @@ def _train_worker(train: TrainFunction, board, payload: dict) -> None:
         outcome = {"results": results}
     except TrainingStopped as stopped:  # a normal end for Ray; the driver reports it
         outcome = {"stopped": {"step": stopped.step, "checkpoint": str(stopped.checkpoint), "reason": stopped.reason}}
+    except ReplicasDiverged as diverged:
+        # Every rank reached this verdict together. Not a failure for Ray to retry: a restart would
+        # resume from the newest checkpoint, which may hold a copy of the run already diverging.
+        outcome = {"diverged": str(diverged)}
     if rank0:
         ray.get(board.post_outcome.remote(outcome))
 
@@ -224,24 +229,27 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
         try:
             trainer.fit()
         except Exception as err:  # a stop checkpointed before the failure still ends as a stop
-            _raise_if_stopped(board)
+            _raise_if_ended(board)
             if isinstance(err, ray.train.TrainingFailedError):
                 raise RunFailed(f"the Ray run failed after {config.ray.max_failures} restarts at most: {err}") from None
             raise
-    outcome = _raise_if_stopped(board)
+    outcome = _raise_if_ended(board)
     if "results" not in outcome:
         raise RunFailed("the Ray run ended without rank 0's results (see the workers' output above)")
     return outcome["results"]
 
 
-def _raise_if_stopped(board) -> dict:
-    """Rank 0's outcome on the board ({} if it cannot be read); RunStopped where it stopped."""
+def _raise_if_ended(board) -> dict:
+    """Rank 0's outcome on the board ({} if it cannot be read); RunStopped where it stopped,
+    ReplicasDiverged (exit 4, as under the other launchers) where the replica check stopped it."""
     import ray
 
     try:
         outcome = ray.get(board.read_outcome.remote(), timeout=60) or {}
     except Exception:  # noqa: BLE001 - no board, no outcome: the caller says what failed
         return {}
+    if "diverged" in outcome:
+        raise ReplicasDiverged(outcome["diverged"])
     if "stopped" in outcome:
         stopped = outcome["stopped"]
         raise RunStopped(

@@ -4,10 +4,15 @@ same code and format; 336 scenes instead of 6,500, 96 image pairs of 64 pixels i
 
 Every Python process started with it runs this, Ray's own services too: the builders are shrunk
 when their modules are first imported, so that a process that never builds pays nothing (the
-modules import torchvision, ~2 s)."""
+modules import torchvision, ~2 s).
+
+With VLDIST_TEST_DRIFT_AFTER_STEP=N in its environment (test_ray.py's replica check under Ray),
+rank 1's trainer also adds 1e-3 to its model's first parameter after optimizer step N, as a faulty
+device would: what tests/integration/workers/replica_drift.py does under torchrun."""
 
 import functools
 import importlib.abc
+import os
 import sys
 
 SMALL = {
@@ -37,6 +42,9 @@ class ShrinkWhenImported(importlib.abc.MetaPathFinder):
 
         def run_and_shrink(module):
             run(module)
+            if name == "vldist.trainer":
+                drift_after(module.Trainer, int(os.environ["VLDIST_TEST_DRIFT_AFTER_STEP"]))
+                return
             builder, sizes = SMALL[name]
             setattr(module, builder, functools.partial(getattr(module, builder), **sizes))
 
@@ -44,4 +52,23 @@ class ShrinkWhenImported(importlib.abc.MetaPathFinder):
         return spec
 
 
+def drift_after(trainer, step: int) -> None:
+    import torch
+
+    take_step = trainer._step
+
+    def step_then_drift(self, micro_batches):
+        logged = take_step(self, micro_batches)
+        if self.engine.rank == 1 and self.state.step + 1 == step:  # the counter moves after _step
+            name, parameter = next(iter(self.engine.unwrap().named_parameters()))
+            with torch.no_grad():
+                parameter.add_(1e-3)
+            print(f"drifted: {name} after step {step}", flush=True)
+        return logged
+
+    trainer._step = step_then_drift
+
+
+if os.environ.get("VLDIST_TEST_DRIFT_AFTER_STEP"):
+    SMALL["vldist.trainer"] = None
 sys.meta_path.insert(0, ShrinkWhenImported())
