@@ -14,17 +14,11 @@ import logging
 import os
 import sys
 
-from vldist.checkpoint import step_checkpoints
+# Only what --help needs at the top: the platform (runner, trainer, engines, Ray, checkpoints) is
+# imported inside the functions that train, so that `--help` answers without loading it.
 from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
-from vldist.distributed.peer_loss import PeerLost
-from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
-from vldist.launch import ray_train
-from vldist.launch.environment import rejoin_warning
-from vldist.launch.resubmission import refuse_other_settings, start_afresh
 from vldist.recipes import get_recipe, recipe_names
 from vldist.recipes.jobs import load_config
-from vldist.runner import run
-from vldist.store.location import redact
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
@@ -56,6 +50,9 @@ def usage(job: str) -> str:
 def print_results(config: JobConfig, results: dict) -> None:
     """The results table; a job of several stages shows each stage's model side by side (and the
     untrained model of the first)."""
+    from vldist.checkpoint import step_checkpoints
+    from vldist.store.location import redact
+
     recipe = get_recipe(config.recipe)  # its report is a class method: no model or vocabulary needed
     test = results["test"]
     stages = results.get("stages", {"trained": results})
@@ -85,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     job, overrides = split_args([a for a in argv if a not in ("-h", "--help")])
     if len(argv) != len([a for a in argv if a not in ("-h", "--help")]):
         print(usage(job))
-        return DONE
+        return 0  # exit_codes.DONE, not imported for this: exit_codes imports the trainer
+    from vldist.distributed.peer_loss import PeerLost
+    from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
+    from vldist.launch.environment import rejoin_warning
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if _speaks() and (warning := rejoin_warning()):  # torchrun's agents: a lost node could not rejoin
         log.warning("%s", warning)
@@ -107,6 +108,10 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
     store, <output.checkpoint_dir>/<s>), and
     a stage other than the last that finished before (its metrics.json is there) is not run again.
     Returns the last stage's config and, on rank 0, its results with `stages`: every stage's."""
+    from vldist.launch import ray_train
+    from vldist.launch.resubmission import refuse_other_settings, start_afresh
+    from vldist.runner import run
+
     use_ray = ray_train.wanted(config)
     if use_ray:  # the stages' directories go under the Ray run directory
         config = config.model_copy(update={"output": config.output.model_copy(

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from torch import nn
 
 from vldist.models.common import length_mask, masked_mean, sinusoidal_positions
@@ -91,6 +90,8 @@ def inception_image_encoder(dim: int = 256, weights: str | None = None) -> Align
     ignored), or None (random). Blocks keep torchvision's order; the first five are the stem
     convolutions (max-pools are parameter-free and not counted as blocks)."""
     local = weights is not None and Path(weights).is_file()
+    import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
+
     net = torchvision.models.inception_v3(weights=None if local else weights, aux_logits=True, init_weights=weights is None,
                                           transform_input=False)  # inputs are already in [-1, 1]
     if local:

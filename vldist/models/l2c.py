@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torchvision
 from torch import nn
 
 from vldist.models.gcn import RegionRelationReasoning
@@ -59,6 +58,8 @@ class TorchvisionTrunk(nn.Module):
         if name not in ("resnet50", "resnet101"):
             raise ValueError(f"TorchvisionTrunk: unknown ResNet {name!r}; choose resnet50 or resnet101")
         local = weights is not None and Path(weights).is_file()
+        import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
+
         resnet = getattr(torchvision.models, name)(
             weights=None if local else weights, replace_stride_with_dilation=[False, True, True]
         )
@@ -93,6 +94,8 @@ class FCNTrunk(nn.Module):
     def __init__(self, name: str = "fcn_resnet101", weights: str | None = None, mask_class: int = VOC_BIRD):
         super().__init__()
         local = weights is not None and Path(weights).is_file()
+        import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
+
         builder = getattr(torchvision.models.segmentation, name)
         if weights is None or local:
             fcn = builder(weights=None, weights_backbone=None, num_classes=21, aux_loss=False)

@@ -25,7 +25,6 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-import torchvision
 from pydantic import Field, model_validator
 from torch import nn
 
@@ -400,6 +399,8 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             metrics["captions"] = caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout)
             metrics["examples"] = [{"key": k, "generated": generated[k], "references": references[k]} for k in keys]
         if grid_images:
+            import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
+
             grid = torchvision.utils.make_grid(torch.stack(grid_images), nrow=min(len(grid_images), 4), padding=2,
                                                normalize=True, value_range=(-1, 1))
             metrics["images"] = {"generated-grid.png": to_pil(grid, value_range="unit")}
