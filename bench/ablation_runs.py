@@ -56,6 +56,7 @@ RUN_RECORD = "bench_run.json"  # seconds and commit of a run, beside its outputs
 class Row:
     """One row of an ablation: its key (the run directory, --rows), its label in the tables, the
     job it trains and the overrides that make it."""
+
     key: str
     label: str
     job: str
@@ -65,6 +66,7 @@ class Row:
 @dataclass(frozen=True)
 class Col:
     """A table column: the named metric, its heading, its digits, and a factor (L2C: x 100)."""
+
     metric: str
     head: str
     digits: int = 1
@@ -82,8 +84,13 @@ class Run:
 
 def _commit(cwd: Path | None = None) -> str | None:
     try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=cwd or REPO,
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            cwd=cwd or REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
@@ -102,15 +109,20 @@ def train_once(job: str, run_dir: Path, argv: list[str], results: str = "metrics
         commit = _commit(cwd)
         start = time.perf_counter()
         with open(run_dir / "train.log", "w") as log:
-            done = subprocess.run([sys.executable, "-m", "vldist.train", job, *argv, f"output.dir={run_dir}"],
-                                  stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+            done = subprocess.run(
+                [sys.executable, "-m", "vldist.train", job, *argv, f"output.dir={run_dir}"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+            )
         if done.returncode != 0:
             sys.exit(f"{run_dir}: training failed (exit {done.returncode}), see {run_dir / 'train.log'}")
         seconds = round(time.perf_counter() - start, 1)
         record.write_text(json.dumps({"seconds": seconds, "commit": commit, "torch": _torch_version()}) + "\n")
     info = json.loads(record.read_text()) if record.exists() else {}
-    return Run(json.loads((run_dir / results).read_text()), info.get("seconds"), info.get("commit"), kept,
-               info.get("torch"))
+    return Run(
+        json.loads((run_dir / results).read_text()), info.get("seconds"), info.get("commit"), kept, info.get("torch")
+    )
 
 
 def _torch_version() -> str | None:
@@ -192,8 +204,15 @@ def paper_sum(values: Iterable[str], digits: int = 1) -> str:
     return f"{sum(float(v) for v in values):.{digits}f}"
 
 
-def ablation_table(data: dict, rows: list[Row], columns: list[Col], per_seed: Col | None = None,
-                   paper: dict[str, dict] | None = None, paper_cols: list[Col] = (), first: str = "row") -> str:
+def ablation_table(
+    data: dict,
+    rows: list[Row],
+    columns: list[Col],
+    per_seed: Col | None = None,
+    paper: dict[str, dict] | None = None,
+    paper_cols: list[Col] = (),
+    first: str = "row",
+) -> str:
     """A markdown table of the rows of `rows` that `data` holds (a results file), in that order:
     each column's mean ± sample std over data["seeds"], then `per_seed`'s value in each seed,
     then the paper's columns (paper[row key][metric]: a string as the paper prints it, or a
@@ -248,8 +267,10 @@ def spread_line(data: dict, rows: list[Row], col: Col, pairs: list[tuple[str, st
         bullets.append(f"- {md(labels[a])} {op} {md(labels[b])} (Δ {diff:+.{d}f}, stds {sa:.{d}f} + {sb:.{d}f})")
     if not bullets:
         return ""
-    head = (f"{col.head} over {len(data['seeds'])} seeds, row against row (A < B: B's mean is above A's by more "
-            f"than the two sample stds added; A ≈ B: the difference is within them; Δ = B − A):")
+    head = (
+        f"{col.head} over {len(data['seeds'])} seeds, row against row (A < B: B's mean is above A's by more "
+        f"than the two sample stds added; A ≈ B: the difference is within them; Δ = B − A):"
+    )
     return "\n".join([*textwrap.wrap(head, 100, break_long_words=False, break_on_hyphens=False), *bullets])
 
 
@@ -300,8 +321,11 @@ def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace, scri
 
 def bench_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
     """The bench's own options (not seeds, rows, or where things go) and their values."""
-    return {a.dest: portable(getattr(args, a.dest)) for a in parser._actions
-            if a.option_strings and a.dest not in _NOT_RESULT_OPTIONS | {"seeds", "rows"}}
+    return {
+        a.dest: portable(getattr(args, a.dest))
+        for a in parser._actions
+        if a.option_strings and a.dest not in _NOT_RESULT_OPTIONS | {"seeds", "rows"}
+    }
 
 
 class Recorder:
@@ -313,27 +337,41 @@ class Recorder:
 
     def __call__(self, row: Row, seed: int, run: Run, metrics: dict, overrides: list[str] | None = None) -> None:
         overrides = list(row.overrides if overrides is None else overrides)
-        entry = self.rows.setdefault(row.key, {"label": row.label, "job": row.job, "overrides": portable(overrides),
-                                               "runs": {}})
+        entry = self.rows.setdefault(
+            row.key, {"label": row.label, "job": row.job, "overrides": portable(overrides), "runs": {}}
+        )
         if entry["overrides"] != portable(overrides):
             raise ValueError(f"row {row.key!r}: overrides differ between seeds")
-        entry["runs"][str(seed)] = {"metrics": metrics, "seconds": run.seconds, "commit": run.commit,
-                                    "torch": run.torch}
+        entry["runs"][str(seed)] = {
+            "metrics": metrics,
+            "seconds": run.seconds,
+            "commit": run.commit,
+            "torch": run.torch,
+        }
         took = "kept" if run.kept else f"{run.seconds:.0f} s"
-        shown = ", ".join(f"{c.head} {c.scale * metrics[c.metric]:.{c.digits}f}" for c in self.progress
-                          if c.metric in metrics)
+        shown = ", ".join(
+            f"{c.head} {c.scale * metrics[c.metric]:.{c.digits}f}" for c in self.progress if c.metric in metrics
+        )
         print(f"{row.label}, seed {seed}: {shown} ({took})", flush=True)
 
 
-def results_json(method: str, command: str, options: dict, common: list[str], seeds: list[int],
-                 rows: dict[str, dict]) -> dict:
+def results_json(
+    method: str, command: str, options: dict, common: list[str], seeds: list[int], rows: dict[str, dict]
+) -> dict:
     """The results file's content (the schema above)."""
     for key, row in rows.items():
         missing = [s for s in seeds if str(s) not in row["runs"]]
         if missing:
             raise ValueError(f"row {key!r} has no run for seed(s) {missing}")
-    return {"schema": SCHEMA, "method": method, "command": command, "options": options,
-            "common_overrides": portable(list(common)), "seeds": list(seeds), "rows": rows}
+    return {
+        "schema": SCHEMA,
+        "method": method,
+        "command": command,
+        "options": options,
+        "common_overrides": portable(list(common)),
+        "seeds": list(seeds),
+        "rows": rows,
+    }
 
 
 def load_results(path: Path, method: str) -> dict:
@@ -353,24 +391,43 @@ def ablation_parser(doc: str, method: str, row_keys: list[str] | None = None) ->
     """The options every ablation bench takes: --root (default runs/METHOD_ablation), --seeds,
     --results, --from, and --rows when the bench has named rows (default: all of them)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path("runs") / f"{method}_ablation",
-                        help="where the runs go, each in <root>/<row>/seed<k> (default: %(default)s)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=Path("runs") / f"{method}_ablation",
+        help="where the runs go, each in <root>/<row>/seed<k> (default: %(default)s)",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     if row_keys is not None:
         parser.add_argument("--rows", nargs="+", choices=row_keys, default=list(row_keys))
     default = REPO / "docs" / "results" / f"{method}_ablation.json"
-    parser.add_argument("--results", type=Path, default=default,
-                        help=f"where to write the per-seed results (default: docs/results/{default.name})")
-    parser.add_argument("--from", dest="from_results", type=Path, metavar="RESULTS",
-                        help="print the tables from a results file (e.g. docs/results/"
-                             f"{default.name}) and train nothing")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=default,
+        help=f"where to write the per-seed results (default: docs/results/{default.name})",
+    )
+    parser.add_argument(
+        "--from",
+        dest="from_results",
+        type=Path,
+        metavar="RESULTS",
+        help=f"print the tables from a results file (e.g. docs/results/{default.name}) and train nothing",
+    )
     return parser
 
 
-def bench_main(doc: str, method: str, script: str, rows: list[Row], progress: list[Col],
-               train: Callable[[argparse.Namespace, Path, Recorder], list[str]],
-               tables: Callable[[dict], str], options: Callable[[argparse.ArgumentParser], None] | None = None,
-               row_keys: list[str] | None = None) -> None:
+def bench_main(
+    doc: str,
+    method: str,
+    script: str,
+    rows: list[Row],
+    progress: list[Col],
+    train: Callable[[argparse.Namespace, Path, Recorder], list[str]],
+    tables: Callable[[dict], str],
+    options: Callable[[argparse.ArgumentParser], None] | None = None,
+    row_keys: list[str] | None = None,
+) -> None:
     """A bench's command line. `train(args, root, record)` trains (or keeps) every run, calls
     record(row, seed, run, metrics[, overrides]) for each, and returns the overrides common to
     all runs; `tables(results)` makes the tables' text from a results file's content. --from
@@ -385,8 +442,14 @@ def bench_main(doc: str, method: str, script: str, rows: list[Row], progress: li
     root = args.root.resolve()
     record = Recorder(progress)
     common = train(args, root, record)
-    data = results_json(method, command_line(parser, args, script), bench_options(parser, args), common,
-                        args.seeds, {row.key: record.rows[row.key] for row in rows if row.key in record.rows})
+    data = results_json(
+        method,
+        command_line(parser, args, script),
+        bench_options(parser, args),
+        common,
+        args.seeds,
+        {row.key: record.rows[row.key] for row in rows if row.key in record.rows},
+    )
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     text = tables(data)

@@ -40,29 +40,63 @@ MODES = {
 def run(ranks: int, mode: str, steps: int, every: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         save = [] if mode == "none" else [f"train.save_every_steps={every}"]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks),
-               "-m", "vldist.train", "vsrn", f"output.dir={out}", f"train.max_steps={steps}",
-               "train.samples_per_epoch=1000000", "train.validate_every=0", "eval.baseline=false",
-               "metrics.enabled=false", "train.keep_last=2", "train.log_every=1", *save, *MODES[mode]]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                              env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // ranks))})
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"output.dir={out}",
+            f"train.max_steps={steps}",
+            "train.samples_per_epoch=1000000",
+            "train.validate_every=0",
+            "eval.baseline=false",
+            "metrics.enabled=false",
+            "train.keep_last=2",
+            "train.log_every=1",
+            *save,
+            *MODES[mode],
+        ]
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            env={**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // ranks))},
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{mode} on {ranks} ranks failed:\n{proc.stderr[-3000:]}")
         metrics = json.loads((Path(out) / "metrics.json").read_text())
-        times = {r["step"]: r["time"] for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines())
-                 if r.get("event") == "train"}
+        times = {
+            r["step"]: r["time"]
+            for r in map(json.loads, (Path(out) / "metrics.jsonl").read_text().splitlines())
+            if r.get("event") == "train"
+        }
         gaps = {step: times[step + 1] - times[step] for step in times if step + 1 in times}
         typical = statistics.median(gaps.values())
         saved = [] if mode == "none" else list(range(every, steps, every))
         stall = statistics.mean(gaps[s] - typical for s in saved) if saved else None
-        return {"ranks": ranks, "mode": mode, "train_seconds": metrics["train_seconds"], "stall_seconds": stall,
-                "step_seconds": typical}
+        return {
+            "ranks": ranks,
+            "mode": mode,
+            "train_seconds": metrics["train_seconds"],
+            "stall_seconds": stall,
+            "step_seconds": typical,
+        }
 
 
 def table(results: dict) -> str:
     runs = results["runs"]
-    lines = [f"| ranks | checkpoints | train seconds ({results['steps']} steps, median of {results['repeats']}) | "
-             "overhead vs none | runs | stall per save (s) | median step (s) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| ranks | checkpoints | train seconds ({results['steps']} steps, median of {results['repeats']}) | "
+        "overhead vs none | runs | stall per save (s) | median step (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for ranks in sorted({r["ranks"] for r in runs}):
         base = statistics.median(r["train_seconds"] for r in runs if r["ranks"] == ranks and r["mode"] == "none")
         for mode in MODES:
@@ -98,8 +132,14 @@ def main() -> None:
             for mode in MODES:
                 runs.append(run(ranks, mode, args.steps, args.every))
                 print(f"repeat {repeat + 1}: {ranks} ranks, {mode}: {runs[-1]['train_seconds']:.1f} s", flush=True)
-    results = {"steps": args.steps, "every": args.every, "repeats": args.repeats, "machine": os.uname().nodename,
-               "cpus": os.cpu_count(), "runs": runs}
+    results = {
+        "steps": args.steps,
+        "every": args.every,
+        "repeats": args.repeats,
+        "machine": os.uname().nodename,
+        "cpus": os.cpu_count(),
+        "runs": runs,
+    }
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))

@@ -42,36 +42,56 @@ from ablation_runs import (
 )
 
 MLE = Row("mle", "MLE", "captioner", [])
-ROWS = [Row("cl-p", "CL(P)", "cl_caption", ["model.terms=positive"]),
-        Row("cl-n", "CL(N)", "cl_caption", ["model.terms=negative"]),
-        Row("full", "CL", "cl_caption", ["model.terms=full"])]
+ROWS = [
+    Row("cl-p", "CL(P)", "cl_caption", ["model.terms=positive"]),
+    Row("cl-n", "CL(N)", "cl_caption", ["model.terms=negative"]),
+    Row("full", "CL", "cl_caption", ["model.terms=full"]),
+]
 ALL_ROWS = [MLE, *ROWS]
 SR_KS = [1, 5, 50, 500]  # vldist.metrics.self_retrieval's, the paper's
-METRICS = {**{k: ("test", "captions", k) for k in ("cider_d", "bleu4", "meteor", "rouge_l")},
-           **{f"sr_r{k}": ("test", "self_retrieval", f"r{k}") for k in SR_KS},
-           "sr_pool": ("test", "self_retrieval", "n_images")}
+METRICS = {
+    **{k: ("test", "captions", k) for k in ("cider_d", "bleu4", "meteor", "rouge_l")},
+    **{f"sr_r{k}": ("test", "self_retrieval", f"r{k}") for k in SR_KS},
+    "sr_pool": ("test", "self_retrieval", "n_images"),
+}
 
 # The paper's Table 4: AdaptiveAttention learned by MLE (base), + CL(P), + CL(N), + CL(full), MS-COCO
 # (the text: validation), CIDEr / BLEU-4 / METEOR / ROUGE_L.
-_TABLE_4 = {"mle": ("1.042", "0.327", "0.260", "0.540"), "cl-p": ("1.059", "0.334", "0.262", "0.545"),
-            "cl-n": ("0.603", "0.212", "0.246", "0.479"), "full": ("1.142", "0.353", "0.271", "0.559")}
+_TABLE_4 = {
+    "mle": ("1.042", "0.327", "0.260", "0.540"),
+    "cl-p": ("1.059", "0.334", "0.262", "0.545"),
+    "cl-n": ("0.603", "0.212", "0.246", "0.479"),
+    "full": ("1.142", "0.353", "0.271", "0.559"),
+}
 # The paper's Table 1: self-retrieval top-K recall (%) on the MS-COCO test set, 5,000 images in the
 # pool, AdaptiveAttention (MLE) and AdaptiveAttention + CL; CL(P) and CL(N) are not in it.
 _TABLE_1 = {"mle": ("0.10", "0.96", "11.76", "78.46"), "full": ("0.32", "1.18", "11.84", "80.96")}
-PAPER = {key: {**dict(zip(["cider_d", "bleu4", "meteor", "rouge_l"], _TABLE_4[key], strict=True)),
-               **dict(zip([f"sr_r{k}" for k in SR_KS], _TABLE_1.get(key, ()), strict=False))} for key in _TABLE_4}
+PAPER = {
+    key: {
+        **dict(zip(["cider_d", "bleu4", "meteor", "rouge_l"], _TABLE_4[key], strict=True)),
+        **dict(zip([f"sr_r{k}" for k in SR_KS], _TABLE_1.get(key, ()), strict=False)),
+    }
+    for key in _TABLE_4
+}
 PAPER_POOL = 5000
 
-CAPTION_COLUMNS = [Col("cider_d", "CIDEr-D", 3), Col("bleu4", "BLEU-4", 3), Col("meteor", "METEOR", 3),
-                   Col("rouge_l", "ROUGE-L", 3)]
+CAPTION_COLUMNS = [
+    Col("cider_d", "CIDEr-D", 3),
+    Col("bleu4", "BLEU-4", 3),
+    Col("meteor", "METEOR", 3),
+    Col("rouge_l", "ROUGE-L", 3),
+]
 CIDER, SR_R1 = CAPTION_COLUMNS[0], Col("sr_r1", "R@1")
 
 
 def below_pool(metrics: dict) -> dict:
     """The run's numbers without the self-retrieval recalls at K >= the pool (100 by construction)."""
     pool = metrics.get("sr_pool")
-    return {name: value for name, value in metrics.items()
-            if not (name.startswith("sr_r") and pool is not None and int(name[4:]) >= pool)}
+    return {
+        name: value
+        for name, value in metrics.items()
+        if not (name.startswith("sr_r") and pool is not None and int(name[4:]) >= pool)
+    }
 
 
 def sr_columns(data: dict) -> list[Col]:
@@ -87,18 +107,40 @@ def tables(data: dict) -> str:
     """Caption metrics (CIDEr-D per seed; Table 4 beside them), then self-retrieval (R@1 per seed;
     Table 1 beside it), each with the comparisons the paper's claims rest on."""
     sr = sr_columns(data)
-    pools = sorted({m["metrics"]["sr_pool"] for row in data["rows"].values() for m in row["runs"].values()
-                    if "sr_pool" in m["metrics"]})
+    pools = sorted(
+        {
+            m["metrics"]["sr_pool"]
+            for row in data["rows"].values()
+            for m in row["runs"].values()
+            if "sr_pool" in m["metrics"]
+        }
+    )
     pool = " / ".join(f"{p:,}" for p in pools)
     return blocks(
-        ablation_table(data, ALL_ROWS, CAPTION_COLUMNS, per_seed=CIDER, paper=PAPER,
-                       paper_cols=paper_columns(CAPTION_COLUMNS), first="model"),
+        ablation_table(
+            data,
+            ALL_ROWS,
+            CAPTION_COLUMNS,
+            per_seed=CIDER,
+            paper=PAPER,
+            paper_cols=paper_columns(CAPTION_COLUMNS),
+            first="model",
+        ),
         spread_line(data, ALL_ROWS, CIDER, [("mle", "cl-p"), ("mle", "cl-n"), ("mle", "full"), ("cl-p", "full")]),
-        ablation_table(data, ALL_ROWS, sr, per_seed=SR_R1 if sr else None, paper=PAPER,
-                       paper_cols=paper_columns(sr, f"paper (pool {PAPER_POOL:,}) "),
-                       first=f"self-retrieval (pool {pool})") if sr else "",
+        ablation_table(
+            data,
+            ALL_ROWS,
+            sr,
+            per_seed=SR_R1 if sr else None,
+            paper=PAPER,
+            paper_cols=paper_columns(sr, f"paper (pool {PAPER_POOL:,}) "),
+            first=f"self-retrieval (pool {pool})",
+        )
+        if sr
+        else "",
         spread_line(data, ALL_ROWS, Col("sr_r1", "self-retrieval R@1"), [("mle", "full"), ("cl-p", "full")])
-        if sr else "",
+        if sr
+        else "",
     )
 
 
@@ -122,14 +164,28 @@ def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
             argv = [*row.overrides, f"seed={seed}", f"model.captioner_run={mle_dir}", *common, *cl_steps]
             # with model.captioner_run, cl_caption is its CL stage alone, written to <output.dir>/cl
             run = train_once(row.job, root / row.key / f"seed{seed}", argv, "cl/metrics.json")
-            record(row, seed, run, below_pool(pick(run.metrics, METRICS)),
-                   [*row.overrides, "model.captioner_run=<root>/mle/seed<k>", *cl_steps])
+            record(
+                row,
+                seed,
+                run,
+                below_pool(pick(run.metrics, METRICS)),
+                [*row.overrides, "model.captioner_run=<root>/mle/seed<k>", *cl_steps],
+            )
     return common
 
 
 def main() -> None:
-    bench_main(__doc__, "cl", "cl_ablation.py", ALL_ROWS, [CIDER, Col("sr_r1", "self-retrieval R@1")], train, tables,
-               options, row_keys=[row.key for row in ROWS])
+    bench_main(
+        __doc__,
+        "cl",
+        "cl_ablation.py",
+        ALL_ROWS,
+        [CIDER, Col("sr_r1", "self-retrieval R@1")],
+        train,
+        tables,
+        options,
+        row_keys=[row.key for row in ROWS],
+    )
 
 
 if __name__ == "__main__":

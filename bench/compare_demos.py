@@ -45,7 +45,8 @@ def numbers(value, root: Path):
 def same_files(a: Path, b: Path, pattern: str, read) -> tuple[int, bool]:
     fa, fb = sorted(a.rglob(pattern)), sorted(b.rglob(pattern))
     same = [f.relative_to(a) for f in fa] == [f.relative_to(b) for f in fb] and all(
-        read(x, a) == read(y, b) for x, y in zip(fa, fb, strict=True))
+        read(x, a) == read(y, b) for x, y in zip(fa, fb, strict=True)
+    )
     return len(fa), same
 
 
@@ -56,14 +57,18 @@ def main(argv: list[str]) -> int:
     differ = 0
     for name in names:
         a, b = log_lines(root_a, name), log_lines(root_b, name)
-        n_metrics, metrics_same = same_files(root_a / name, root_b / name, "metrics.json",
-                                             lambda f, root: numbers(json.loads(f.read_text()), root))
-        n_png, png_same = same_files(root_a / name, root_b / name, "*.png",
-                                     lambda f, root: hashlib.sha256(f.read_bytes()).digest())
+        n_metrics, metrics_same = same_files(
+            root_a / name, root_b / name, "metrics.json", lambda f, root: numbers(json.loads(f.read_text()), root)
+        )
+        n_png, png_same = same_files(
+            root_a / name, root_b / name, "*.png", lambda f, root: hashlib.sha256(f.read_bytes()).digest()
+        )
         same = a == b and metrics_same and png_same
         differ += not same
-        print(f"{name}: {'identical' if same else 'DIFFERENT'} (log lines {len(a)}: {a == b}; "
-              f"metrics.json {n_metrics}: {metrics_same}; pictures {n_png}: {png_same})")
+        print(
+            f"{name}: {'identical' if same else 'DIFFERENT'} (log lines {len(a)}: {a == b}; "
+            f"metrics.json {n_metrics}: {metrics_same}; pictures {n_png}: {png_same})"
+        )
         if a != b:
             print("\n".join(list(difflib.unified_diff(a, b, lineterm=""))[:40]))
     return 1 if differ else 0

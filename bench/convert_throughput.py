@@ -24,8 +24,9 @@ from dataset_fixtures import make_karpathy, make_precomp  # noqa: E402
 
 def timed(argv: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "vldist.shards", "convert", *argv, "--quiet"], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "vldist.shards", "convert", *argv, "--quiet"], check=True, capture_output=True, text=True
+    )
     return time.perf_counter() - start
 
 
@@ -35,8 +36,9 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=256)
     parser.add_argument("--precomp", type=int, default=2000, help="precomp images (default 2000)")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--shard-size", type=int, default=100,
-                        help="samples per shard (default 100): workers share out whole shards")
+    parser.add_argument(
+        "--shard-size", type=int, default=100, help="samples per shard (default 100): workers share out whole shards"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +56,9 @@ def main() -> None:
         for name, samples, argv in cases:
             for workers in args.workers:
                 out = tmp / f"out-{len(name)}-{workers}"
-                seconds = timed([*argv, "--out", str(out), "--workers", str(workers), "--shard-size", str(args.shard_size)])
+                seconds = timed(
+                    [*argv, "--out", str(out), "--workers", str(workers), "--shard-size", str(args.shard_size)]
+                )
                 print(f"| {name} | {samples} | {workers} | {seconds:.1f} | {samples / seconds:.0f} |", flush=True)
 
 

@@ -49,10 +49,17 @@ def count(job: str, world_size: int, overrides: list[str]) -> dict:
     for step in zip(*per_rank, strict=True):
         seen = Counter(i for batch in step for i in batch)
         pairs.append(sum(n * (n - 1) // 2 for n in seen.values()))
-    return {"job": job, "overrides": overrides, "ranks": world_size, "global_batch": config.data.batch_size,
-            "batches": len(pairs), "batches_with_a_repeat": sum(p > 0 for p in pairs),
-            "duplicate_pairs": sum(pairs), "pairs_per_batch": sum(pairs) / max(len(pairs), 1),
-            "most_in_one_batch": max(pairs, default=0)}
+    return {
+        "job": job,
+        "overrides": overrides,
+        "ranks": world_size,
+        "global_batch": config.data.batch_size,
+        "batches": len(pairs),
+        "batches_with_a_repeat": sum(p > 0 for p in pairs),
+        "duplicate_pairs": sum(pairs),
+        "pairs_per_batch": sum(pairs) / max(len(pairs), 1),
+        "most_in_one_batch": max(pairs, default=0),
+    }
 
 
 def main() -> None:
@@ -63,11 +70,15 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="job keys, as on the train command line")
     args = parser.parse_args()
     results = [count(args.job, w, args.overrides) for w in args.ranks]
-    print(f"{'ranks':>5} {'global batch':>12} {'batches':>8} {'with a repeat':>14} {'pairs':>6} {'per batch':>10} "
-          f"{'most':>5}")
+    print(
+        f"{'ranks':>5} {'global batch':>12} {'batches':>8} {'with a repeat':>14} {'pairs':>6} {'per batch':>10} "
+        f"{'most':>5}"
+    )
     for r in results:
-        print(f"{r['ranks']:>5} {r['global_batch']:>12} {r['batches']:>8} {r['batches_with_a_repeat']:>14} "
-              f"{r['duplicate_pairs']:>6} {r['pairs_per_batch']:>10.2f} {r['most_in_one_batch']:>5}")
+        print(
+            f"{r['ranks']:>5} {r['global_batch']:>12} {r['batches']:>8} {r['batches_with_a_repeat']:>14} "
+            f"{r['duplicate_pairs']:>6} {r['pairs_per_batch']:>10.2f} {r['most_in_one_batch']:>5}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

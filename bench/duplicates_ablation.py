@@ -21,15 +21,19 @@ from pathlib import Path
 
 from ablation_runs import REPO, Col, Recorder, Row, ablation_table, bench_main, blocks, pick, spread_line, train_once
 
-ROWS = [Row("before", "before the fix (copies are negatives)", "vsrn", []),
-        Row("fix1", "after it (copies are not)", "vsrn", ["model.caption_loss_reduction=token"])]
+ROWS = [
+    Row("before", "before the fix (copies are negatives)", "vsrn", []),
+    Row("fix1", "after it (copies are not)", "vsrn", ["model.caption_loss_reduction=token"]),
+]
 METRICS = {k: ("test", "full", k) for k in ("i2t_r1", "t2i_r1", "rsum")}
 COLUMNS = [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), Col("rsum", "rsum")]
 
 
 def tables(data: dict) -> str:
-    return blocks(ablation_table(data, ROWS, COLUMNS, per_seed=COLUMNS[2], first="the demo (jobs/vsrn.yaml)"),
-                  spread_line(data, ROWS, COLUMNS[2], [("before", "fix1")]))
+    return blocks(
+        ablation_table(data, ROWS, COLUMNS, per_seed=COLUMNS[2], first="the demo (jobs/vsrn.yaml)"),
+        spread_line(data, ROWS, COLUMNS[2], [("before", "fix1")]),
+    )
 
 
 def options(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +50,9 @@ def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
                 cwd = None
                 if row.key == "before" and not (run_dir / "metrics.json").exists():
                     if not before.exists():  # the old code, checked out beside this one
-                        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(before), args.before],
-                                       cwd=REPO, check=True)
+                        subprocess.run(
+                            ["git", "worktree", "add", "-q", "--detach", str(before), args.before], cwd=REPO, check=True
+                        )
                     cwd = before
                 run = train_once(row.job, run_dir, [*row.overrides, f"seed={seed}", *common], cwd=cwd)
                 record(row, seed, run, pick(run.metrics, METRICS))

@@ -20,8 +20,17 @@ from pathlib import Path
 
 
 def one_run(enabled: bool, steps: int, out: Path) -> float:
-    cmd = [sys.executable, "-m", "vldist.train", "vsrn", f"output.dir={out}", f"train.max_steps={steps}",
-           "train.validate_every=0", "eval.baseline=false", f"metrics.enabled={str(enabled).lower()}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"output.dir={out}",
+        f"train.max_steps={steps}",
+        "train.validate_every=0",
+        "eval.baseline=false",
+        f"metrics.enabled={str(enabled).lower()}",
+    ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     metrics = json.loads((out / "metrics.json").read_text())
     history = metrics["history"]
@@ -58,8 +67,10 @@ def main() -> None:
         for r in range(args.repeats):
             for enabled in (False, True):
                 times[enabled].append(one_run(enabled, args.steps, Path(tmp) / f"{enabled}-{r}"))
-                print(f"repeat {r + 1} metrics={'on ' if enabled else 'off'}: {1000 * times[enabled][-1]:.1f} ms/step",
-                      flush=True)
+                print(
+                    f"repeat {r + 1} metrics={'on ' if enabled else 'off'}: {1000 * times[enabled][-1]:.1f} ms/step",
+                    flush=True,
+                )
     off, on = statistics.median(times[False]), statistics.median(times[True])
     print(f"median ms/step: off {1000 * off:.1f}, on {1000 * on:.1f}, overhead {100 * (on - off) / off:+.1f}%")
     cost = per_step_cost()

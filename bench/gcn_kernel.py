@@ -29,7 +29,6 @@ SHAPES = [(128, 36, 1024), (128, 36, 2048), (128, 9, 2048)]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-
 def forward_backward(fn, x, normalize, mask, dy):
     return torch.autograd.grad(fn(*x, normalize, mask), x, dy)
 
@@ -40,6 +39,7 @@ def train_step(recipe, model, batch, optimizer, autocast):
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
+
 
 def timed(fn, device: torch.device, repeats: int) -> float:
     """Median seconds of fn() after warm-up."""
@@ -71,8 +71,10 @@ def implementations(device: torch.device) -> dict:
 
 def bench_op(device: torch.device, dtype: torch.dtype, repeats: int, normalize: str) -> None:
     print(f"\nregion affinity, {normalize}, {str(dtype).replace('torch.', '')}, masked, on {device_name(device)}")
-    print(f"{'B':>4} {'K':>4} {'D':>5} {'impl':>8} | {'fwd ms':>8} {'GB/s':>7} {'TFLOP/s':>8} | "
-          f"{'fwd+bwd ms':>10} {'GB/s':>7} {'TFLOP/s':>8}")
+    print(
+        f"{'B':>4} {'K':>4} {'D':>5} {'impl':>8} | {'fwd ms':>8} {'GB/s':>7} {'TFLOP/s':>8} | "
+        f"{'fwd+bwd ms':>10} {'GB/s':>7} {'TFLOP/s':>8}"
+    )
     for B, K, D in SHAPES:
         x = [torch.randn(B, K, D, device=device, dtype=dtype, requires_grad=True) for _ in range(3)]
         mask = torch.rand(B, K, device=device) > 0.2
@@ -94,9 +96,11 @@ def bench_op(device: torch.device, dtype: torch.dtype, repeats: int, normalize: 
                 print(f"{B:>4} {K:>4} {D:>5} {name:>8} | failed: {str(err).splitlines()[0][:80]}")
                 continue
             baseline = baseline or both
-            print(f"{B:>4} {K:>4} {D:>5} {name:>8} | {1e3 * fwd:8.3f} {bytes_fwd / fwd / 1e9:7.1f} "
-                  f"{flops_fwd / fwd / 1e12:8.3f} | {1e3 * both:10.3f} {bytes_all / both / 1e9:7.1f} "
-                  f"{(flops_fwd + flops_bwd) / both / 1e12:8.3f}   x{baseline / both:.2f} vs eager")
+            print(
+                f"{B:>4} {K:>4} {D:>5} {name:>8} | {1e3 * fwd:8.3f} {bytes_fwd / fwd / 1e9:7.1f} "
+                f"{flops_fwd / fwd / 1e12:8.3f} | {1e3 * both:10.3f} {bytes_all / both / 1e9:7.1f} "
+                f"{(flops_fwd + flops_bwd) / both / 1e12:8.3f}   x{baseline / both:.2f} vs eager"
+            )
         if device.type == "cpu":
             print(f"{B:>4} {K:>4} {D:>5} {'triton':>8} | needs CUDA")
 

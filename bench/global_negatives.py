@@ -81,15 +81,17 @@ def rank_main(rank: int, world: int, port: int, rows: int, dim: int, repeats: in
 
     def scores():
         same = same_identity(identity, everyone)
-        loss = (hardest_negative_hinge(img @ all_txt.T, positives, 0.2, True, same)
-                + hardest_negative_hinge(txt @ all_img.T, positives, 0.2, True, same))
+        loss = hardest_negative_hinge(img @ all_txt.T, positives, 0.2, True, same) + hardest_negative_hinge(
+            txt @ all_img.T, positives, 0.2, True, same
+        )
         loss.backward()
 
     def loss():
         cross_rank_vse_hinge_loss(img, txt, 0.2, True, identity=identity).backward()
 
-    result = {name: timed(fn, repeats) for name, fn in
-              (("gather", gather), ("ids", ids), ("scores", scores), ("loss", loss))}
+    result = {
+        name: timed(fn, repeats) for name, fn in (("gather", gather), ("ids", ids), ("scores", scores), ("loss", loss))
+    }
     if rank == 0:
         queue.put(result)
     dist.destroy_process_group()
@@ -121,10 +123,25 @@ def measure_parts(world: int, rows: int, dim: int, repeats: int) -> dict:
 def measure_step(world: int, rows: int, steps: int) -> float:
     """Seconds per VSRN step of the demo job with `rows` a rank, from the last progress window."""
     out = ROOT / "runs" / "bench_global_negatives" / f"w{world}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-           "-m", "vldist.train", "vsrn", f"data.batch_size={rows * world}", f"train.max_steps={steps}",
-           f"train.log_every={steps // 2}", "eval.baseline=false", "train.validate_every=0",
-           "metrics.enabled=false", f"output.dir={out}", "train.resume=null"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"data.batch_size={rows * world}",
+        f"train.max_steps={steps}",
+        f"train.log_every={steps // 2}",
+        "eval.baseline=false",
+        "train.validate_every=0",
+        "metrics.enabled=false",
+        f"output.dir={out}",
+        "train.resume=null",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run(["rm", "-rf", str(out)], check=True)
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -136,7 +153,10 @@ def measure_step(world: int, rows: int, steps: int) -> float:
 def project(rows: int, dim: int, bytes_per_value: int, step_seconds: float) -> list[dict]:
     """The cost model at the paper's sizes: bytes moved per rank per step, score-matrix memory,
     and time at the stated bandwidths (NVLink inside an 8-GPU node, InfiniBand across nodes)."""
-    nvlink, infiniband = 450e9, 50e9  # bytes/s per GPU, one direction: H100 NVLink 4 (900 GB/s both ways); 400 Gb/s NIC per GPU
+    nvlink, infiniband = (
+        450e9,
+        50e9,
+    )  # bytes/s per GPU, one direction: H100 NVLink 4 (900 GB/s both ways); 400 Gb/s NIC per GPU
     table = []
     for world in (8, 64, 512, 1024):
         per_modality = (world - 1) * rows * dim * bytes_per_value
@@ -146,33 +166,50 @@ def project(rows: int, dim: int, bytes_per_value: int, step_seconds: float) -> l
         link = nvlink if world <= 8 else infiniband
         scores_bytes = 2 * rows * world * rows * 4  # two directions, fp32 scores
         flops = 3 * 2 * 2 * rows * (world * rows) * dim  # two matmuls, forward + backward (x3)
-        table.append({
-            "gpus": world, "global_batch": world * rows, "link": "NVLink" if world <= 8 else "InfiniBand",
-            "gathered_mb": forward / 1e6, "backward_allreduce_mb": backward_allreduce / 1e6,
-            "comm_ms_allreduce": (forward + backward_allreduce) / link * 1e3,
-            "comm_ms_reduce_scatter": (forward + backward_reduce_scatter) / link * 1e3,
-            "score_matrix_mb": scores_bytes / 1e6, "score_gflop": flops / 1e9,
-            "share_of_step_allreduce": (forward + backward_allreduce) / link / step_seconds,
-        })
+        table.append(
+            {
+                "gpus": world,
+                "global_batch": world * rows,
+                "link": "NVLink" if world <= 8 else "InfiniBand",
+                "gathered_mb": forward / 1e6,
+                "backward_allreduce_mb": backward_allreduce / 1e6,
+                "comm_ms_allreduce": (forward + backward_allreduce) / link * 1e3,
+                "comm_ms_reduce_scatter": (forward + backward_reduce_scatter) / link * 1e3,
+                "score_matrix_mb": scores_bytes / 1e6,
+                "score_gflop": flops / 1e9,
+                "share_of_step_allreduce": (forward + backward_allreduce) / link / step_seconds,
+            }
+        )
     return table
 
 
 def tables(results: dict) -> str:
     """The two tables of docs/distributed.md, "What global negatives cost", from the results."""
-    lines = ["| ranks | all-gather fwd+bwd | identities | scores + hinge | whole loss | demo step | the loss's share "
-             "of the demo step |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| ranks | all-gather fwd+bwd | identities | scores + hinge | whole loss | demo step | the loss's share "
+        "of the demo step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for m in results["measured"]:
-        lines.append(f"| {m['ranks']} | {m['gather_ms']:.1f} ms | {m['ids_ms']:.1f} ms | {m['scores_ms']:.1f} ms | "
-                     f"{m['loss_ms']:.1f} ms | {m['demo_step_ms']:.0f} ms | {100 * m['demo_share']:.1f}% |")
-    lines += ["", "| GPUs | global batch | gathered a step | backward all-reduce | communication | share of the step "
-              "| score matrices |", "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {m['ranks']} | {m['gather_ms']:.1f} ms | {m['ids_ms']:.1f} ms | {m['scores_ms']:.1f} ms | "
+            f"{m['loss_ms']:.1f} ms | {m['demo_step_ms']:.0f} ms | {100 * m['demo_share']:.1f}% |"
+        )
+    lines += [
+        "",
+        "| GPUs | global batch | gathered a step | backward all-reduce | communication | share of the step "
+        "| score matrices |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for p in results["projected"]:
         gpus = f"{p['gpus']} (NVLink)" if p["link"] == "NVLink" else f"{p['gpus']:,}"
         share = p["share_of_step_allreduce"] * 100
-        lines.append(f"| {gpus} | {p['global_batch']:,} | {p['gathered_mb']:,.{1 if p['gathered_mb'] < 10 else 0}f} MB "
-                     f"| {p['backward_allreduce_mb']:,.{1 if p['backward_allreduce_mb'] < 100 else 0}f} MB | "
-                     f"{p['comm_ms_allreduce']:.{2 if p['comm_ms_allreduce'] < 1 else (1 if p['comm_ms_allreduce'] < 10 else 0)}f} ms | "
-                     f"{share:.{1 if share < 1 else 0}f}% | {p['score_matrix_mb']:.{1 if p['score_matrix_mb'] < 10 else 0}f} MB |")
+        lines.append(
+            f"| {gpus} | {p['global_batch']:,} | {p['gathered_mb']:,.{1 if p['gathered_mb'] < 10 else 0}f} MB "
+            f"| {p['backward_allreduce_mb']:,.{1 if p['backward_allreduce_mb'] < 100 else 0}f} MB | "
+            f"{p['comm_ms_allreduce']:.{2 if p['comm_ms_allreduce'] < 1 else (1 if p['comm_ms_allreduce'] < 10 else 0)}f} ms | "
+            f"{share:.{1 if share < 1 else 0}f}% | {p['score_matrix_mb']:.{1 if p['score_matrix_mb'] < 10 else 0}f} MB |"
+        )
     return "\n".join(lines)
 
 
@@ -195,10 +232,16 @@ def main() -> None:
         parts = measure_parts(world, args.rows, args.dim, args.repeats)
         small = measure_parts(world, args.step_rows, 256, args.repeats)  # the demo's embed_size
         step = measure_step(world, args.step_rows, args.steps)
-        row = {"ranks": world, "rows": args.rows, "dim": args.dim,
-               **{f"{k}_ms": v * 1e3 for k, v in parts.items()},
-               "demo_rows": args.step_rows, "demo_loss_ms": small["loss"] * 1e3, "demo_step_ms": step * 1e3,
-               "demo_share": small["loss"] / step}
+        row = {
+            "ranks": world,
+            "rows": args.rows,
+            "dim": args.dim,
+            **{f"{k}_ms": v * 1e3 for k, v in parts.items()},
+            "demo_rows": args.step_rows,
+            "demo_loss_ms": small["loss"] * 1e3,
+            "demo_step_ms": step * 1e3,
+            "demo_share": small["loss"] / step,
+        }
         measured.append(row)
         print(json.dumps(row))
     # At scale: the H100's measured bf16 VSRN step at B=128 (docs/benchmarks.md, "h100"): 54.5 ms

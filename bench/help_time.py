@@ -28,8 +28,16 @@ def main() -> None:
     parser.add_argument("--job", default=None, help="job whose keys --help lists (default: the command's own, vsrn)")
     args = parser.parse_args()
     seconds = [time_help(args.job) for _ in range(args.runs)]
-    print(json.dumps({"command": f"python -m vldist.train {args.job + ' ' if args.job else ''}--help",
-                      "runs": args.runs, "best_s": round(min(seconds), 3), "seconds": [round(s, 3) for s in seconds]}))
+    print(
+        json.dumps(
+            {
+                "command": f"python -m vldist.train {args.job + ' ' if args.job else ''}--help",
+                "runs": args.runs,
+                "best_s": round(min(seconds), 3),
+                "seconds": [round(s, 3) for s in seconds],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,12 @@ ROWS = [
     # them on the scale the GCN's zero-initialised batch norm can leave the identity from (issue 23,
     # part 5: bench/reasoning_identity.py), with and without the GCN
     Row("normalized", "L2C (pairs alone), normalised nodes", "l2c", [*ALONE, "model.normalize_pool=true"]),
-    Row("normalized-no-gcn", "− GCN, normalised nodes", "l2c",
-        [*ALONE, "model.normalize_pool=true", "model.gcn_layers=0"]),
+    Row(
+        "normalized-no-gcn",
+        "− GCN, normalised nodes",
+        "l2c",
+        [*ALONE, "model.normalize_pool=true", "model.gcn_layers=0"],
+    ),
 ]
 METRICS = {k: ("test", "captions", k) for k in ("bleu4", "rouge_l", "cider_d", "meteor")}
 
@@ -71,29 +75,50 @@ METRICS = {k: ("test", "captions", k) for k in ("bleu4", "rouge_l", "cider_d", "
 # (ablations, trained on B2W alone) has only validation numbers, so Table 1's rows are its
 # validation columns too (CNN+LSTM; L2C [B2W], which is Table 3's L2C; L2C [CUB+B2W]). The paper
 # reports no METEOR.
-PAPER = {key: dict(zip(["bleu4", "rouge_l", "cider_d"], values, strict=True)) for key, values in {
-    "cnn-lstm": ("25.1", "43.4", "10.2"),      # Table 1
-    "full": ("32.3", "46.2", "16.4"),          # Table 1, L2C [CUB+B2W]
-    "pairs-only": ("31.9", "45.7", "15.2"),    # Table 1, L2C [B2W] = Table 3, L2C
-    "no-pooling": ("24.5", "43.2", "7.2"),     # Table 3
-    "no-tv": ("29.3", "44.8", "13.6"),         # Table 3
-    "no-gcn": ("30.2", "43.5", "10.7"),        # Table 3
-}.items()}
+PAPER = {
+    key: dict(zip(["bleu4", "rouge_l", "cider_d"], values, strict=True))
+    for key, values in {
+        "cnn-lstm": ("25.1", "43.4", "10.2"),  # Table 1
+        "full": ("32.3", "46.2", "16.4"),  # Table 1, L2C [CUB+B2W]
+        "pairs-only": ("31.9", "45.7", "15.2"),  # Table 1, L2C [B2W] = Table 3, L2C
+        "no-pooling": ("24.5", "43.2", "7.2"),  # Table 3
+        "no-tv": ("29.3", "44.8", "13.6"),  # Table 3
+        "no-gcn": ("30.2", "43.5", "10.7"),  # Table 3
+    }.items()
+}
 
-COLUMNS = [Col("bleu4", "BLEU-4", scale=100), Col("rouge_l", "ROUGE-L", scale=100),
-           Col("cider_d", "CIDEr-D", scale=100), Col("meteor", "METEOR", scale=100)]
+COLUMNS = [
+    Col("bleu4", "BLEU-4", scale=100),
+    Col("rouge_l", "ROUGE-L", scale=100),
+    Col("cider_d", "CIDEr-D", scale=100),
+    Col("meteor", "METEOR", scale=100),
+]
 ROUGE = COLUMNS[1]
 
 
 def tables(data: dict) -> str:
     """Metrics x 100, as the paper prints them; each seed's ROUGE-L (the paper's main metric)."""
     return blocks(
-        ablation_table(data, ROWS, COLUMNS, per_seed=ROUGE, paper=PAPER, paper_cols=paper_columns(COLUMNS[:3]),
-                       first="model"),
-        spread_line(data, ROWS, ROUGE, [("cnn-lstm", "full"), ("full-no-mask", "full"), ("cnn-lstm", "full-no-mask"),
-                                        ("pairs-only", "full"), ("no-pooling", "pairs-only"), ("no-tv", "pairs-only"),
-                                        ("tv-sum", "pairs-only"), ("no-gcn", "pairs-only"),
-                                        ("normalized-no-gcn", "normalized"), ("pairs-only", "normalized")]),
+        ablation_table(
+            data, ROWS, COLUMNS, per_seed=ROUGE, paper=PAPER, paper_cols=paper_columns(COLUMNS[:3]), first="model"
+        ),
+        spread_line(
+            data,
+            ROWS,
+            ROUGE,
+            [
+                ("cnn-lstm", "full"),
+                ("full-no-mask", "full"),
+                ("cnn-lstm", "full-no-mask"),
+                ("pairs-only", "full"),
+                ("no-pooling", "pairs-only"),
+                ("no-tv", "pairs-only"),
+                ("tv-sum", "pairs-only"),
+                ("no-gcn", "pairs-only"),
+                ("normalized-no-gcn", "normalized"),
+                ("pairs-only", "normalized"),
+            ],
+        ),
     )
 
 
@@ -103,9 +128,14 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
-    common = ["metrics.enabled=false", "eval.baseline=false", "model.baseline_stage=false", "model.visualize=0",
-              *([f"train.epochs={args.epochs}"] if args.epochs else []),
-              *([f"data.shards={args.shards}"] if args.shards else [])]
+    common = [
+        "metrics.enabled=false",
+        "eval.baseline=false",
+        "model.baseline_stage=false",
+        "model.visualize=0",
+        *([f"train.epochs={args.epochs}"] if args.epochs else []),
+        *([f"data.shards={args.shards}"] if args.shards else []),
+    ]
     for seed in args.seeds:
         for row in ROWS:
             if row.key not in args.rows:

@@ -34,8 +34,12 @@ from ablation_runs import Col, Recorder, Row, ablation_table, bench_main, blocks
 
 VTA_ONLY = ["model.tim=false", "model.itm=false"]
 ROWS = [
-    Row("damsm-bilstm", "DAMSM (bi-LSTM text encoder), trunk frozen", "laviter",
-        ["model.text_encoder=bilstm", *VTA_ONLY]),
+    Row(
+        "damsm-bilstm",
+        "DAMSM (bi-LSTM text encoder), trunk frozen",
+        "laviter",
+        ["model.text_encoder=bilstm", *VTA_ONLY],
+    ),
     Row("vta-frozen", "VTA only, trunk frozen", "laviter", VTA_ONLY),
     Row("vta-trainable", "VTA only, trunk trainable (phase 3)", "laviter", VTA_ONLY),
     Row("itm", "+ image-to-text", "laviter", ["model.tim=false"]),
@@ -43,16 +47,27 @@ ROWS = [
     Row("full", "LAViTeR (full)", "laviter", []),
 ]
 FROZEN_THROUGHOUT = ("damsm-bilstm", "vta-frozen")
-METRICS = {"rp_r1": ("test", "r_precision", "r1"), "rp_r3": ("test", "r_precision", "r3"), "aimcos": ("test", "aimcos"),
-           "rsum": ("test", "retrieval", "rsum")}
+METRICS = {
+    "rp_r1": ("test", "r_precision", "r1"),
+    "rp_r3": ("test", "r_precision", "r3"),
+    "aimcos": ("test", "aimcos"),
+    "rsum": ("test", "retrieval", "rsum"),
+}
 
 # The paper's Table 2: ablations on COCO, R-precision (%) and AIMCoS: AttnGAN/MirrorGAN (DAMSM),
 # LAViTeR-(F) (VTA only, backbone frozen), LAViTeR-(T) (trainable), LAViTeR-Img2Txt (keeps the
 # captioner), LAViTeR-Txt2Img (keeps the generator), LAViTeR.
-PAPER = {key: {"rp_r1": rp, "aimcos": aimcos} for key, (rp, aimcos) in {
-    "damsm-bilstm": ("89.97", "0.44"), "vta-frozen": ("89.81", "0.501"), "vta-trainable": ("90.37", "0.5059"),
-    "itm": ("90.14", "0.506"), "tim": ("90.43", "0.504"), "full": ("90.71", "0.5063"),
-}.items()}
+PAPER = {
+    key: {"rp_r1": rp, "aimcos": aimcos}
+    for key, (rp, aimcos) in {
+        "damsm-bilstm": ("89.97", "0.44"),
+        "vta-frozen": ("89.81", "0.501"),
+        "vta-trainable": ("90.37", "0.5059"),
+        "itm": ("90.14", "0.506"),
+        "tim": ("90.43", "0.504"),
+        "full": ("90.71", "0.5063"),
+    }.items()
+}
 
 RP1 = Col("rp_r1", "R-precision@1 (%)")
 AIMCOS = Col("aimcos", "AIMCoS", 3)
@@ -62,13 +77,35 @@ PAPER_COLUMNS = [Col("rp_r1", "paper R-precision (%)"), Col("aimcos", "paper AIM
 
 def tables(data: dict) -> str:
     return blocks(
-        ablation_table(data, ROWS, COLUMNS, per_seed=Col("rp_r1", "R-precision@1"), paper=PAPER,
-                       paper_cols=PAPER_COLUMNS, first="model"),
-        spread_line(data, ROWS, RP1, [("damsm-bilstm", "vta-frozen"), ("vta-frozen", "vta-trainable"),
-                                      ("vta-trainable", "itm"), ("vta-trainable", "tim"), ("vta-trainable", "full"),
-                                      ("itm", "full"), ("tim", "full")]),
-        spread_line(data, ROWS, AIMCOS, [("damsm-bilstm", "vta-frozen"), ("vta-frozen", "vta-trainable"),
-                                         ("vta-trainable", "full")]),
+        ablation_table(
+            data,
+            ROWS,
+            COLUMNS,
+            per_seed=Col("rp_r1", "R-precision@1"),
+            paper=PAPER,
+            paper_cols=PAPER_COLUMNS,
+            first="model",
+        ),
+        spread_line(
+            data,
+            ROWS,
+            RP1,
+            [
+                ("damsm-bilstm", "vta-frozen"),
+                ("vta-frozen", "vta-trainable"),
+                ("vta-trainable", "itm"),
+                ("vta-trainable", "tim"),
+                ("vta-trainable", "full"),
+                ("itm", "full"),
+                ("tim", "full"),
+            ],
+        ),
+        spread_line(
+            data,
+            ROWS,
+            AIMCOS,
+            [("damsm-bilstm", "vta-frozen"), ("vta-frozen", "vta-trainable"), ("vta-trainable", "full")],
+        ),
     )
 
 
@@ -80,8 +117,14 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
-    common = ["metrics.enabled=false", "eval.baseline=false", "model.caption_metrics=false", "model.grid=0",
-              f"train.samples_per_epoch={args.samples}", f"model.assist_epochs={args.assist_epochs}"]
+    common = [
+        "metrics.enabled=false",
+        "eval.baseline=false",
+        "model.caption_metrics=false",
+        "model.grid=0",
+        f"train.samples_per_epoch={args.samples}",
+        f"model.assist_epochs={args.assist_epochs}",
+    ]
     for seed in args.seeds:
         for row in ROWS:
             if row.key not in args.rows:

@@ -36,8 +36,16 @@ sys.path.insert(0, str(REPO / "tests"))
 def _config(shards: str, workers: int, extra: list[str]):
     from vldist.recipes.jobs import load_config
 
-    return load_config("vsrn", [f"data.shards={shards}", f"data.workers={workers}", "metrics.enabled=false",
-                                f"output.dir={tempfile.mkdtemp(prefix='vldist-loader-bench-')}", *extra])
+    return load_config(
+        "vsrn",
+        [
+            f"data.shards={shards}",
+            f"data.workers={workers}",
+            "metrics.enabled=false",
+            f"output.dir={tempfile.mkdtemp(prefix='vldist-loader-bench-')}",
+            *extra,
+        ],
+    )
 
 
 def _recipe_and_shards(config):
@@ -95,8 +103,12 @@ def one_pass(make, config, batches: int) -> tuple[float, float]:
 
 def measure(name: str, make, config, batches: int, repeats: int) -> dict:
     passes = [one_pass(make, config, batches) for _ in range(repeats)]
-    row = {"case": name, "first_batch_s": statistics.median(p[0] for p in passes),
-           "samples_per_s": statistics.median(p[1] for p in passes), "passes": passes}
+    row = {
+        "case": name,
+        "first_batch_s": statistics.median(p[0] for p in passes),
+        "samples_per_s": statistics.median(p[1] for p in passes),
+        "passes": passes,
+    }
     print(f"| {name} | {row['samples_per_s']:.0f} | {row['first_batch_s']:.2f} |", flush=True)
     return row
 
@@ -118,13 +130,22 @@ def main() -> None:
     shards = args.shards.resolve()
     build_missing(_config(str(shards), 0, []), get_recipe("vsrn"))
     rows = []
-    print(f"VSRN training loader, data.batch_size 128, shuffle buffer 2000, {args.batches} batches after the first, "
-          f"median of {args.repeats}; torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print(
+        f"VSRN training loader, data.batch_size 128, shuffle buffer 2000, {args.batches} batches after the first, "
+        f"median of {args.repeats}; torch {torch.__version__}, {os.cpu_count()} CPUs"
+    )
     print("| pipeline, source, workers | samples/s | first batch, s |\n|---|---|---|")
     for workers in args.workers:
         for name, make in (("vldist", vldist_batches), ("plain WebDataset", webdataset_batches)):
-            rows.append(measure(f"{name}, local disk, {workers} workers", make, _config(str(shards), workers, []),
-                                args.batches, args.repeats))
+            rows.append(
+                measure(
+                    f"{name}, local disk, {workers} workers",
+                    make,
+                    _config(str(shards), workers, []),
+                    args.batches,
+                    args.repeats,
+                )
+            )
     if args.remote:
         from remote_shards import remote_copies
 
@@ -132,19 +153,26 @@ def main() -> None:
             os.environ.update(store_env)  # as a cluster node has them: the job's configuration holds no secret
             workers = max(args.workers)
             cache = [f"data.cache_dir={scratch / 'cache'}"]
-            cases = [("vldist, HTTP", vldist_batches, http, []),
-                     ("plain WebDataset, HTTP (curl)", webdataset_batches, http, []),
-                     ("vldist, S3, no cache", vldist_batches, s3, []),
-                     ("vldist, S3, cache cold", vldist_batches, s3, cache),
-                     ("vldist, S3, cache warm", vldist_batches, s3, cache)]
+            cases = [
+                ("vldist, HTTP", vldist_batches, http, []),
+                ("plain WebDataset, HTTP (curl)", webdataset_batches, http, []),
+                ("vldist, S3, no cache", vldist_batches, s3, []),
+                ("vldist, S3, cache cold", vldist_batches, s3, cache),
+                ("vldist, S3, cache warm", vldist_batches, s3, cache),
+            ]
             for name, make, source, extra in cases:
                 repeats = 1 if name.endswith("cache cold") else args.repeats  # one pass fills the cache
-                rows.append(measure(f"{name}, {workers} workers", make, _config(source, workers, extra), args.batches,
-                                    repeats))
+                rows.append(
+                    measure(f"{name}, {workers} workers", make, _config(source, workers, extra), args.batches, repeats)
+                )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"torch": torch.__version__, "cpus": os.cpu_count(), "batches": args.batches,
-                                         "rows": rows}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {"torch": torch.__version__, "cpus": os.cpu_count(), "batches": args.batches, "rows": rows}, indent=1
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -36,10 +36,28 @@ def main() -> None:
     port, dashboard = free_port(), free_port()
     started = time.time()
     head = subprocess.Popen(
-        [*RAY, "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1", "--port", str(port),
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard), "--temp-dir", str(work / "ray"),
-         "--disable-usage-stats"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            *RAY,
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus",
+            "2",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard),
+            "--temp-dir",
+            str(work / "ray"),
+            "--disable-usage-stats",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     _wait_for_dashboard(address, head)
@@ -48,17 +66,36 @@ def main() -> None:
         for trial in range(args.trials):
             start, first = time.time(), None
             proc = subprocess.Popen(
-                [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-m", "vldist.train", "vsrn",
-                 f"data.shards={shards}", f"ray.storage_path={work / 'runs'}", f"ray.name=trial{trial}",
-                 "train.epochs=2", "train.log_every=1", *JOB],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                [
+                    *RAY,
+                    "job",
+                    "submit",
+                    "--address",
+                    address,
+                    "--",
+                    sys.executable,
+                    "-m",
+                    "vldist.train",
+                    "vsrn",
+                    f"data.shards={shards}",
+                    f"ray.storage_path={work / 'runs'}",
+                    f"ray.name=trial{trial}",
+                    "train.epochs=2",
+                    "train.log_every=1",
+                    *JOB,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             for line in proc.stdout:
                 if first is None and "step 1/14" in line:
                     first = time.time() - start
             proc.wait()
-            print(f"trial {trial + 1}: exit {proc.returncode}, submit to first step {first:.1f} s, "
-                  f"total {time.time() - start:.1f} s")
+            print(
+                f"trial {trial + 1}: exit {proc.returncode}, submit to first step {first:.1f} s, "
+                f"total {time.time() - start:.1f} s"
+            )
     finally:
         _stop_head(head, work / "ray")
         shutil.rmtree(work, ignore_errors=True)

@@ -69,8 +69,9 @@ class BranchProbe:
 
     def __init__(self, model: torch.nn.Module):
         self.layers = reasoning_layers(model)
-        self.records = {name: {"input": [], "branch": [], "branch_no_beta": [], "elements": []}
-                        for name, _ in self.layers}
+        self.records = {
+            name: {"input": [], "branch": [], "branch_no_beta": [], "elements": []} for name, _ in self.layers
+        }
         self.regions: list[torch.Tensor] = []  # real regions per sample, seen at the first layer
         self._handles = []
 
@@ -98,6 +99,7 @@ class BranchProbe:
             rec["elements"].append((mask.sum(dim=1) * v.shape[-1]).cpu())
             if first:
                 self.regions.append(mask.sum(dim=1).cpu())
+
         return hook
 
     def summary(self) -> dict[str, dict]:
@@ -127,9 +129,13 @@ def bn_weights(model: torch.nn.Module) -> dict[str, dict]:
     out = {}
     for name, layer in reasoning_layers(model):
         gamma, beta = layer.bn.weight.detach().float().abs(), layer.bn.bias.detach().float().abs()
-        out[name] = {"gamma_mean_abs": gamma.mean().item(), "gamma_max_abs": gamma.max().item(),
-                     "beta_mean_abs": beta.mean().item(), "running_var_mean": layer.bn.running_var.float().mean().item(),
-                     "bn_batches_tracked": int(layer.bn.num_batches_tracked)}
+        out[name] = {
+            "gamma_mean_abs": gamma.mean().item(),
+            "gamma_max_abs": gamma.max().item(),
+            "beta_mean_abs": beta.mean().item(),
+            "running_var_mean": layer.bn.running_var.float().mean().item(),
+            "bn_batches_tracked": int(layer.bn.num_batches_tracked),
+        }
     return out
 
 
@@ -163,8 +169,11 @@ class SkipReasoning:
 
     def __enter__(self) -> SkipReasoning:
         for _, layer in self.layers:
-            self._handles.append(layer.register_forward_hook(
-                lambda module, args, kwargs, output: args[0] if args else kwargs["v"], with_kwargs=True))
+            self._handles.append(
+                layer.register_forward_hook(
+                    lambda module, args, kwargs, output: args[0] if args else kwargs["v"], with_kwargs=True
+                )
+            )
         return self
 
     def __exit__(self, *exc) -> None:
@@ -186,8 +195,9 @@ BN_MODES = ("running", "batch")
 
 
 @torch.no_grad()
-def measure(model: torch.nn.Module, batches, forward, max_batches: int | None = None,
-            modes: tuple[str, ...] = BN_MODES) -> dict:
+def measure(
+    model: torch.nn.Module, batches, forward, max_batches: int | None = None, modes: tuple[str, ...] = BN_MODES
+) -> dict:
     """Per-layer gamma, and per BN mode the branch/input ratios and the skip-all change of
     `forward`'s output, over the first `max_batches` batches (all with None).
 
@@ -229,17 +239,29 @@ def measure(model: torch.nn.Module, batches, forward, max_batches: int | None = 
 def _counts(regions: torch.Tensor) -> dict | None:
     if not len(regions):
         return None
-    return {"mean": regions.double().mean().item(), "min": int(regions.min()), "max": int(regions.max()),
-            "images": len(regions)}
+    return {
+        "mean": regions.double().mean().item(),
+        "min": int(regions.min()),
+        "max": int(regions.max()),
+        "images": len(regions),
+    }
 
 
 def training_settings(config, recipe, model: torch.nn.Module, layers) -> dict:
     """The lr and weight decay the reasoning layers' parameters were optimised with."""
     t = config.train
-    settings = {"optimizer": t.optimizer, "lr": t.lr, "weight_decay": t.weight_decay, "lr_schedule": t.lr_schedule,
-                "warmup_steps": t.warmup_steps, "lr_decay_epochs": t.lr_decay_epochs,
-                "lr_decay_factor": t.lr_decay_factor, "grad_clip": t.grad_clip, "max_steps": t.max_steps,
-                "epochs": t.epochs}
+    settings = {
+        "optimizer": t.optimizer,
+        "lr": t.lr,
+        "weight_decay": t.weight_decay,
+        "lr_schedule": t.lr_schedule,
+        "warmup_steps": t.warmup_steps,
+        "lr_decay_epochs": t.lr_decay_epochs,
+        "lr_decay_factor": t.lr_decay_factor,
+        "grad_clip": t.grad_clip,
+        "max_steps": t.max_steps,
+        "epochs": t.epochs,
+    }
     if layers:
         gamma = layers[0][1].bn.weight
         for opt_name, params in recipe.optimizer_groups(model).items():
@@ -273,8 +295,9 @@ def run_dirs(path: Path) -> list[Path]:
         raise
 
 
-def probe_run(path: Path, split: str = "test", batches: int = 4, shards: str | None = None,
-              device: str = "auto") -> dict:
+def probe_run(
+    path: Path, split: str = "test", batches: int = 4, shards: str | None = None, device: str = "auto"
+) -> dict:
     config, recipe, model, shard_set = load_checkpoint(path, shards, device)
     ckpt = find_checkpoint(path)
     meta = read_meta(ckpt)
@@ -282,10 +305,15 @@ def probe_run(path: Path, split: str = "test", batches: int = 4, shards: str | N
     # paths as results files keep them: the run relative to the working directory, the checkpoint to the run
     run = path.resolve()
     shown = run.relative_to(Path.cwd()) if run.is_relative_to(Path.cwd()) else Path(run.name)
-    result = {"run": str(shown), "checkpoint": str(ckpt.resolve().relative_to(run)) if ckpt.resolve().is_relative_to(run)
-              else ckpt.name, "recipe": config.recipe, "split": split,
-              "step": meta.get("step"), "epoch": meta.get("epoch"),
-              "training": training_settings(config, recipe, model, layers)}
+    result = {
+        "run": str(shown),
+        "checkpoint": str(ckpt.resolve().relative_to(run)) if ckpt.resolve().is_relative_to(run) else ckpt.name,
+        "recipe": config.recipe,
+        "split": split,
+        "step": meta.get("step"),
+        "epoch": meta.get("epoch"),
+        "training": training_settings(config, recipe, model, layers),
+    }
     if config.recipe == "l2c":
         result["architecture"] = config.model.architecture
     if not layers:
@@ -312,42 +340,68 @@ def _fmt(x, spec: str = ".2e") -> str:
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['recipe']}" + (f" ({result['architecture']})" if "architecture" in result else "")
-             + f"  {result['checkpoint']}  step {result.get('step')}  split {result['split']}"]
+    lines = [
+        f"{result['recipe']}"
+        + (f" ({result['architecture']})" if "architecture" in result else "")
+        + f"  {result['checkpoint']}  step {result.get('step')}  split {result['split']}"
+    ]
     t = result["training"]
-    lines.append(f"  trained with {t['optimizer']} lr {t.get('layer_lr', t['lr']):g} "
-                 f"weight_decay {t.get('layer_weight_decay', t['weight_decay']):g} (applied to BN gamma too) "
-                 f"schedule {t['lr_schedule']} warmup {t['warmup_steps']} grad_clip {t['grad_clip']}")
+    lines.append(
+        f"  trained with {t['optimizer']} lr {t.get('layer_lr', t['lr']):g} "
+        f"weight_decay {t.get('layer_weight_decay', t['weight_decay']):g} (applied to BN gamma too) "
+        f"schedule {t['lr_schedule']} warmup {t['warmup_steps']} grad_clip {t['grad_clip']}"
+    )
     regions = result.get("split_regions")
     if regions:
-        lines.append(f"  regions per image: mean {regions['mean']:.2f} min {regions['min']} max {regions['max']} "
-                     f"over {regions['images']} images" + (f" (max_regions {result['max_regions']})"
-                                                           if "max_regions" in result else f" ({result.get('regions_note')})"))
+        lines.append(
+            f"  regions per image: mean {regions['mean']:.2f} min {regions['min']} max {regions['max']} "
+            f"over {regions['images']} images"
+            + (
+                f" (max_regions {result['max_regions']})"
+                if "max_regions" in result
+                else f" ({result.get('regions_note')})"
+            )
+        )
     if not result["layers"]:
         lines.append(f"  {result.get('note', 'no reasoning layers')}")
         return "\n".join(lines)
-    header = (f"  {'':<16}{'':>10}{'':>10}{'':>10}{'BN':>10}{'input':>10}  | {'eval (running stats)':<31}"
-              "| batch stats (training)")
-    header2 = (f"  {'layer':<16}{'|gamma|':>10}{'|gamma|':>10}{'|beta|':>10}{'running':>10}{'rms per':>10}  | "
-               f"{'branch/':>9}{'':>11}{'w/o':>9}  | {'branch/':>9}{'':>11}{'w/o':>9}")
-    header3 = (f"  {'':<16}{'mean':>10}{'max':>10}{'mean':>10}{'var':>10}{'element':>10}  | "
-               f"{'input':>9}{'(max)':>11}{'beta':>9}  | {'input':>9}{'(max)':>11}{'beta':>9}")
+    header = (
+        f"  {'':<16}{'':>10}{'':>10}{'':>10}{'BN':>10}{'input':>10}  | {'eval (running stats)':<31}"
+        "| batch stats (training)"
+    )
+    header2 = (
+        f"  {'layer':<16}{'|gamma|':>10}{'|gamma|':>10}{'|beta|':>10}{'running':>10}{'rms per':>10}  | "
+        f"{'branch/':>9}{'':>11}{'w/o':>9}  | {'branch/':>9}{'':>11}{'w/o':>9}"
+    )
+    header3 = (
+        f"  {'':<16}{'mean':>10}{'max':>10}{'mean':>10}{'var':>10}{'element':>10}  | "
+        f"{'input':>9}{'(max)':>11}{'beta':>9}  | {'input':>9}{'(max)':>11}{'beta':>9}"
+    )
     lines += [header, header2, header3, "  " + "-" * (len(header3) - 2)]
     for name, row in result["layers"].items():
-        cells = [f"  {name:<16}{_fmt(row['gamma_mean_abs'], '.1e'):>10}{_fmt(row['gamma_max_abs'], '.1e'):>10}"
-                 f"{_fmt(row['beta_mean_abs'], '.1e'):>10}{_fmt(row['running_var_mean'], '.1e'):>10}"
-                 f"{_fmt(row.get('running', {}).get('input_rms'), '.1e'):>10}  "]
+        cells = [
+            f"  {name:<16}{_fmt(row['gamma_mean_abs'], '.1e'):>10}{_fmt(row['gamma_max_abs'], '.1e'):>10}"
+            f"{_fmt(row['beta_mean_abs'], '.1e'):>10}{_fmt(row['running_var_mean'], '.1e'):>10}"
+            f"{_fmt(row.get('running', {}).get('input_rms'), '.1e'):>10}  "
+        ]
         for mode in BN_MODES:
             r = row.get(mode, {})
-            cells.append(f"| {_fmt(r.get('branch_ratio_mean'), '.1e'):>9}{_fmt(r.get('branch_ratio_max'), '.1e'):>11}"
-                         f"{_fmt(r.get('branch_no_beta_ratio_mean'), '.1e'):>9}  ")
+            cells.append(
+                f"| {_fmt(r.get('branch_ratio_mean'), '.1e'):>9}{_fmt(r.get('branch_ratio_max'), '.1e'):>11}"
+                f"{_fmt(r.get('branch_no_beta_ratio_mean'), '.1e'):>9}  "
+            )
         lines.append("".join(cells).rstrip())
     samples = next(iter(result["layers"].values())).get(BN_MODES[0], {}).get("samples")
     skip = result["skip_all_change"]
-    lines.append("  skip all layers (identity): output changes by ||f - f_skip|| / ||f|| = "
-                 + ", ".join(f"{_fmt(skip[m]['mean'], '.2e')} (max {_fmt(skip[m]['max'], '.2e')}) with {m} stats"
-                             for m in BN_MODES if skip.get(m))
-                 + f"; {result['batches']} batches, {samples} samples")
+    lines.append(
+        "  skip all layers (identity): output changes by ||f - f_skip|| / ||f|| = "
+        + ", ".join(
+            f"{_fmt(skip[m]['mean'], '.2e')} (max {_fmt(skip[m]['max'], '.2e')}) with {m} stats"
+            for m in BN_MODES
+            if skip.get(m)
+        )
+        + f"; {result['batches']} batches, {samples} samples"
+    )
     return "\n".join(lines)
 
 
@@ -355,30 +409,53 @@ def summary(results: list[dict]) -> str:
     """One markdown row per probed run: its reasoning layers' BN weight, the residual branch
     against the layer's input (evaluation mode, over real regions), and what skipping all of them
     changes; each over the layers, as mean (min-max)."""
+
     def spread(values: list[float]) -> str:
         return f"{sum(values) / len(values):.3g} ({min(values):.2g}-{max(values):.2g})"
 
-    head = ["run", "step", "layers", "mean \\|gamma\\|", "branch / input", "input RMS per element",
-            "skipping them changes the output by"]
+    head = [
+        "run",
+        "step",
+        "layers",
+        "mean \\|gamma\\|",
+        "branch / input",
+        "input RMS per element",
+        "skipping them changes the output by",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         layers = list(r["layers"].values())
         if not layers:
             lines.append(f"| {r['run']} | {r['step']} | 0 | – | – | – | – |")
             continue
-        lines.append("| " + " | ".join([
-            r["run"], str(r["step"]), str(len(layers)), spread([x["gamma_mean_abs"] for x in layers]),
-            spread([x["running"]["branch_ratio_mean"] for x in layers]),
-            spread([x["running"]["input_rms"] for x in layers]),
-            f"{r['skip_all_change']['running']['mean']:.3g}"]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["run"],
+                    str(r["step"]),
+                    str(len(layers)),
+                    spread([x["gamma_mean_abs"] for x in layers]),
+                    spread([x["running"]["branch_ratio_mean"] for x in layers]),
+                    spread([x["running"]["input_rms"] for x in layers]),
+                    f"{r['skip_all_change']['running']['mean']:.3g}",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", type=Path, help="run directories or checkpoints (vsrn or l2c)")
-    parser.add_argument("--from", dest="from_results", type=Path, metavar="JSON",
-                        help="print the summary table of a --json file and probe nothing")
+    parser.add_argument(
+        "--from",
+        dest="from_results",
+        type=Path,
+        metavar="JSON",
+        help="print the summary table of a --json file and probe nothing",
+    )
     parser.add_argument("--split", default="test")
     parser.add_argument("--batches", type=int, default=4, help="eval batches run through the model")
     parser.add_argument("--shards", help="shard directory (default: the one each run was trained on)")

@@ -46,19 +46,43 @@ class _Server(ThreadingHTTPServer):
 
 def run_job(source: str, out: Path, steps: int, extra: list[str], env: dict) -> dict:
     limit = [f"train.max_steps={steps}"] if steps else []
-    done = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={source}", f"output.dir={out}",
-                           *limit, "train.log_every=10", "train.validate_every=0",
-                           "eval.baseline=false", "metrics.enabled=false", *extra],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={source}",
+            f"output.dir={out}",
+            *limit,
+            "train.log_every=10",
+            "train.validate_every=0",
+            "eval.baseline=false",
+            "metrics.enabled=false",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     if done.returncode != 0:
         sys.exit(f"{source}: the job failed:\n{done.stderr[-3000:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").open() if '"samples_per_second"' in line][1:]
-    return {"samples_per_second": statistics.mean(r["samples_per_second"] for r in records),
-            "data_wait_share": statistics.mean(r["data_wait_share"] for r in records), "records": len(records)}
+    return {
+        "samples_per_second": statistics.mean(r["samples_per_second"] for r in records),
+        "data_wait_share": statistics.mean(r["data_wait_share"] for r in records),
+        "records": len(records),
+    }
 
 
-CASES = {"local": "local disk", "http": "HTTP", "s3": "S3, no cache", "s3-cache-cold": "S3, cache cold",
-         "s3-cache-warm": "S3, cache warm"}
+CASES = {
+    "local": "local disk",
+    "http": "HTTP",
+    "s3": "S3, no cache",
+    "s3-cache-cold": "S3, cache cold",
+    "s3-cache-warm": "S3, cache warm",
+}
 
 
 @contextlib.contextmanager
@@ -102,8 +126,9 @@ def main() -> None:
         for case in args.cases:
             name, source, extra = CASES[case], where[case], cache if case.startswith("s3-cache") else []
             result = run_job(source, args.out / case, args.steps, extra, env)
-            print(f"| {name} | {result['samples_per_second']:.0f} | {100 * result['data_wait_share']:.1f}% |",
-                  flush=True)
+            print(
+                f"| {name} | {result['samples_per_second']:.0f} | {100 * result['data_wait_share']:.1f}% |", flush=True
+            )
 
 
 if __name__ == "__main__":

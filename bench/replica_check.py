@@ -57,8 +57,15 @@ def worker(repeats: int, out: Path) -> None:
         times.append(time.perf_counter() - start)
     if dist.get_rank() == 0:
         tensors = replicated_tensors(model, config.engine.sync_batchnorm)
-        out.write_text(json.dumps({"check_ms": 1e3 * statistics.median(times[1:]), "tensors": len(tensors),
-                                   "values": sum(t.numel() for _, t in tensors)}))
+        out.write_text(
+            json.dumps(
+                {
+                    "check_ms": 1e3 * statistics.median(times[1:]),
+                    "tensors": len(tensors),
+                    "values": sum(t.numel() for _, t in tensors),
+                }
+            )
+        )
     dist.destroy_process_group()
 
 
@@ -73,9 +80,24 @@ def measure(repeats: int, steps: int) -> dict:
     build_missing(load_config("vsrn", []), get_recipe("vsrn"))
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "check.json"
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                        __file__, "--worker", str(out), "--repeats", str(repeats)],
-                       check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                __file__,
+                "--worker",
+                str(out),
+                "--repeats",
+                str(repeats),
+            ],
+            check=True,
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         result = json.loads(out.read_text())
     result["step_ms"] = 1e3 * measure_step(2, 64, steps)
     result["share"] = {str(n): result["check_ms"] / (n * result["step_ms"]) for n in INTERVALS}
@@ -83,11 +105,17 @@ def measure(repeats: int, steps: int) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = ["| tensors compared | values hashed | one check | demo step (2 ranks) | " +
-             " | ".join(f"share, every {n}" for n in INTERVALS) + " |", "|---" * (4 + len(INTERVALS)) + "|"]
+    lines = [
+        "| tensors compared | values hashed | one check | demo step (2 ranks) | "
+        + " | ".join(f"share, every {n}" for n in INTERVALS)
+        + " |",
+        "|---" * (4 + len(INTERVALS)) + "|",
+    ]
     shares = " | ".join(f"{100 * result['share'][str(n)]:.2f}%" for n in INTERVALS)
-    lines.append(f"| {result['tensors']} | {result['values'] / 1e6:.1f} M | {result['check_ms']:.1f} ms | "
-                 f"{result['step_ms']:.0f} ms | {shares} |")
+    lines.append(
+        f"| {result['tensors']} | {result['values'] / 1e6:.1f} M | {result['check_ms']:.1f} ms | "
+        f"{result['step_ms']:.0f} ms | {shares} |"
+    )
     return "\n".join(lines)
 
 

@@ -61,41 +61,85 @@ RETRIEVAL_ROWS = [
     Row("linear-bi", "linear, bi-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *BI]),
     Row("nonlinear-single", "nonlinear, single-dir", "two_branch_embed", [*RETRIEVAL, *SINGLE]),
     Row("nonlinear-bi", "nonlinear, bi-dir", "two_branch_embed", [*RETRIEVAL, *BI]),
-    Row("sampling", "+ neighbourhood sampling", "two_branch_embed",
-        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0"]),
+    Row(
+        "sampling",
+        "+ neighbourhood sampling",
+        "two_branch_embed",
+        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0"],
+    ),
     # not in the paper: the control for sampling's doubled sentences per step. Two sentences from
     # half as many images a step and half as many images an epoch: the steps, and the sentences
     # of each step and of the run, are nonlinear-bi's
-    Row("sampling-equal", "+ sampling, equal sentences", "two_branch_embed",
-        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0", "data.batch_size=125",
-         "train.samples_per_epoch=2500"]),
-    Row("constraints", "+ constraints", "two_branch_embed",
-        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2"]),
+    Row(
+        "sampling-equal",
+        "+ sampling, equal sentences",
+        "two_branch_embed",
+        [
+            *RETRIEVAL,
+            "model.sentences_per_image=2",
+            "model.lambda_text_neighbors=0",
+            "data.batch_size=125",
+            "train.samples_per_epoch=2500",
+        ],
+    ),
+    Row(
+        "constraints",
+        "+ constraints",
+        "two_branch_embed",
+        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2"],
+    ),
     # not in the paper: sentences as a learned mean of word vectors instead of tf-idf
-    Row("mean-words", "+ constraints, mean of word vectors", "two_branch_embed",
-        [*RETRIEVAL, "model.sentences_per_image=2", "model.lambda_text_neighbors=0.2", "model.text_features=mean_words"]),
+    Row(
+        "mean-words",
+        "+ constraints, mean of word vectors",
+        "two_branch_embed",
+        [
+            *RETRIEVAL,
+            "model.sentences_per_image=2",
+            "model.lambda_text_neighbors=0.2",
+            "model.text_features=mean_words",
+        ],
+    ),
     Row("similarity", "similarity network", "two_branch_sim", [*RETRIEVAL]),
 ]
 PHRASES = ["model.tasks=[phrases]"]
 PHRASE_ROWS = [
-    Row("embed-single", "embedding, single positive", "two_branch_embed",
-        [*PHRASES, "model.augmented_positives=false"]),
-    Row("embed-augmented", "embedding, augmented positives", "two_branch_embed",
-        [*PHRASES, "model.augmented_positives=true"]),
+    Row(
+        "embed-single", "embedding, single positive", "two_branch_embed", [*PHRASES, "model.augmented_positives=false"]
+    ),
+    Row(
+        "embed-augmented",
+        "embedding, augmented positives",
+        "two_branch_embed",
+        [*PHRASES, "model.augmented_positives=true"],
+    ),
     # not in the paper: every region of the batch's other images as negatives too, one drawn region
     # of its own image a phrase (close to vldist's loss before issue 23, which also took a phrase's
     # own coreference chain as negatives)
-    Row("embed-augmented-batch", "embedding, augmented, other images' regions too", "two_branch_embed",
-        [*PHRASES, "model.augmented_positives=true", "model.phrase_negatives_from=batch", "model.phrase_negatives=1"]),
+    Row(
+        "embed-augmented-batch",
+        "embedding, augmented, other images' regions too",
+        "two_branch_embed",
+        [*PHRASES, "model.augmented_positives=true", "model.phrase_negatives_from=batch", "model.phrase_negatives=1"],
+    ),
     Row("sim-single", "similarity, single positive", "two_branch_sim", [*PHRASES, "model.augmented_positives=false"]),
-    Row("sim-augmented", "similarity, augmented positives", "two_branch_sim",
-        [*PHRASES, "model.augmented_positives=true"]),
+    Row(
+        "sim-augmented",
+        "similarity, augmented positives",
+        "two_branch_sim",
+        [*PHRASES, "model.augmented_positives=true"],
+    ),
 ]
 ROWS = [*RETRIEVAL_ROWS, *PHRASE_ROWS]
-METRICS = {"i2t_r1": ("test", "full", "i2t_r1"), "t2i_r1": ("test", "full", "t2i_r1"), "rsum": ("test", "full", "rsum"),
-           "s2s_r1": ("test", "sentence_to_sentence", "r1"),  # the similarity network has none
-           "phrase_r1": ("test", "phrases", "r1"), "phrase_r5": ("test", "phrases", "r5"),
-           "phrase_r10": ("test", "phrases", "r10")}
+METRICS = {
+    "i2t_r1": ("test", "full", "i2t_r1"),
+    "t2i_r1": ("test", "full", "t2i_r1"),
+    "rsum": ("test", "full", "rsum"),
+    "s2s_r1": ("test", "sentence_to_sentence", "r1"),  # the similarity network has none
+    "phrase_r1": ("test", "phrases", "r1"),
+    "phrase_r5": ("test", "phrases", "r5"),
+    "phrase_r10": ("test", "phrases", "r10"),
+}
 
 # The paper's Table 2(b-c): bi-directional retrieval on Flickr30K, i2t R@1/5/10 then t2i R@1/5/10;
 # rsum is the sum of the six. Rows 3-6 of 2(b) are the nonlinear ones.
@@ -121,9 +165,15 @@ _TABLE_1 = {
     "sim-augmented": ("51.05", "70.30", "75.04"),
 }
 PAPER = {
-    **{key: {"i2t_r1": r[0], "t2i_r1": r[3], "rsum": paper_sum(r),
-             **({"s2s_r1": _TABLE_4[key]} if key in _TABLE_4 else {})}
-       for key, r in _TABLE_2.items()},
+    **{
+        key: {
+            "i2t_r1": r[0],
+            "t2i_r1": r[3],
+            "rsum": paper_sum(r),
+            **({"s2s_r1": _TABLE_4[key]} if key in _TABLE_4 else {}),
+        }
+        for key, r in _TABLE_2.items()
+    },
     **{key: dict(zip(["phrase_r1", "phrase_r5", "phrase_r10"], r, strict=True)) for key, r in _TABLE_1.items()},
 }
 
@@ -136,20 +186,58 @@ def tables(data: dict) -> str:
     """Retrieval (rsum per seed; Tables 2 and 4 beside it) and phrase localisation (R@1 per seed;
     Table 1), each with the comparisons the paper's claims rest on."""
     return blocks(
-        ablation_table(data, RETRIEVAL_ROWS, RETRIEVAL_COLUMNS, per_seed=RSUM, paper=PAPER,
-                       paper_cols=paper_columns(RETRIEVAL_COLUMNS), first="retrieval"),
-        spread_line(data, ROWS, RSUM, [("linear-single", "linear-bi"), ("nonlinear-single", "nonlinear-bi"),
-                                       ("linear-single", "nonlinear-single"), ("linear-bi", "nonlinear-bi"),
-                                       ("nonlinear-bi", "sampling"), ("nonlinear-bi", "sampling-equal"),
-                                       ("sampling-equal", "sampling"), ("sampling", "constraints"),
-                                       ("constraints", "mean-words"), ("constraints", "similarity")]),
-        spread_line(data, ROWS, S2S, [("nonlinear-bi", "sampling"), ("nonlinear-bi", "sampling-equal"),
-                                      ("sampling", "constraints")]),
-        ablation_table(data, PHRASE_ROWS, PHRASE_COLUMNS, per_seed=PHRASE_R1, paper=PAPER,
-                       paper_cols=paper_columns(PHRASE_COLUMNS), first="phrase localisation"),
-        spread_line(data, ROWS, PHRASE_R1, [("embed-single", "embed-augmented"), ("sim-single", "sim-augmented"),
-                                            ("embed-augmented", "sim-augmented"),
-                                            ("embed-augmented-batch", "embed-augmented")]),
+        ablation_table(
+            data,
+            RETRIEVAL_ROWS,
+            RETRIEVAL_COLUMNS,
+            per_seed=RSUM,
+            paper=PAPER,
+            paper_cols=paper_columns(RETRIEVAL_COLUMNS),
+            first="retrieval",
+        ),
+        spread_line(
+            data,
+            ROWS,
+            RSUM,
+            [
+                ("linear-single", "linear-bi"),
+                ("nonlinear-single", "nonlinear-bi"),
+                ("linear-single", "nonlinear-single"),
+                ("linear-bi", "nonlinear-bi"),
+                ("nonlinear-bi", "sampling"),
+                ("nonlinear-bi", "sampling-equal"),
+                ("sampling-equal", "sampling"),
+                ("sampling", "constraints"),
+                ("constraints", "mean-words"),
+                ("constraints", "similarity"),
+            ],
+        ),
+        spread_line(
+            data,
+            ROWS,
+            S2S,
+            [("nonlinear-bi", "sampling"), ("nonlinear-bi", "sampling-equal"), ("sampling", "constraints")],
+        ),
+        ablation_table(
+            data,
+            PHRASE_ROWS,
+            PHRASE_COLUMNS,
+            per_seed=PHRASE_R1,
+            paper=PAPER,
+            paper_cols=paper_columns(PHRASE_COLUMNS),
+            first="phrase localisation",
+        ),
+        spread_line(
+            data,
+            ROWS,
+            PHRASE_R1,
+            [
+                ("embed-single", "embed-augmented"),
+                ("sim-single", "sim-augmented"),
+                ("embed-augmented", "sim-augmented"),
+                ("embed-augmented-batch", "embed-augmented"),
+            ],
+        ),
     )
 
 
@@ -159,8 +247,13 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
-    common = ["metrics.enabled=false", "eval.baseline=false", "train.validate_every=0", f"train.epochs={args.epochs}",
-              *([f"data.shards={args.shards}"] if args.shards else [])]
+    common = [
+        "metrics.enabled=false",
+        "eval.baseline=false",
+        "train.validate_every=0",
+        f"train.epochs={args.epochs}",
+        *([f"data.shards={args.shards}"] if args.shards else []),
+    ]
     for rows in (RETRIEVAL_ROWS, PHRASE_ROWS):
         for row in rows:
             if row.key not in args.rows:
@@ -172,9 +265,16 @@ def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
 
 
 def main() -> None:
-    bench_main(__doc__, "two_branch", "two_branch_ablation.py", ROWS,
-               [*RETRIEVAL_COLUMNS, *(Col(c.metric, "phrase " + c.head) for c in PHRASE_COLUMNS)],
-               train, tables, options)
+    bench_main(
+        __doc__,
+        "two_branch",
+        "two_branch_ablation.py",
+        ROWS,
+        [*RETRIEVAL_COLUMNS, *(Col(c.metric, "phrase " + c.head) for c in PHRASE_COLUMNS)],
+        train,
+        tables,
+        options,
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,10 @@ def main() -> None:
         images = torch.nn.functional.normalize(torch.randn(args.images, embed, device=device), dim=1)
         texts = torch.nn.functional.normalize(torch.randn(args.sentences, embed, device=device), dim=1)
         with torch.no_grad():
-            for label, fn in (("fusion", partial(model.all_pair_scores, images, texts)),
-                              ("dot", partial(torch.matmul, images, texts.T))):
+            for label, fn in (
+                ("fusion", partial(model.all_pair_scores, images, texts)),
+                ("dot", partial(torch.matmul, images, texts.T)),
+            ):
                 fn()  # warm-up
                 if device.type == "cuda":
                     torch.cuda.synchronize()

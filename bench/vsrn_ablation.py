@@ -64,7 +64,9 @@ _TABLE_4 = {
     "gsr-star": ("74.6", "94.6", "98.2", "61.2", "89.0", "94.8"),
     "full": ("76.2", "94.8", "98.2", "62.8", "89.7", "95.1"),
 }
-PAPER = {key: {**dict(zip(RECALLS, recalls, strict=True)), "rsum": paper_sum(recalls)} for key, recalls in _TABLE_4.items()}
+PAPER = {
+    key: {**dict(zip(RECALLS, recalls, strict=True)), "rsum": paper_sum(recalls)} for key, recalls in _TABLE_4.items()
+}
 
 R1 = [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), Col("rsum", "rsum")]
 R5_R10 = [Col("i2t_r5", "i2t R@5"), Col("i2t_r10", "i2t R@10"), Col("t2i_r5", "t2i R@5"), Col("t2i_r10", "t2i R@10")]
@@ -86,9 +88,12 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 
 def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
-    common = ["eval.baseline=false", "metrics.enabled=false",
-              *([f"train.max_steps={args.steps}"] if args.steps is not None else []),
-              *([f"data.shards={args.shards}"] if args.shards is not None else [])]
+    common = [
+        "eval.baseline=false",
+        "metrics.enabled=false",
+        *([f"train.max_steps={args.steps}"] if args.steps is not None else []),
+        *([f"data.shards={args.shards}"] if args.shards is not None else []),
+    ]
     for row in ROWS:
         if row.key not in args.rows:
             continue
@@ -99,8 +104,16 @@ def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
 
 
 def main() -> None:
-    bench_main(__doc__, "vsrn", "vsrn_ablation.py", ROWS, [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), RSUM],
-               train, tables, options)
+    bench_main(
+        __doc__,
+        "vsrn",
+        "vsrn_ablation.py",
+        ROWS,
+        [Col("i2t_r1", "i2t R@1"), Col("t2i_r1", "t2i R@1"), RSUM],
+        train,
+        tables,
+        options,
+    )
 
 
 if __name__ == "__main__":

@@ -77,8 +77,20 @@ def two_rank_reference(planted_shards, tmp_path_factory) -> Path:
     import subprocess
 
     def train(out: Path) -> None:
-        proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                               f"output.dir={out}", *PREEMPT_JOB], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                *TORCHRUN,
+                "-m",
+                "vldist.train",
+                "vsrn",
+                f"data.shards={planted_shards}",
+                f"output.dir={out}",
+                *PREEMPT_JOB,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     return built_once(tmp_path_factory, "two-rank-reference", train)
@@ -101,7 +113,7 @@ def s3_store(tmp_path_factory):
     credentials (store.environment, the AWS_* variables) are handed to what needs them: a test's
     subprocess environment, a Ray job's runtime_env, tests/integration/test_s3_shards.py's own
     environment during each of its tests; never left in the session's environment."""
-    pytest.importorskip("s3fs", reason="S3 support is an extra: pip install \"vldist[s3]\"")
+    pytest.importorskip("s3fs", reason='S3 support is an extra: pip install "vldist[s3]"')
     from seaweed import start_s3_store
 
     try:

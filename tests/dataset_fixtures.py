@@ -34,8 +34,9 @@ def image_bytes(seed: int, size=(40, 32), fmt: str = "JPEG") -> bytes:
     return buf.getvalue()
 
 
-def make_karpathy(root: Path, counts: dict[str, int], dataset: str = "coco", image_size: int = 64,
-                  seed: int = 0) -> list[dict]:
+def make_karpathy(
+    root: Path, counts: dict[str, int], dataset: str = "coco", image_size: int = 64, seed: int = 0
+) -> list[dict]:
     """`dataset_<name>.json` and its image folders; returns the images in file order with
     `split`, `path` and `captions` (the raw sentences, stripped)."""
     rng = random.Random(seed)
@@ -46,9 +47,14 @@ def make_karpathy(root: Path, counts: dict[str, int], dataset: str = "coco", ima
         scene = generate_scene(rng, image_size)
         captions = make_captions(scene, rng, n=6 if imgid % 4 == 0 else 5)  # some COCO images have 6
         raws = [c[0].upper() + c[1:] + ("." if imgid % 2 else " ") for c in captions]
-        entry = {"split": split, "imgid": imgid, "sentids": list(range(sentid, sentid + len(raws))),
-                 "sentences": [{"raw": r, "tokens": _tokens(r), "imgid": imgid, "sentid": sentid + k}
-                               for k, r in enumerate(raws)]}
+        entry = {
+            "split": split,
+            "imgid": imgid,
+            "sentids": list(range(sentid, sentid + len(raws))),
+            "sentences": [
+                {"raw": r, "tokens": _tokens(r), "imgid": imgid, "sentid": sentid + k} for k, r in enumerate(raws)
+            ],
+        }
         sentid += len(raws)
         if dataset == "coco":
             folder = "val2014" if split in ("val", "test", "restval") else "train2014"
@@ -61,14 +67,21 @@ def make_karpathy(root: Path, counts: dict[str, int], dataset: str = "coco", ima
         path.parent.mkdir(parents=True, exist_ok=True)
         scene.image.save(path, format="JPEG", quality=90)
         images.append(entry)
-        expected.append({"split": split, "path": path, "captions": [r.strip() for r in raws],
-                         "entry": entry})
+        expected.append({"split": split, "path": path, "captions": [r.strip() for r in raws], "entry": entry})
     (root / f"dataset_{dataset}.json").write_text(json.dumps({"images": images, "dataset": dataset}))
     return expected
 
 
-def make_precomp(root: Path, counts: dict[str, int], regions: int = 4, dim: int = 16, per_caption: bool = False,
-                 ids: bool = True, boxes: bool = True, seed: int = 0) -> dict[str, dict]:
+def make_precomp(
+    root: Path,
+    counts: dict[str, int],
+    regions: int = 4,
+    dim: int = 16,
+    per_caption: bool = False,
+    ids: bool = True,
+    boxes: bool = True,
+    seed: int = 0,
+) -> dict[str, dict]:
     """`{split}_ims.npy`, `{split}_caps.txt` and optional `{split}_ids.txt`, `{split}_ims_bbx.npy`.
     Images are planted samples (helpers.planted_sample). Returns per source split the features
     (one row per image), captions (5 per image) and ids."""
@@ -88,8 +101,12 @@ def make_precomp(root: Path, counts: dict[str, int], regions: int = 4, dim: int 
             (root / f"{split}_ids.txt").write_text("\n".join(ids_list) + "\n")
         if boxes:
             np.save(root / f"{split}_ims_bbx.npy", np.repeat(bbx, 5, axis=0) if per_caption else bbx)
-        expected[split] = {"ims": ims, "captions": [captions[5 * i:5 * i + 5] for i in range(n)],
-                           "ids": ids_list, "boxes": bbx}
+        expected[split] = {
+            "ims": ims,
+            "captions": [captions[5 * i : 5 * i + 5] for i in range(n)],
+            "ids": ids_list,
+            "boxes": bbx,
+        }
     return expected
 
 
@@ -111,30 +128,58 @@ def make_cub(root: Path, per_class: int = 3) -> dict:
             image_id += 1
             stem = f"{class_dir.split('.')[1]}_00{k}_{image_id}"
             (cub / "images" / class_dir / f"{stem}.jpg").write_bytes(image_bytes(image_id))
-            captions = [f"this bird {k} of class {c} has a {w} crown" for w in ("red", "blue", "grey", "white", "black",
-                                                                                 "brown", "long", "short", "sharp", "flat")]
+            captions = [
+                f"this bird {k} of class {c} has a {w} crown"
+                for w in ("red", "blue", "grey", "white", "black", "brown", "long", "short", "sharp", "flat")
+            ]
             caption_file = text / "text_c10" / text_names.get(class_dir, class_dir) / f"{stem}.txt"
             caption_file.write_text("\n".join(captions) + "\n")
             lines["images"].append(f"{image_id} {class_dir}/{stem}.jpg")
             lines["labels"].append(f"{image_id} {c}")
             lines["boxes"].append(f"{image_id} {2.0 + k} 3.0 20.0 15.0")
             lines["split"].append(f"{image_id} {k % 2}")
-            expected.append({"image_id": image_id, "class_dir": class_dir, "captions": captions,
-                             "path": cub / "images" / class_dir / f"{stem}.jpg",
-                             "box": [2.0 + k, 3.0, 22.0 + k, 18.0], "standard": "train" if k % 2 else "test",
-                             "reed": ["train", "train", "val", "test"][c - 1], "class_id": c})
-    for name, file in (("images", "images.txt"), ("labels", "image_class_labels.txt"),
-                       ("boxes", "bounding_boxes.txt"), ("split", "train_test_split.txt")):
+            expected.append(
+                {
+                    "image_id": image_id,
+                    "class_dir": class_dir,
+                    "captions": captions,
+                    "path": cub / "images" / class_dir / f"{stem}.jpg",
+                    "box": [2.0 + k, 3.0, 22.0 + k, 18.0],
+                    "standard": "train" if k % 2 else "test",
+                    "reed": ["train", "train", "val", "test"][c - 1],
+                    "class_id": c,
+                }
+            )
+    for name, file in (
+        ("images", "images.txt"),
+        ("labels", "image_class_labels.txt"),
+        ("boxes", "bounding_boxes.txt"),
+        ("split", "train_test_split.txt"),
+    ):
         (cub / file).write_text("\n".join(lines[name]) + "\n")
     (cub / "classes.txt").write_text("\n".join(f"{i} {c}" for i, c in enumerate(classes, 1)) + "\n")
-    for file, names in (("trainclasses.txt", classes[:2]), ("valclasses.txt", classes[2:3]),
-                        ("testclasses.txt", classes[3:])):
+    for file, names in (
+        ("trainclasses.txt", classes[:2]),
+        ("valclasses.txt", classes[2:3]),
+        ("testclasses.txt", classes[3:]),
+    ):
         (text / file).write_text("\n".join(text_names.get(n, n) for n in names) + "\n")
     return {"cub": cub, "text": text, "images": expected}
 
 
-B2W_COLUMNS = ["img1ObservationURL", "img1ImgURL", "img1Species", "img1Selection", "img2ObservationURL",
-               "img2ImgURL", "img2Species", "img2Selection", "split", "annN", "description"]
+B2W_COLUMNS = [
+    "img1ObservationURL",
+    "img1ImgURL",
+    "img1Species",
+    "img1Selection",
+    "img2ObservationURL",
+    "img2ImgURL",
+    "img2Species",
+    "img2Selection",
+    "split",
+    "annN",
+    "description",
+]
 
 
 def make_birds_to_words(root: Path, pairs: int = 5, seed: int = 0) -> dict:
@@ -149,16 +194,33 @@ def make_birds_to_words(root: Path, pairs: int = 5, seed: int = 0) -> dict:
         for photo in (photo1, photo2):
             (images / f"{photo}.jpg").write_bytes(image_bytes(photo))
         split = ["train", "train", "val", "test", "train"][p % 5]
-        descriptions = [f"animal1 has a {w} beak than animal2 in pair {p}" for w in ("longer", "darker", "thinner",
-                                                                                     "brighter", "shorter")][: 3 + p % 3]
+        descriptions = [
+            f"animal1 has a {w} beak than animal2 in pair {p}"
+            for w in ("longer", "darker", "thinner", "brighter", "shorter")
+        ][: 3 + p % 3]
         for ann, text in enumerate(descriptions, 1):
-            rows.append([f"https://www.inaturalist.org/observations/{90 + photo1}",
-                         f"https://static.inaturalist.org/photos/{photo1}/medium.jpg", "Larus occidentalis", "base",
-                         f"https://www.inaturalist.org/observations/{90 + photo2}",
-                         f"https://static.inaturalist.org/photos/{photo2}/medium.jpg", "Larus californicus",
-                         "sameGenus", split, str(ann), text])
-        expected.append({"split": split, "descriptions": descriptions, "paths": (images / f"{photo1}.jpg",
-                                                                                 images / f"{photo2}.jpg")})
+            rows.append(
+                [
+                    f"https://www.inaturalist.org/observations/{90 + photo1}",
+                    f"https://static.inaturalist.org/photos/{photo1}/medium.jpg",
+                    "Larus occidentalis",
+                    "base",
+                    f"https://www.inaturalist.org/observations/{90 + photo2}",
+                    f"https://static.inaturalist.org/photos/{photo2}/medium.jpg",
+                    "Larus californicus",
+                    "sameGenus",
+                    split,
+                    str(ann),
+                    text,
+                ]
+            )
+        expected.append(
+            {
+                "split": split,
+                "descriptions": descriptions,
+                "paths": (images / f"{photo1}.jpg", images / f"{photo2}.jpg"),
+            }
+        )
     first_rows = [r for r in rows if r[9] == "1"]  # keep each pair's first row in pair order
     rest = [r for r in rows if r[9] != "1"]
     rng.shuffle(rest)
@@ -174,14 +236,23 @@ def make_folder(root: Path, mode: str = "sidecar") -> list[dict]:
     CSV or JSONL index. Returns the images with their split and captions in converter order."""
     root.mkdir(parents=True)
     expected = []
-    layout = [("train/a.jpg", "train"), ("train/b.png", "train"), ("val/c.jpg", "val")] if mode == "sidecar" \
+    layout = (
+        [("train/a.jpg", "train"), ("train/b.png", "train"), ("val/c.jpg", "val")]
+        if mode == "sidecar"
         else [("img/a.jpg", "train"), ("img/b.png", "train"), ("img/c.jpg", "test")]
+    )
     for n, (name, split) in enumerate(layout):
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(image_bytes(n, fmt="PNG" if name.endswith(".png") else "JPEG"))
-        expected.append({"image": name, "split": split, "path": path,
-                         "captions": [f"picture {n} caption {k}" for k in range(2 + n)]})
+        expected.append(
+            {
+                "image": name,
+                "split": split,
+                "path": path,
+                "captions": [f"picture {n} caption {k}" for k in range(2 + n)],
+            }
+        )
     if mode == "sidecar":
         for e in expected:
             e["path"].with_suffix(".txt").write_text("\n".join(e["captions"]) + "\n\n")

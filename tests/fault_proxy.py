@@ -14,10 +14,13 @@ import time
 from collections import Counter, defaultdict
 from urllib.parse import unquote, urlsplit
 
-SLOW_DOWN = (b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n"
-             b"\r\n%s")
-SLOW_DOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-                  b"<Message>fault injected by the test</Message></Error>")
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+SLOW_DOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>fault injected by the test</Message></Error>"
+)
 
 
 class ProxyFaults:

@@ -32,8 +32,9 @@ def planted_sample(rng: np.random.Generator, regions: int = 3, dim: int = DIM) -
     return feats, captions
 
 
-def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int = 0, dim: int = DIM,
-                         unreadable=()) -> Path:
+def write_planted_shards(
+    out: Path, counts=None, shard_size: int = 50, seed: int = 0, dim: int = DIM, unreadable=()
+) -> Path:
     """`unreadable`: keys whose region features hold NaN, as a damaged feature file would."""
     counts = counts or {"train": 200, "val": 40, "test": 60}
     rng = np.random.default_rng(seed)
@@ -47,12 +48,19 @@ def write_planted_shards(out: Path, counts=None, shard_size: int = 50, seed: int
                 key = f"{split}-{i:07d}"
                 if key in unreadable:
                     feats[0, 0] = np.nan
-                writer.write(split, {
-                    "__key__": key,
-                    "json": {"id": key, "split": split, "captions": captions,
-                             "region_boxes": [[0, 0, 10 * (r + 1), 10 * (r + 1)] for r in range(3)]},
-                    "regions.npy": feats.astype(np.float16),
-                })
+                writer.write(
+                    split,
+                    {
+                        "__key__": key,
+                        "json": {
+                            "id": key,
+                            "split": split,
+                            "captions": captions,
+                            "region_boxes": [[0, 0, 10 * (r + 1), 10 * (r + 1)] for r in range(3)],
+                        },
+                        "regions.npy": feats.astype(np.float16),
+                    },
+                )
         writer.close({"features": {"extractor": "planted", "dim": dim}})
     Vocab.build(train_captions).save(out / "vocab.json")
     return out
@@ -144,14 +152,33 @@ def npy_load(data: bytes) -> np.ndarray:
 
 # A 2-rank job of 2 epochs x 25 steps (200 samples, batch 8) with a record per step in
 # metrics.jsonl: long enough to stop mid-epoch, short enough to run three times.
-PREEMPT_JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=8",
-               "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2", "eval.baseline=false",
-               "train.log_every=1", "train.keep_last=10", "metrics.enabled=false", "engine.sync_batchnorm=true"]
+PREEMPT_JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=8",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "train.epochs=2",
+    "eval.baseline=false",
+    "train.log_every=1",
+    "train.keep_last=10",
+    "metrics.enabled=false",
+    "engine.sync_batchnorm=true",
+]
 PREEMPT_STEPS, PREEMPT_EPOCH_STEPS = 50, 25
 # A VSRN that trains an epoch of the planted shards in seconds, without the untrained baseline or a
 # metrics port.
-SMALL_VSRN = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-              "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "metrics.enabled=false"]
+SMALL_VSRN = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "eval.baseline=false",
+    "metrics.enabled=false",
+]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 # On PYTHONPATH, it makes the embedded sets' builders build small sets (the real code and format)
 SMALL_EMBEDDED_SETS = str(Path(__file__).parent / "integration" / "workers" / "small_embedded_set")
@@ -213,8 +240,16 @@ def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
         assert gap <= atol, f"{name}: largest difference {gap:.3g} > {atol}"
 
 
-def decoder_batch(vocab: int, features: int, batch: int = 3, regions: int = 4, seed: int = 0, start: int = 1,
-                  end: int = 2, pad: int = 0):
+def decoder_batch(
+    vocab: int,
+    features: int,
+    batch: int = 3,
+    regions: int = 4,
+    seed: int = 0,
+    start: int = 1,
+    end: int = 2,
+    pad: int = 0,
+):
     """Region features, their mask (rows 1 and 2 padded) and captions (row 0 ended and padded, row
     2 ended on its last token) for the tests of the step-protocol decoders."""
     import torch

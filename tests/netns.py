@@ -82,16 +82,32 @@ class Nodes:
             _ip("netns", "add", namespace)
             _ip("-n", namespace, "link", "set", "lo", "up")
             port = f"{self.tag}-p{i}"  # the bridge's end; created in the node's namespace, so the
-            _ip("-n", namespace, "link", "add", self.interface, "type", "veth", "peer", "name", port,  # machine's own
-                "netns", self.bridge)                                                                   # never sees it
+            _ip(
+                "-n",
+                namespace,
+                "link",
+                "add",
+                self.interface,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,  # machine's own
+                "netns",
+                self.bridge,
+            )  # never sees it
             _ip("-n", self.bridge, "link", "set", port, "master", "br0")
             _ip("-n", self.bridge, "link", "set", port, "up")
             _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", self.interface)
             _ip("-n", namespace, "link", "set", self.interface, "up")
         for node in range(self.count):
-            self.hosts_file(node).write_text("127.0.0.1 localhost\n" + "".join(
-                f"{'127.0.1.1' if self.own_name_loopback and i == node else address} {name}\n"
-                for i, (address, name) in enumerate(zip(self.addresses, self.hostnames, strict=True))))
+            self.hosts_file(node).write_text(
+                "127.0.0.1 localhost\n"
+                + "".join(
+                    f"{'127.0.1.1' if self.own_name_loopback and i == node else address} {name}\n"
+                    for i, (address, name) in enumerate(zip(self.addresses, self.hostnames, strict=True))
+                )
+            )
 
     def hosts_file(self, node: int) -> Path:
         return self._scratch / f"hosts.{node}"
@@ -104,8 +120,20 @@ class Nodes:
         setup += "".join(f"mount -t tmpfs vldist-test-hidden {shlex.quote(str(path))} && " for path in hidden)
         # nsenter --net, not `ip netns exec`: that one mounts the namespace's own /sys, without the
         # cgroup filesystems slurmd needs
-        return ["unshare", "--uts", "--mount", "--propagation", "private", "nsenter", self._net(node),
-                "sh", "-c", f'{setup}hostname {self.hostnames[node]} && exec "$@"', "sh", *argv]
+        return [
+            "unshare",
+            "--uts",
+            "--mount",
+            "--propagation",
+            "private",
+            "nsenter",
+            self._net(node),
+            "sh",
+            "-c",
+            f'{setup}hostname {self.hostnames[node]} && exec "$@"',
+            "sh",
+            *argv,
+        ]
 
     def _net(self, node: int) -> str:
         return f"--net=/run/netns/{self.namespaces[node]}"

@@ -19,8 +19,12 @@ def tensorboard_texts(directory: Path) -> dict[str, list[tuple[int, str]]]:
 
     events = EventAccumulator(str(directory), size_guidance={"tensors": 0})
     events.Reload()
-    return {tag.removesuffix("/text_summary"): [(e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)]
-            for tag in events.Tags()["tensors"]}
+    return {
+        tag.removesuffix("/text_summary"): [
+            (e.step, e.tensor_proto.string_val[0].decode()) for e in events.Tensors(tag)
+        ]
+        for tag in events.Tags()["tensors"]
+    }
 
 
 def wandb_history(run_file: Path) -> list[dict[str, str]]:
@@ -38,8 +42,8 @@ def wandb_history(run_file: Path) -> list[dict[str, str]]:
         if block - position % block < 7:  # the block's trailer: padding
             position += block - position % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[position:position + 7])
-        pending += data[position + 7:position + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pending += data[position + 7 : position + 7 + length]
         position += 7 + length
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = wandb_internal_pb2.Record()

@@ -59,8 +59,9 @@ def read_image(path: str):
         raise CaptionError(f"{path}: cannot be read or decoded ({type(err).__name__}: {detail})") from None
 
 
-def caption_images(checkpoint, images: list, shards: str | None = None, device: str = "auto",
-                   beam_size: int | None = None) -> list[str]:
+def caption_images(
+    checkpoint, images: list, shards: str | None = None, device: str = "auto", beam_size: int | None = None
+) -> list[str]:
     """One caption per PIL image, from a checkpoint or run directory. Raises CaptionError (and the
     checkpoint and shard-set errors of vldist.trained_model.load_checkpoint)."""
     from vldist.shards.features.extractor_setup import extractor_for
@@ -76,8 +77,10 @@ def caption_images(checkpoint, images: list, shards: str | None = None, device: 
     if isinstance(recipe, CaptionsPixels):  # reads pixels, not region features (L2C)
         return recipe.caption_pixels(model, images, next(model.parameters()).device)
     if not isinstance(recipe, CaptionsRegions):
-        raise CaptionError(f"recipe {config.recipe} does not generate captions; caption with a run of a "
-                           "captioning recipe (e.g. captioner)")
+        raise CaptionError(
+            f"recipe {config.recipe} does not generate captions; caption with a run of a "
+            "captioning recipe (e.g. captioner)"
+        )
     features = extractor_for(shard_set)
     # one image at a time: an image's features (and caption) do not depend on the others given
     regions = [features([image])[0] for image in images]
@@ -95,27 +98,44 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vldist.caption", description=__doc__, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m vldist.caption",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its best checkpoint)")
     parser.add_argument("images", nargs="+", metavar="IMAGE", help="image files to caption (JPEG, PNG, ...)")
-    parser.add_argument("--shards", help="shard directory whose feature extractor to use (default: the one the "
-                                         "checkpoint was trained on)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                        help="where the model generates (default auto); features are computed on the CPU")
-    parser.add_argument("--beam-size", type=_positive, default=None,
-                        help="beam width of generation, 1 for greedy (default: the run's eval.beam_size)")
+    parser.add_argument(
+        "--shards",
+        help="shard directory whose feature extractor to use (default: the one the checkpoint was trained on)",
+    )
+    parser.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where the model generates (default auto); features are computed on the CPU",
+    )
+    parser.add_argument(
+        "--beam-size",
+        type=_positive,
+        default=None,
+        help="beam width of generation, 1 for greedy (default: the run's eval.beam_size)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
 
     group = images_per_caption(args.checkpoint)  # L2C describes pairs: IMAGE1 IMAGE2 ...
     if len(args.images) % group:
-        print(f"error: this run describes {group} images at a time (a pair: IMAGE1 IMAGE2 ...); "
-              f"{len(args.images)} were given", file=sys.stderr)
+        print(
+            f"error: this run describes {group} images at a time (a pair: IMAGE1 IMAGE2 ...); "
+            f"{len(args.images)} were given",
+            file=sys.stderr,
+        )
         return REFUSED
     groups, images, failed = [], [], False
     for start in range(0, len(args.images), group):
-        paths, read = args.images[start:start + group], []
+        paths, read = args.images[start : start + group], []
         for path in paths:
             try:
                 read.append(read_image(path))

@@ -68,8 +68,9 @@ def begin(directory: Path) -> Path:
     return tmp
 
 
-def write_files(tmp: Path, *, model_state: dict | None, train_state: dict | None, config_yaml: str, vocab,
-                meta: dict) -> None:
+def write_files(
+    tmp: Path, *, model_state: dict | None, train_state: dict | None, config_yaml: str, vocab, meta: dict
+) -> None:
     """The checkpoint's own files (model_state None: the weights are in the sharded state; train_state
     None: a model alone, as vldist.export writes)."""
     if model_state is not None:
@@ -154,12 +155,16 @@ def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
         try:
             state = sharded_state.read_model_state(directory / SHARDED_DIR)
         except Exception as err:  # noqa: BLE001 - DCP raises several types on damage
-            raise CheckpointError(f"cannot read the weights in {directory / SHARDED_DIR} ({err}); the checkpoint is damaged") from err
+            raise CheckpointError(
+                f"cannot read the weights in {directory / SHARDED_DIR} ({err}); the checkpoint is damaged"
+            ) from err
         return compat.upgrade_state(state, read_meta(directory))
     try:
         state = load_file(directory / "model.safetensors")
     except Exception as err:  # noqa: BLE001 - safetensors raises several types on damage
-        raise CheckpointError(f"cannot read {directory / 'model.safetensors'} ({err}); the checkpoint is damaged") from err
+        raise CheckpointError(
+            f"cannot read {directory / 'model.safetensors'} ({err}); the checkpoint is damaged"
+        ) from err
     return compat.upgrade_state(state, read_meta(directory))
 
 
@@ -167,7 +172,9 @@ def read_meta(directory: Path) -> dict:
     try:
         return json.loads((Path(directory) / "meta.json").read_text())
     except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read {Path(directory) / 'meta.json'} ({err}); the checkpoint is damaged") from err
+        raise CheckpointError(
+            f"cannot read {Path(directory) / 'meta.json'} ({err}); the checkpoint is damaged"
+        ) from err
 
 
 def read_config(directory: Path) -> dict:
@@ -222,8 +229,8 @@ def chosen_name(which: str, best: bool, steps: list[str]) -> str | None:
         return steps[-1] if steps else None
     if which == "best":
         return "best" if best else None
-    if which.startswith(STEP_PREFIX) and which[len(STEP_PREFIX):].isdigit():
-        name = step_name(int(which[len(STEP_PREFIX):]))
+    if which.startswith(STEP_PREFIX) and which[len(STEP_PREFIX) :].isdigit():
+        name = step_name(int(which[len(STEP_PREFIX) :]))
         return name if name in steps else None
     raise CheckpointError(f"--checkpoint {which}: not one of {CHOICES} (step-12 or step-00000012)")
 
@@ -231,7 +238,7 @@ def chosen_name(which: str, best: bool, steps: list[str]) -> str | None:
 def step_checkpoints(directory: Path) -> list[Path]:
     """Complete step-numbered checkpoints in `directory`, oldest first."""
     found = [p for p in Path(directory).glob(f"{STEP_PREFIX}*") if p.is_dir() and is_complete(p)]
-    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))
+    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX) :]))
 
 
 def prune(directory: Path, keep_last: int) -> None:
@@ -258,26 +265,39 @@ def find_checkpoint(path: Path) -> Path:
     stages = sorted(sub for sub in path.glob("*/checkpoints") if sub.is_dir()) if path.is_dir() else []
     if stages and not ckpts.is_dir():  # a job of several stages (two-branch: one run per task)
         runs = ", ".join(str(s.parent) for s in stages)
-        raise CheckpointError(f"'{path}' holds the runs of several stages, each with its own checkpoints: "
-                              f"name one of them ({runs})")
+        raise CheckpointError(
+            f"'{path}' holds the runs of several stages, each with its own checkpoints: name one of them ({runs})"
+        )
     if path.is_dir() and not ckpts.is_dir():
         _require_complete(path)  # raises with the precise reason
     raise CheckpointError(f"no complete checkpoint under '{path}'")
 
 
-def check_checkpoint_fits_job(directory: Path, build_model, job: dict, feature_dim: int | None,
-                              vocab_size: int | None, action: str) -> None:
+def check_checkpoint_fits_job(
+    directory: Path, build_model, job: dict, feature_dim: int | None, vocab_size: int | None, action: str
+) -> None:
     """Raise compat.IncompatibleCheckpoint, saying what differs, unless the checkpoint holds the
     model `build_model()` makes (read from the weights' header alone)."""
     directory = Path(directory)
     meta = read_meta(directory)
-    shapes = (sharded_state.tensor_shapes(directory / SHARDED_DIR) if _weights_in_shards(directory)
-              else compat.checkpoint_shapes(directory / "model.safetensors"))
+    shapes = (
+        sharded_state.tensor_shapes(directory / SHARDED_DIR)
+        if _weights_in_shards(directory)
+        else compat.checkpoint_shapes(directory / "model.safetensors")
+    )
     names = compat.upgrade_parameter_names(shapes, meta)
     saved = {names[n]: shape for n, shape in shapes.items()}
-    compat.check_parameter_shapes(directory, compat.expected_shapes(build_model), saved, meta, read_config(directory),
-                                  job, feature_dim, vocab_size, action)
-
+    compat.check_parameter_shapes(
+        directory,
+        compat.expected_shapes(build_model),
+        saved,
+        meta,
+        read_config(directory),
+        job,
+        feature_dim,
+        vocab_size,
+        action,
+    )
 
 
 def check_engine_fits(directory: Path, meta: dict, backend: str) -> None:
@@ -299,9 +319,15 @@ def write_failed(directory: Path, error: str, checkpoints: Path) -> CheckpointWr
     previous = step_checkpoints(checkpoints)
     free = shutil.disk_usage(checkpoints).free
     needed = sum(f.stat().st_size for f in previous[-1].rglob("*") if f.is_file()) if previous else 0
-    full = (f" The disk is full: {free / 2**20:.1f} MiB free, a checkpoint takes {needed / 2**20:.1f} MiB."
-            if free < needed else "")
-    kept = (f"The previous checkpoint {previous[-1]} is complete and usable: free space (or move output.dir "
-            "to a larger disk) and run again with train.resume=latest to carry on from it."
-            if previous else "No earlier checkpoint exists: free space and start the run again.")
+    full = (
+        f" The disk is full: {free / 2**20:.1f} MiB free, a checkpoint takes {needed / 2**20:.1f} MiB."
+        if free < needed
+        else ""
+    )
+    kept = (
+        f"The previous checkpoint {previous[-1]} is complete and usable: free space (or move output.dir "
+        "to a larger disk) and run again with train.resume=latest to carry on from it."
+        if previous
+        else "No earlier checkpoint exists: free space and start the run again."
+    )
     return CheckpointWriteError(f"cannot write checkpoint {directory}: {error}.{full} {kept}")

@@ -54,8 +54,16 @@ class Checkpointer:
     on_checkpoint(path, meta): called on every rank after each step checkpoint (Ray reports it);
     metrics: the rank's exporter (save times, restarts), or None."""
 
-    def __init__(self, config: JobConfig, engine, schedulers: dict, recipe, run_state: Callable[[], dict],
-                 on_checkpoint=None, metrics=None):
+    def __init__(
+        self,
+        config: JobConfig,
+        engine,
+        schedulers: dict,
+        recipe,
+        run_state: Callable[[], dict],
+        on_checkpoint=None,
+        metrics=None,
+    ):
         self.config, self.engine, self.schedulers, self.recipe = config, engine, schedulers, recipe
         self.run_state, self.on_checkpoint, self.metrics = run_state, on_checkpoint, metrics
         self.directory = config.output_dir / "checkpoints"
@@ -105,12 +113,21 @@ class Checkpointer:
         # What the checkpoint records is read now, in step with training; only the writing waits.
         rng_states = gather_objects(torch.get_rng_state())
         model_state = engine.model_state_dict() if full_weights else None  # whole weights on rank 0
-        train_state = {"schedulers": {n: s.state_dict() for n, s in self.schedulers.items()}, "rng": rng_states,
-                       "run": self.run_state()}
-        meta = {**meta, "recipe": self.config.recipe, "world_size": engine.world_size,
-                "engine": self.config.engine.backend, **engine.checkpoint_meta(),
-                "format": self.config.train.checkpoint_format, "feature_dim": self.recipe.feature_dim,
-                "vocab_size": len(self.recipe.vocab)}
+        train_state = {
+            "schedulers": {n: s.state_dict() for n, s in self.schedulers.items()},
+            "rng": rng_states,
+            "run": self.run_state(),
+        }
+        meta = {
+            **meta,
+            "recipe": self.config.recipe,
+            "world_size": engine.world_size,
+            "engine": self.config.engine.backend,
+            **engine.checkpoint_meta(),
+            "format": self.config.train.checkpoint_format,
+            "feature_dim": self.recipe.feature_dim,
+            "vocab_size": len(self.recipe.vocab),
+        }
         asynchronous = self.config.train.async_checkpoints
         self._write_together(directory, (lambda: begin(directory)) if main else None)
         written = None  # the background write of every rank's shards (DCP), if asynchronous
@@ -129,14 +146,21 @@ class Checkpointer:
                 written.result()  # every rank's shards and DCP's metadata are on disk
             if snapshot is not None:
                 engine.write_training_state(tmp, snapshot)
-            write_files(tmp, model_state=model_state, train_state=train_state, config_yaml=to_yaml(self.config),
-                        vocab=self.recipe.vocab, meta=meta)
+            write_files(
+                tmp,
+                model_state=model_state,
+                train_state=train_state,
+                config_yaml=to_yaml(self.config),
+                vocab=self.recipe.vocab,
+                meta=meta,
+            )
             commit(tmp, directory)
             if self.store is not None:
                 self._upload(directory)
 
-        self.pending = PendingSave(directory, meta, write_rest if main else written.result if written else None,
-                                   background=asynchronous)
+        self.pending = PendingSave(
+            directory, meta, write_rest if main else written.result if written else None, background=asynchronous
+        )
 
     def _upload(self, directory: Path) -> None:
         """Rank 0: the committed `directory` into the store (COMPLETE last), then the store pruned."""
@@ -209,7 +233,7 @@ class Checkpointer:
     def _newest_first(self) -> list[Path]:
         """The run's complete step checkpoints on local disk and in the store, newest first."""
         names = {p.name for p in self.saved()} | set(self.store.step_checkpoints() if self.store else [])
-        return [self.path(n) for n in sorted(names, key=lambda n: int(n[len(STEP_PREFIX):]), reverse=True)]
+        return [self.path(n) for n in sorted(names, key=lambda n: int(n[len(STEP_PREFIX) :]), reverse=True)]
 
     def _fetch(self, path: Path) -> None:
         """Collective. A checkpoint the local disk lacks, downloaded from the store by the first rank
@@ -234,8 +258,14 @@ class Checkpointer:
         verify(path)
         # Another model than this job builds is refused with the reason (IncompatibleCheckpoint is
         # no CheckpointError: an older checkpoint of the same run would not fit either).
-        check_checkpoint_fits_job(path, self.recipe.build_model, self.config.model_dump(mode="json"), self.recipe.feature_dim,
-                   len(self.recipe.vocab), "resume from")
+        check_checkpoint_fits_job(
+            path,
+            self.recipe.build_model,
+            self.config.model_dump(mode="json"),
+            self.recipe.feature_dim,
+            len(self.recipe.vocab),
+            "resume from",
+        )
         meta = read_meta(path)
         check_engine_fits(path, meta, self.config.engine.backend)
         train_state = load_train_state(path)
@@ -246,15 +276,25 @@ class Checkpointer:
             scheduler.load_state_dict(train_state["schedulers"][name])
         run = train_state["run"]
         saved_world = meta.get("world_size", len(train_state["rng"]))
-        torch.set_rng_state(rank_rng_state(train_state["rng"], self.engine.rank, self.engine.world_size,
-                                           self.config.seed, run["step"]))
+        torch.set_rng_state(
+            rank_rng_state(train_state["rng"], self.engine.rank, self.engine.world_size, self.config.seed, run["step"])
+        )
         if self.engine.is_main:
-            resized = (f"; written by {saved_world} ranks, resumed on {self.engine.world_size} (global batch "
-                       f"{self.config.data.batch_size}, {self.config.data.batch_size // self.engine.world_size} a rank; "
-                       "each rank's random streams reseeded from seed, rank and step)"
-                       if saved_world != self.engine.world_size else "")
-            log.info("resumed from %s at step %d (epoch %d, batch %d)%s", path, run["step"], run["epoch"] + 1,
-                     run["epoch_step"], resized)
+            resized = (
+                f"; written by {saved_world} ranks, resumed on {self.engine.world_size} (global batch "
+                f"{self.config.data.batch_size}, {self.config.data.batch_size // self.engine.world_size} a rank; "
+                "each rank's random streams reseeded from seed, rank and step)"
+                if saved_world != self.engine.world_size
+                else ""
+            )
+            log.info(
+                "resumed from %s at step %d (epoch %d, batch %d)%s",
+                path,
+                run["step"],
+                run["epoch"] + 1,
+                run["epoch_step"],
+                resized,
+            )
         return run
 
 

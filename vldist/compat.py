@@ -49,7 +49,7 @@ def upgrade_parameter_names(names, meta: dict) -> dict[str, str]:
         today = name
         for old, new in renames:
             if today.startswith(old):
-                today = new + today[len(old):]
+                today = new + today[len(old) :]
         mapping[name] = today
     return mapping
 
@@ -89,8 +89,17 @@ def expected_shapes(build) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in build().state_dict().items()}
 
 
-def check_parameter_shapes(checkpoint, expected: dict, saved: dict, meta: dict, checkpoint_config: dict, job: dict,
-                           feature_dim: int | None, vocab_size: int | None, action: str) -> None:
+def check_parameter_shapes(
+    checkpoint,
+    expected: dict,
+    saved: dict,
+    meta: dict,
+    checkpoint_config: dict,
+    job: dict,
+    feature_dim: int | None,
+    vocab_size: int | None,
+    action: str,
+) -> None:
     """Raise IncompatibleCheckpoint unless the (upgraded) parameter shapes `saved` are the ones the
     job's model has (`expected`). The message lists what differs: model config keys, the feature
     width of the shards, the vocabulary size, or else the first mismatched parameters."""
@@ -105,18 +114,25 @@ def check_parameter_shapes(checkpoint, expected: dict, saved: dict, meta: dict, 
             reasons.append(f"model.{key}: checkpoint {ck_model.get(key)!r}, this job {job_model.get(key)!r}")
     ck_shards, job_shards = checkpoint_config.get("data", {}).get("shards"), job.get("data", {}).get("shards")
     if meta.get("feature_dim") is not None and feature_dim is not None and meta["feature_dim"] != feature_dim:
-        reasons.append(f"region feature width: checkpoint {meta['feature_dim']} (trained on {ck_shards}), "
-                       f"this job's shards {feature_dim} ({job_shards})")
+        reasons.append(
+            f"region feature width: checkpoint {meta['feature_dim']} (trained on {ck_shards}), "
+            f"this job's shards {feature_dim} ({job_shards})"
+        )
     if meta.get("vocab_size") is not None and vocab_size is not None and meta["vocab_size"] != vocab_size:
-        reasons.append(f"vocabulary: checkpoint {meta['vocab_size']} words, this job {vocab_size} "
-                       f"(the vocab.json of {job_shards} differs from that of {ck_shards})")
+        reasons.append(
+            f"vocabulary: checkpoint {meta['vocab_size']} words, this job {vocab_size} "
+            f"(the vocab.json of {job_shards} differs from that of {ck_shards})"
+        )
     if not reasons:  # an older checkpoint without feature_dim/vocab_size, or a change in the code
         reasons += [f"{n}: checkpoint {list(saved[n])}, this job's model {list(expected[n])}" for n in mismatched[:3]]
         if missing or unexpected:
-            reasons.append(f"{len(missing)} parameters missing from the checkpoint (e.g. {(missing or ['-'])[0]}), "
-                           f"{len(unexpected)} it has that the model lacks (e.g. {(unexpected or ['-'])[0]})")
+            reasons.append(
+                f"{len(missing)} parameters missing from the checkpoint (e.g. {(missing or ['-'])[0]}), "
+                f"{len(unexpected)} it has that the model lacks (e.g. {(unexpected or ['-'])[0]})"
+            )
     raise IncompatibleCheckpoint(
-        f"cannot {action} {checkpoint}: it holds another model than this job builds:\n  " + "\n  ".join(reasons)
+        f"cannot {action} {checkpoint}: it holds another model than this job builds:\n  "
+        + "\n  ".join(reasons)
         + "\nUse the settings and shards the checkpoint was trained with (its config.yaml), or start a new "
         "run in another output.dir."
     )

@@ -31,17 +31,31 @@ class Section(BaseModel):
 
 
 class DataConfig(Section):
-    shards: str = Field("shards/synth", description="shard directory (manifest.json + <split>-*.tar), or its URL "
-                        "(s3://bucket/prefix, gs://..., https://host/prefix: any fsspec filesystem)")
+    shards: str = Field(
+        "shards/synth",
+        description="shard directory (manifest.json + <split>-*.tar), or its URL "
+        "(s3://bucket/prefix, gs://..., https://host/prefix: any fsspec filesystem)",
+    )
     storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="options of the URL's fsspec filesystem (e.g. {endpoint_url: ...}); "
-        "credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never from here")
-    retries: int = Field(8, ge=0, description="reading a shard set at a URL: tries again after a dropped, reset or "
-                         "cut connection (resuming at the byte reached) before the shard is skipped and counted")
-    cache_dir: str | None = Field(None, description="reading a shard set at a URL: keep each shard here once "
-                                  "downloaded, once per node (node-local disk; off: every epoch reads the store)")
+        default_factory=dict,
+        description="options of the URL's fsspec filesystem (e.g. {endpoint_url: ...}); "
+        "credentials come from the environment (AWS_ACCESS_KEY_ID, ...), never from here",
+    )
+    retries: int = Field(
+        8,
+        ge=0,
+        description="reading a shard set at a URL: tries again after a dropped, reset or "
+        "cut connection (resuming at the byte reached) before the shard is skipped and counted",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="reading a shard set at a URL: keep each shard here once "
+        "downloaded, once per node (node-local disk; off: every epoch reads the store)",
+    )
     cache_max_gb: float = Field(100.0, gt=0, description="data.cache_dir's bound: least recently used shards go")
-    build_if_missing: bool = Field(True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent")
+    build_if_missing: bool = Field(
+        True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent"
+    )
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"
@@ -50,14 +64,14 @@ class DataConfig(Section):
     workers: int = Field(2, ge=0, description="loader worker processes per rank")
     shuffle_buffer: int = Field(2000, ge=0, description="samples held for shuffling (0: off)")
     resampled: bool = Field(
-        True, description="draw shards with replacement (scales; epoch = a sample count); False: each sample once per epoch"
+        True,
+        description="draw shards with replacement (scales; epoch = a sample count); False: each sample once per epoch",
     )
     max_regions: int = Field(5, ge=1, description="regions per image after padding/truncation (K)")
     max_caption_len: int = Field(32, ge=3, description="tokens per caption incl. <start>/<end>")
     vocab_min_count: int = Field(
         1, ge=1, description="words seen fewer times in the train captions become <unk> (captioning papers: 5)"
     )
-
 
     @field_validator("storage_options", "shards")
     @classmethod
@@ -80,7 +94,9 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     lr_schedule: Literal["step", "cosine"] = Field("step", description="step: the paper's decay; cosine: to 0")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up from 0 over this many steps")
-    lr_decay_epochs: int = Field(15, ge=1, description="step schedule: multiply lr by lr_decay_factor every this many epochs")
+    lr_decay_epochs: int = Field(
+        15, ge=1, description="step schedule: multiply lr by lr_decay_factor every this many epochs"
+    )
     lr_decay_factor: float = Field(0.1, gt=0, le=1)
     grad_clip: float | None = Field(2.0, gt=0, description="clip the global grad norm (None: off)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
@@ -90,13 +106,15 @@ class TrainConfig(Section):
     save_every_steps: int | None = Field(None, ge=1, description="also checkpoint every N steps (always at epoch ends)")
     keep_last: int = Field(2, ge=1, description="step checkpoints kept (the best is kept as well)")
     checkpoint_format: Literal["plain", "sharded"] = Field(
-        "plain", description="plain: whole weights (model.safetensors) and optimizer in every checkpoint, written by "
+        "plain",
+        description="plain: whole weights (model.safetensors) and optimizer in every checkpoint, written by "
         "rank 0; sharded: torch.distributed.checkpoint, each rank writes its part, whole weights only in the best and "
-        "final checkpoints (Accelerate engine)"
+        "final checkpoints (Accelerate engine)",
     )
     async_checkpoints: bool = Field(
-        False, description="write checkpoints in the background while training goes on; the state is copied first "
-        "(Accelerate engine)"
+        False,
+        description="write checkpoints in the background while training goes on; the state is copied first "
+        "(Accelerate engine)",
     )
     resume: str | None = Field(
         None, description="'latest': newest good checkpoint of output.dir (error if none); 'auto': it if any; or a path"
@@ -112,12 +130,16 @@ class TrainConfig(Section):
         1.5, gt=1, description="name the slowest rank when its own step time is this many times the others' median"
     )
     replica_check_every: int = Field(
-        100, ge=0, description="compare the ranks' replicas of the model after the first update and every N steps; "
-        "ranks that differ stop the run, naming the tensor (exit 4; docs/distributed.md); 0: never"
+        100,
+        ge=0,
+        description="compare the ranks' replicas of the model after the first update and every N steps; "
+        "ranks that differ stop the run, naming the tensor (exit 4; docs/distributed.md); 0: never",
     )
     negatives_group_size: int | None = Field(
-        None, ge=1, description="cross-batch objectives take negatives from blocks of this many consecutive ranks "
-        "(8: the GPUs of a node); None: the whole global batch (docs/distributed.md, what global negatives cost)"
+        None,
+        ge=1,
+        description="cross-batch objectives take negatives from blocks of this many consecutive ranks "
+        "(8: the GPUs of a node); None: the whole global batch (docs/distributed.md, what global negatives cost)",
     )
 
     @field_validator("stop_signals")
@@ -134,7 +156,8 @@ class EngineConfig(Section):
         "accelerate", description="accelerate: DDP through Accelerate; deepspeed: DeepSpeed's engine with ZeRO"
     )
     deepspeed_config: str = Field(
-        "jobs/deepspeed/zero2.json", description="backend=deepspeed: ZeRO settings file (jobs/deepspeed/zero{1,2,3}.json)"
+        "jobs/deepspeed/zero2.json",
+        description="backend=deepspeed: ZeRO settings file (jobs/deepspeed/zero{1,2,3}.json)",
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="autocast on CUDA; CPU runs fp32")
     sync_batchnorm: bool = Field(False, description="BatchNorm statistics over every rank's rows (exact multi-rank)")
@@ -164,12 +187,14 @@ class EvalConfig(Section):
 class OutputConfig(Section):
     dir: str = Field("runs/{recipe}", description="where checkpoints and metrics go")
     checkpoint_dir: str | None = Field(
-        None, description="a store URL (s3://bucket/prefix, any fsspec filesystem) that every committed checkpoint "
-        "is uploaded to (COMPLETE last) and that resuming reads; they are still written to <dir>/checkpoints first"
+        None,
+        description="a store URL (s3://bucket/prefix, any fsspec filesystem) that every committed checkpoint "
+        "is uploaded to (COMPLETE last) and that resuming reads; they are still written to <dir>/checkpoints first",
     )
     storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="options of checkpoint_dir's fsspec filesystem (e.g. {endpoint_url: ...}); "
-        "credentials come from the environment, never from here"
+        default_factory=dict,
+        description="options of checkpoint_dir's fsspec filesystem (e.g. {endpoint_url: ...}); "
+        "credentials come from the environment, never from here",
     )
 
     @field_validator("checkpoint_dir", "storage_options")
@@ -180,34 +205,40 @@ class OutputConfig(Section):
 
         refuse_credentials(info.field_name, value)
         if info.field_name == "checkpoint_dir" and value is not None and not is_url(value):
-            raise ValueError(f"'{value}' is not a URL; output.checkpoint_dir names a store (s3://bucket/prefix). "
-                             "For a local directory set output.dir: checkpoints go to <output.dir>/checkpoints")
+            raise ValueError(
+                f"'{value}' is not a URL; output.checkpoint_dir names a store (s3://bucket/prefix). "
+                "For a local directory set output.dir: checkpoints go to <output.dir>/checkpoints"
+            )
         return value
 
 
 class MetricsConfig(Section):
     enabled: bool = Field(True, description="serve Prometheus metrics from every rank")
     host: str = Field(
-        "127.0.0.1", description="address the metrics endpoints bind to (node: this node's address towards the "
-        "rendezvous host, for a Prometheus on another node; 0.0.0.0: every interface)"
+        "127.0.0.1",
+        description="address the metrics endpoints bind to (node: this node's address towards the "
+        "rendezvous host, for a Prometheus on another node; 0.0.0.0: every interface)",
     )
     port: int = Field(9400, ge=1, le=65535, description="rank r serves on port + local rank r")
     job: str = Field("{recipe}", description="the `job` label of every series")
     linger_seconds: float = Field(0.0, ge=0, description="keep serving this long after training, for a last scrape")
     targets_dir: str | None = Field(
-        None, description="rank 0 writes every rank's endpoint to <dir>/targets.json for Prometheus file_sd "
-        "(Ray: <run dir>/prometheus)"
+        None,
+        description="rank 0 writes every rank's endpoint to <dir>/targets.json for Prometheus file_sd "
+        "(Ray: <run dir>/prometheus)",
     )
     trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         [], description="experiment trackers rank 0 writes beside Prometheus (docs/observability.md, Trackers)"
     )
     trackers_dir: str | None = Field(None, description="where the trackers write (default: <output dir>/trackers)")
     wandb_mode: Literal["offline", "online"] = Field(
-        "offline", description="online uploads as it goes (WANDB_API_KEY from the environment); offline: wandb sync later"
+        "offline",
+        description="online uploads as it goes (WANDB_API_KEY from the environment); offline: wandb sync later",
     )
     mlflow_tracking_uri: str | None = Field(
-        None, description="MLflow server or store (default: a file store in <trackers dir>/mlruns); "
-        "credentials from the environment (MLFLOW_TRACKING_TOKEN, ..._USERNAME/_PASSWORD)"
+        None,
+        description="MLflow server or store (default: a file store in <trackers dir>/mlruns); "
+        "credentials from the environment (MLFLOW_TRACKING_TOKEN, ..._USERNAME/_PASSWORD)",
     )
 
     @field_validator("mlflow_tracking_uri")
@@ -217,25 +248,29 @@ class MetricsConfig(Section):
 
         found = url_credentials(value) if value else None
         if found:
-            raise ValueError(f"the URL carries {found}, and config.yaml, metrics.json and checkpoints record the "
-                             "configuration: set MLFLOW_TRACKING_TOKEN (or MLFLOW_TRACKING_USERNAME and "
-                             "MLFLOW_TRACKING_PASSWORD) in the environment instead, where MLflow's client reads them")
+            raise ValueError(
+                f"the URL carries {found}, and config.yaml, metrics.json and checkpoints record the "
+                "configuration: set MLFLOW_TRACKING_TOKEN (or MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD) in the environment instead, where MLflow's client reads them"
+            )
         return value
 
 
 class RayConfig(Section):
     address: str | None = Field(None, description="Ray cluster address (default: RAY_ADDRESS, else a local head)")
     num_workers: int | str = Field(
-        2, description="training workers (ranks), one process each; or 'MIN:MAX' for elastic training: Ray Train starts "
-        "with as many as it gets, at least MIN, and after a lost worker carries on with those left"
+        2,
+        description="training workers (ranks), one process each; or 'MIN:MAX' for elastic training: Ray Train starts "
+        "with as many as it gets, at least MIN, and after a lost worker carries on with those left",
     )
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float | Literal["auto"] = Field(
         "auto", description="auto: 1 when the cluster has GPUs, else 0 (CPU workers with gloo)"
     )
     storage_path: str = Field(
-        "~/ray_results", description="where the run directory goes: shared by every node (NFS, a bucket mount), or each "
-        "node's own disk when output.checkpoint_dir is a store URL (plain checkpoints under Accelerate)"
+        "~/ray_results",
+        description="where the run directory goes: shared by every node (NFS, a bucket mount), or each "
+        "node's own disk when output.checkpoint_dir is a store URL (plain checkpoints under Accelerate)",
     )
     name: str = Field("{recipe}", description="run directory under storage_path; checkpoints and metrics.json go there")
     max_failures: int = Field(2, ge=-1, description="worker-group restarts after a failure (-1: no limit)")
@@ -255,7 +290,11 @@ class RayConfig(Section):
 def worker_range(value) -> tuple[int, int]:
     """ray.num_workers as (fewest, most): 4 -> (4, 4), '2:8' -> (2, 8); anything else a ValueError."""
     try:
-        parts = [int(value)] * 2 if isinstance(value, int) or ":" not in str(value) else [int(v) for v in str(value).split(":")]
+        parts = (
+            [int(value)] * 2
+            if isinstance(value, int) or ":" not in str(value)
+            else [int(v) for v in str(value).split(":")]
+        )
     except ValueError:
         parts = []
     if len(parts) != 2 or not 1 <= parts[0] <= parts[1]:
@@ -296,9 +335,7 @@ def _rebuilt_job_config(model_config: type[Section], values: dict) -> JobConfig:
 @functools.cache
 def job_config_class(model_config: type[Section]) -> type[JobConfig]:
     """The JobConfig whose `model` section is a recipe's own config class (one class per recipe)."""
-    return create_model(
-        f"{model_config.__name__}Job", __base__=JobConfig, model=(model_config, model_config())
-    )
+    return create_model(f"{model_config.__name__}Job", __base__=JobConfig, model=(model_config, model_config()))
 
 
 # --------------------------------------------------------------------------- loading
@@ -337,8 +374,9 @@ def find_job_file(name_or_path: str) -> Path:
     names = list_job_files()
     close = difflib.get_close_matches(name_or_path, names, n=1)
     raise ConfigError(
-        f"no job file for '{name_or_path}'" + (f". Did you mean '{close[0]}'?" if close else "") +
-        f" Looked at {', '.join(str(c) for c in candidates)}. Job files: {', '.join(names) or 'none'}."
+        f"no job file for '{name_or_path}'"
+        + (f". Did you mean '{close[0]}'?" if close else "")
+        + f" Looked at {', '.join(str(c) for c in candidates)}. Job files: {', '.join(names) or 'none'}."
     )
 
 
@@ -359,11 +397,17 @@ YamlLoader.yaml_implicit_resolvers = {
 }
 YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"), list("-+0123456789"))
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
 YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"), list("-+0123456789."))
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def load_yaml(text: str):
@@ -401,7 +445,7 @@ def deep_merge(base: dict, update: dict) -> dict:
     return merged
 
 
-def updated(config: "JobConfig", update: dict) -> "JobConfig":
+def updated(config: JobConfig, update: dict) -> JobConfig:
     """`config` with `update` (nested sections) merged in, validated again (a plain model_copy
     would skip validation): how a recipe derives the configs of its stages."""
     return type(config).model_validate(deep_merge(config.model_dump(), update))

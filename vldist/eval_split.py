@@ -22,8 +22,13 @@ class EmptySplitError(RuntimeError):
 
 def eval_loader(config, recipe, shards, split: str, shielded_signals=()):
     spec = StreamSpec(
-        urls=shards.urls(split), keep=recipe.sample_keys, optional=recipe.optional_keys, sample_fn=recipe.eval_sample,
-        collate_fn=recipe.collate_eval, batch_size=config.data.eval_batch_size, seed=config.seed,
+        urls=shards.urls(split),
+        keep=recipe.sample_keys,
+        optional=recipe.optional_keys,
+        sample_fn=recipe.eval_sample,
+        collate_fn=recipe.collate_eval,
+        batch_size=config.data.eval_batch_size,
+        seed=config.seed,
         access=shards.access,
     )
     return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)), shielded_signals)
@@ -58,8 +63,9 @@ class SkipTally:
             )
 
 
-def evaluate_split(recipe, model, loader, device, where: str, validation: bool = False,
-                   images_dir: Path | None = None) -> dict:
+def evaluate_split(
+    recipe, model, loader, device, where: str, validation: bool = False, images_dir: Path | None = None
+) -> dict:
     """recipe.evaluate over the loader's batches, plus `skipped_samples` in the result, checked
     against the recipe contract (recipes/contract.py). Pictures a recipe returns under `images`
     (name -> PIL image) are written as PNG into `images_dir` and replaced by their paths (none kept

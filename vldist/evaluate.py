@@ -16,7 +16,9 @@ from vldist.store.checkpoint_store import local_checkpoint
 from vldist.trained_model import load_checkpoint
 
 
-def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, device: str = "auto") -> tuple[JobConfig, dict]:
+def evaluate_checkpoint(
+    path, split: str = "test", shards: str | None = None, device: str = "auto"
+) -> tuple[JobConfig, dict]:
     path = local_checkpoint(str(path))  # a store URL: downloaded into the local cache first
     config, recipe, model, shard_set = load_checkpoint(path, shards, device)
     recipe.preflight(shard_set)
@@ -26,8 +28,9 @@ def evaluate_checkpoint(path, split: str = "test", shards: str | None = None, de
     # in the run, not the checkpoint; an export (vldist.export) has no run around it
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
     pictures = run / "images" / f"evaluate-{split}"
-    return config, evaluate_split(recipe, model, eval_loader(config, recipe, shard_set, split), device, where,
-                                  images_dir=pictures)
+    return config, evaluate_split(
+        recipe, model, eval_loader(config, recipe, shard_set, split), device, where, images_dir=pictures
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         print(message, file=sys.stderr)
         return code
     recipe = get_recipe(config.recipe)  # its report is a class method: no model or vocabulary needed
-    print(f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} {metrics.get('unit', 'images')}, "
-          f"{metrics['n_captions']} captions")
+    print(
+        f"{config.recipe} checkpoint {args.checkpoint} on {args.split}: {metrics['n_images']} {metrics.get('unit', 'images')}, "
+        f"{metrics['n_captions']} captions"
+    )
     print(recipe.report({"model": metrics}, args.split))
     if args.json:
         print(json.dumps(metrics, indent=2))

@@ -7,14 +7,14 @@ from vldist.checkpoint import CheckpointError, CheckpointWriteError
 from vldist.compat import IncompatibleCheckpoint
 from vldist.config import ConfigError
 from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
-from vldist.eval_split import EmptySplitError
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
 from vldist.distributed.peer_loss import PeerLost
 from vldist.distributed.replicas import ReplicasDiverged
 from vldist.distributed.watchdog import HUNG as WATCHDOG_HUNG
-from vldist.preemption import EXIT_STOPPED, TrainingStopped
+from vldist.eval_split import EmptySplitError
 from vldist.launch.ray_train import RunFailed, RunStopped
 from vldist.launch.resubmission import RunDirectoryTaken
+from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
+from vldist.preemption import EXIT_STOPPED, TrainingStopped
 from vldist.run_lock import OutputDirInUse
 from vldist.store.location import StoreSupportMissing, StoreUnreachable
 from vldist.store.retry import StoreLost
@@ -31,10 +31,33 @@ INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports): ended at once
 # Checked in this order, so that an error of two rows takes the first: JavaNotFoundError is a
 # CaptionMetricsError, and refuses to start rather than fails.
 EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
-    (REFUSED, (ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError, IncompatibleCheckpoint,
-               OutputDirInUse, RunDirectoryTaken, JavaNotFoundError, StoreSupportMissing,
-               StoreUnreachable)),
-    (FAILED, (RunFailed, PeerLost, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost)),
+    (
+        REFUSED,
+        (
+            ConfigError,
+            ShardsNotFoundError,
+            ShardsUnfitError,
+            CheckpointError,
+            IncompatibleCheckpoint,
+            OutputDirInUse,
+            RunDirectoryTaken,
+            JavaNotFoundError,
+            StoreSupportMissing,
+            StoreUnreachable,
+        ),
+    ),
+    (
+        FAILED,
+        (
+            RunFailed,
+            PeerLost,
+            CheckpointWriteError,
+            EmptySplitError,
+            CaptionMetricsError,
+            NonFiniteLossError,
+            StoreLost,
+        ),
+    ),
     (DIVERGED, (ReplicasDiverged,)),
     (STOPPED, (TrainingStopped, RunStopped)),
     (INTERRUPTED, (KeyboardInterrupt,)),
@@ -43,10 +66,13 @@ EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
 # The errors a command reports in one line instead of a traceback. Ctrl-C is not among them: only
 # training says what it kept (catching KeyboardInterrupt itself); the others let Python end on it.
 REPORTED_ERRORS: tuple[type[Exception], ...] = tuple(
-    error for code, errors in EXIT_CODES if code != INTERRUPTED for error in errors)
+    error for code, errors in EXIT_CODES if code != INTERRUPTED for error in errors
+)
 
-INTERRUPTED_MESSAGE = ("interrupted: nothing after the last checkpoint was kept (train.resume=latest carries on "
-                       "from it; train.stop_signals=[SIGTERM,SIGUSR1,SIGINT] checkpoints on Ctrl-C)")
+INTERRUPTED_MESSAGE = (
+    "interrupted: nothing after the last checkpoint was kept (train.resume=latest carries on "
+    "from it; train.stop_signals=[SIGTERM,SIGUSR1,SIGINT] checkpoints on Ctrl-C)"
+)
 
 
 def exit_status(error: BaseException) -> tuple[int, str]:

@@ -44,8 +44,10 @@ def choose_checkpoint(run: Path, which: str | None) -> Path:
     run = Path(run)
     if which is None or is_complete(run):
         if which is not None:
-            raise CheckpointError(f"'{run}' is a checkpoint itself; --checkpoint ({which}) chooses among a run's "
-                                  "checkpoints: give the run directory, or leave --checkpoint out")
+            raise CheckpointError(
+                f"'{run}' is a checkpoint itself; --checkpoint ({which}) chooses among a run's "
+                "checkpoints: give the run directory, or leave --checkpoint out"
+            )
         return find_checkpoint(run)
     directory = run / "checkpoints"
     steps = [p.name for p in step_checkpoints(directory)]
@@ -53,7 +55,9 @@ def choose_checkpoint(run: Path, which: str | None) -> Path:
     name = chosen_name(which, best, steps)
     if name is None:
         available = ", ".join(["best"] * best + steps) or "none"
-        raise CheckpointError(f"--checkpoint {which}: no such complete checkpoint in {directory} (available: {available})")
+        raise CheckpointError(
+            f"--checkpoint {which}: no such complete checkpoint in {directory} (available: {available})"
+        )
     return directory / name
 
 
@@ -74,9 +78,14 @@ def export(run: Path | str, out: Path, which: str | None = None) -> Path:
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()  # an empty directory given as --out: the commit renames the export into its place
     tmp = begin(out)
-    write_files(tmp, model_state=weights, train_state=None, config_yaml=yaml.safe_dump(config, sort_keys=False),
-                vocab=Vocab.load(checkpoint / "vocab.json"),
-                meta={**{k: v for k, v in meta.items() if k != "vldist_version"}, "exported_from": str(checkpoint.resolve())})
+    write_files(
+        tmp,
+        model_state=weights,
+        train_state=None,
+        config_yaml=yaml.safe_dump(config, sort_keys=False),
+        vocab=Vocab.load(checkpoint / "vocab.json"),
+        meta={**{k: v for k, v in meta.items() if k != "vldist_version"}, "exported_from": str(checkpoint.resolve())},
+    )
     try:
         commit(tmp, out)
     except OSError:
@@ -86,10 +95,14 @@ def export(run: Path | str, out: Path, which: str | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vldist.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="a run directory (output.dir), or one checkpoint directory; or their store URL "
-                        "(output.checkpoint_dir, s3://...)")
+    parser = argparse.ArgumentParser(
+        prog="python -m vldist.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "run",
+        help="a run directory (output.dir), or one checkpoint directory; or their store URL "
+        "(output.checkpoint_dir, s3://...)",
+    )
     parser.add_argument("--checkpoint", help=f"which of the run's checkpoints: {CHOICES} (default: best, else latest)")
     parser.add_argument("--out", required=True, help="the directory to write (new, empty, or an earlier export)")
     args = parser.parse_args(argv)
@@ -101,9 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         return code
     meta = read_meta(Path(args.out))
     size = (Path(args.out) / "model.safetensors").stat().st_size
-    print(f"exported {checkpoint} ({meta.get('recipe')}, step {meta.get('step')}, written by "
-          f"{meta.get('world_size', 1)} ranks under {meta.get('engine', 'accelerate')}) to {args.out}: "
-          f"model.safetensors ({size / 2**20:.1f} MiB), config.yaml, vocab.json")
+    print(
+        f"exported {checkpoint} ({meta.get('recipe')}, step {meta.get('step')}, written by "
+        f"{meta.get('world_size', 1)} ranks under {meta.get('engine', 'accelerate')}) to {args.out}: "
+        f"model.safetensors ({size / 2**20:.1f} MiB), config.yaml, vocab.json"
+    )
     return DONE
 
 

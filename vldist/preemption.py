@@ -113,8 +113,10 @@ def interrupts_deferred():
     workers shutting down) is printed as 'Exception ignored' and lost, so training went on; one in
     the middle of receiving a batch's shared memory left the sending worker to print a traceback.
     Does nothing where SIGINT is not Python's default (a stop signal, or a thread other than main)."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     global _interrupted

@@ -11,8 +11,7 @@ from pathlib import Path
 COLUMNS = ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "rsum")
 
 
-def chance_recall(n_images: int, captions_per_image: int = 5, *, caption_counts=None
-                  ) -> dict[str, float]:
+def chance_recall(n_images: int, captions_per_image: int = 5, *, caption_counts=None) -> dict[str, float]:
     """Expected recall (percent) of a random ranking, in the keys of `retrieval_recall`.
 
     i2t: an image finds one of its c_i captions in the top K of all N captions, i.e.
@@ -44,12 +43,13 @@ def _caption_counts(n_images, captions_per_image, caption_counts) -> Counter:
     except TypeError:
         raise ValueError(f"caption_counts must hold integer counts, got {caption_counts!r:.80}") from None
     if len(counts) != n_images:
-        raise ValueError(
-            f"caption_counts has {len(counts)} entries; expected one per image (n_images={n_images})")
+        raise ValueError(f"caption_counts has {len(counts)} entries; expected one per image (n_images={n_images})")
     empty = [i for i, c in enumerate(counts) if c < 1]
     if empty:
-        raise ValueError(f"image {empty[0]} has caption count {counts[empty[0]]}; every image needs "
-                         f">= 1 caption ({len(empty)} image(s) without)")
+        raise ValueError(
+            f"image {empty[0]} has caption count {counts[empty[0]]}; every image needs "
+            f">= 1 caption ({len(empty)} image(s) without)"
+        )
     return Counter(counts)
 
 
@@ -68,14 +68,22 @@ def retrieval_report(rows: dict[str, dict[str, float]], metrics: dict, split: st
     if "1k_5fold" in metrics:
         lines.append("1K five-fold:\n" + retrieval_table({list(rows)[-1]: metrics["1k_5fold"]}))
     if metrics.get("skipped_samples"):
-        lines.append(f"{metrics['skipped_samples']} samples of the {split} split were unreadable and skipped "
-                     f"(see the warnings): the protocol ran on the {metrics['n_images']} images that remain")
+        lines.append(
+            f"{metrics['skipped_samples']} samples of the {split} split were unreadable and skipped "
+            f"(see the warnings): the protocol ran on the {metrics['n_images']} images that remain"
+        )
     return "\n".join(lines)
 
 
-
-CAPTION_COLUMNS = {"bleu1": "BLEU-1", "bleu2": "BLEU-2", "bleu3": "BLEU-3", "bleu4": "BLEU-4", "meteor": "METEOR",
-                   "rouge_l": "ROUGE-L", "cider_d": "CIDEr-D"}
+CAPTION_COLUMNS = {
+    "bleu1": "BLEU-1",
+    "bleu2": "BLEU-2",
+    "bleu3": "BLEU-3",
+    "bleu4": "BLEU-4",
+    "meteor": "METEOR",
+    "rouge_l": "ROUGE-L",
+    "cider_d": "CIDEr-D",
+}
 
 
 def score_cell(value: float) -> str:
@@ -96,16 +104,20 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
         recall = " " * 16 + "".join(f"{m['self_retrieval'][k]:>8.2f}" for k in ks) if retrieval else ""
         lines.append(f"{name:<12}" + "".join(score_cell(m["captions"][c]) for c in CAPTION_COLUMNS) + recall)
     if retrieval:
-        lines.append(f"self-retrieval: each generated caption ranks the {last['self_retrieval']['n_images']} first "
-                     f"{split} images by ln p(caption | image)")
+        lines.append(
+            f"self-retrieval: each generated caption ranks the {last['self_retrieval']['n_images']} first "
+            f"{split} images by ln p(caption | image)"
+        )
     if not math.isfinite(last["captions"]["meteor"]):
         lines.append("METEOR n/a: it did not finish within eval.meteor_timeout and was ended")
     for example in last.get("examples", []):
         lines.append(f"  {example['key']}  generated: {example['generated']}")
         lines += [f"  {'':<{len(example['key'])}}  reference: {r}" for r in example["references"][:2]]
     if last.get("skipped_samples"):
-        lines.append(f"{last['skipped_samples']} samples of the {split} split were unreadable and skipped "
-                     f"(see the warnings): the metrics cover the {last['n_images']} {last.get('unit', 'images')} that remain")
+        lines.append(
+            f"{last['skipped_samples']} samples of the {split} split were unreadable and skipped "
+            f"(see the warnings): the metrics cover the {last['n_images']} {last.get('unit', 'images')} that remain"
+        )
     if last.get("images"):
         lines.append(f"pictures ({len(last['images'])}, PNG): {Path(last['images'][0]).parent}")
     return "\n".join(lines)

@@ -42,7 +42,9 @@ class RunLock:
             holder = _read(fd)
             os.close(fd)
             if err.errno not in (errno.EACCES, errno.EAGAIN):
-                raise OutputDirInUse(f"cannot lock {self.path} ({err}); is output.dir on a filesystem without locks?") from err
+                raise OutputDirInUse(
+                    f"cannot lock {self.path} ({err}); is output.dir on a filesystem without locks?"
+                ) from err
             raise OutputDirInUse(_in_use_message(self.path.parent, holder)) from None
         record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "command": sys.argv}
         os.ftruncate(fd, 0)

@@ -22,6 +22,8 @@ from vldist.recipes.jobs import load_config
 
 log = logging.getLogger("vldist.train")
 DEFAULT_JOB = "vsrn"
+
+
 def split_args(argv: list[str]) -> tuple[str, list[str]]:
     if argv and "=" not in argv[0]:
         return argv[0], argv[1:]
@@ -61,8 +63,10 @@ def print_results(config: JobConfig, results: dict) -> None:
         untrained.update(stage.get("untrained") or {})
     rows = {"untrained": untrained} if untrained else {}
     rows.update({name: stage["test"] for name, stage in stages.items()})
-    print(f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} {test.get('unit', 'images')}, "
-          f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s")
+    print(
+        f"\n{config.recipe} on {config.data.shards}, {config.eval.split} split: {test['n_images']} {test.get('unit', 'images')}, "
+        f"{test['n_captions']} captions, {results['steps']} steps in {results['wall_seconds']:.0f} s"
+    )
     print(recipe.report(rows, config.eval.split))
     out = config.output_dir
     best = out / "checkpoints" / "best"  # none without validation: the last step's weights were tested
@@ -114,8 +118,9 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
 
     use_ray = ray_train.wanted(config)
     if use_ray:  # the stages' directories go under the Ray run directory
-        config = config.model_copy(update={"output": config.output.model_copy(
-            update={"dir": str(ray_train.run_dir(config))})})
+        config = config.model_copy(
+            update={"output": config.output.model_copy(update={"dir": str(ray_train.run_dir(config))})}
+        )
     stages = get_recipe(config.recipe).stages(config)
     done: dict[str, dict] = {}
     results = None
@@ -123,21 +128,38 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
         if len(stages) > 1:
             run_name = f"{config.ray.name.format(recipe=config.recipe)}/{name}"
             store = stage.output.checkpoint_dir
-            stage = stage.model_copy(update={
-                # each stage its own checkpoints, also in the store: a stage never resumes from another's
-                "output": stage.output.model_copy(update={"dir": str(config.output_dir / name), "checkpoint_dir":
-                                                          f"{store.rstrip('/')}/{name}" if store else None}),
-                "ray": stage.ray.model_copy(update={"name": run_name}),
-            })
+            stage = stage.model_copy(
+                update={
+                    # each stage its own checkpoints, also in the store: a stage never resumes from another's
+                    "output": stage.output.model_copy(
+                        update={
+                            "dir": str(config.output_dir / name),
+                            "checkpoint_dir": f"{store.rstrip('/')}/{name}" if store else None,
+                        }
+                    ),
+                    "ray": stage.ray.model_copy(update={"name": run_name}),
+                }
+            )
             finished = stage.output_dir / "metrics.json"
             if index < len(stages) - 1 and finished.is_file():
                 done[name] = json.loads(finished.read_text())
-                refuse_other_settings(done[name].get("config", {}), stage,
-                                      f"stage '{name}' finished before in {stage.output_dir}", start_afresh(stage, use_ray))
+                refuse_other_settings(
+                    done[name].get("config", {}),
+                    stage,
+                    f"stage '{name}' finished before in {stage.output_dir}",
+                    start_afresh(stage, use_ray),
+                )
                 log.info("stage '%s' finished before: using %s", name, finished)
                 continue
-            log.info("stage %d/%d of %s: '%s' (recipe %s), output in %s", index + 1, len(stages), config.recipe,
-                     name, stage.recipe, stage.output_dir)
+            log.info(
+                "stage %d/%d of %s: '%s' (recipe %s), output in %s",
+                index + 1,
+                len(stages),
+                config.recipe,
+                name,
+                stage.recipe,
+                stage.output_dir,
+            )
         results = ray_train.launch(stage, run) if use_ray else run(stage, last=index == len(stages) - 1)
         if use_ray:
             stage = ray_train.worker_config(stage)  # where the results were written

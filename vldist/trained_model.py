@@ -27,8 +27,9 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
     except ValueError as err:
         raise CheckpointError(f"{err} (the checkpoint's vocabulary: the checkpoint is damaged)") from None
     recipe = recipe_cls(config, vocab, shard_set.feature_dim())
-    check_checkpoint_fits_job(ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim,
-                              len(recipe.vocab), "evaluate")
+    check_checkpoint_fits_job(
+        ckpt, recipe.build_model, config.model_dump(mode="json"), recipe.feature_dim, len(recipe.vocab), "evaluate"
+    )
     model = recipe.build_model()
     model.load_state_dict(load_model_state(ckpt))
     model.to(pick_device(device)).eval()

@@ -86,8 +86,17 @@ def _to_device(batch: dict, device: torch.device) -> dict:
 
 
 class Trainer:
-    def __init__(self, config: JobConfig, recipe: Recipe, engine, shards: JobShards, on_checkpoint=None, metrics=None,
-                 stop: StopRequest | None = None, start: StartingWeights | None = None):
+    def __init__(
+        self,
+        config: JobConfig,
+        recipe: Recipe,
+        engine,
+        shards: JobShards,
+        on_checkpoint=None,
+        metrics=None,
+        stop: StopRequest | None = None,
+        start: StartingWeights | None = None,
+    ):
         """shards: the job's shard sets; start: the weights the recipe starts from (its
         starts_from, read by the runner); on_checkpoint, metrics: see Checkpointer."""
         self.config, self.recipe, self.engine = config, recipe, engine
@@ -107,8 +116,9 @@ class Trainer:
                 "The batch is the job's global batch, kept when a run resumes on another number of ranks: "
                 "run on a number of ranks that divides it"
             )
-        self.streams = TrainingStreams(config, recipe, shards, engine.rank, engine.world_size, self.accumulation,
-                                       self.stop.signals)
+        self.streams = TrainingStreams(
+            config, recipe, shards, engine.rank, engine.world_size, self.accumulation, self.stop.signals
+        )
         self.micro_per_epoch = self.streams.micro_per_epoch
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accumulation)
         self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
@@ -124,12 +134,15 @@ class Trainer:
         if engine.rank:
             torch.manual_seed(config.seed + engine.rank)  # dropout masks differ between ranks
         self.schedulers = {
-            name: build_scheduler(config, opt, self.steps_per_epoch, self.total_steps) for name, opt in self.optimizers.items()
+            name: build_scheduler(config, opt, self.steps_per_epoch, self.total_steps)
+            for name, opt in self.optimizers.items()
         }
-        self.checkpoints = Checkpointer(config, engine, self.schedulers, recipe, lambda: asdict(self.state),
-                                        on_checkpoint, metrics)
-        self.replicas = ReplicaCheck(engine.unwrap(), engine.world_size, t.replica_check_every,
-                                     config.engine.sync_batchnorm)
+        self.checkpoints = Checkpointer(
+            config, engine, self.schedulers, recipe, lambda: asdict(self.state), on_checkpoint, metrics
+        )
+        self.replicas = ReplicaCheck(
+            engine.unwrap(), engine.world_size, t.replica_check_every, config.engine.sync_batchnorm
+        )
 
     # ------------------------------------------------------------------ evaluation
 
@@ -161,8 +174,15 @@ class Trainer:
             if validation is None:
                 validation = split == self.config.data.val_split and split != self.config.eval.split
             pictures = None if batches else self.out_dir / "images" / f"{split}-step-{self.state.step:08d}"
-            result = evaluate_split(self.recipe, model, eval_batches(loaded, batches or count, split, True),
-                                    self.engine.device, where, validation, pictures)
+            result = evaluate_split(
+                self.recipe,
+                model,
+                eval_batches(loaded, batches or count, split, True),
+                self.engine.device,
+                where,
+                validation,
+                pictures,
+            )
             raise_if_interrupted()
         with heartbeat.collective("barrier (rank 0 evaluates)"):
             self.engine.barrier()
@@ -214,12 +234,23 @@ class Trainer:
                 self.state.epoch_step += 1
                 self.state.epoch_loss_sum += float(losses["loss"])
                 self.state.samples_seen += n
-                self.progress.step(epoch=epoch, step=self.state.step, samples=n, wait=wait, losses=losses, lr=self.current_lr(),
-                                   note=self.watchdog.straggler)
+                self.progress.step(
+                    epoch=epoch,
+                    step=self.state.step,
+                    samples=n,
+                    wait=wait,
+                    losses=losses,
+                    lr=self.current_lr(),
+                    note=self.watchdog.straggler,
+                )
                 if self.replicas.due(self.state.step):  # before a checkpoint could keep a diverged copy
                     with heartbeat.collective("all_gather (replica check)"):
                         self.replicas.check(self.state.step)
-                if t.save_every_steps and self.state.step % t.save_every_steps == 0 and self.state.step < self.total_steps:
+                if (
+                    t.save_every_steps
+                    and self.state.step % t.save_every_steps == 0
+                    and self.state.step < self.total_steps
+                ):
                     self.checkpoints.save_step(self.state.step, self.state.epoch)
                 if stopping:
                     self._stop()
@@ -240,12 +271,20 @@ class Trainer:
     def _observe_step(self, samples: int, seconds: float, wait: float, losses: dict, skipped: int) -> None:
         if self.metrics is None:
             return
-        self.metrics.observe_step(samples=samples, step_seconds=seconds, wait_seconds=wait, losses=losses,
-                                  lr=self.current_lr(), grad_norm=losses["grad_norm"], skipped=skipped,
-                                  own_seconds=heartbeat.last.own)
+        self.metrics.observe_step(
+            samples=samples,
+            step_seconds=seconds,
+            wait_seconds=wait,
+            losses=losses,
+            lr=self.current_lr(),
+            grad_norm=losses["grad_norm"],
+            skipped=skipped,
+            own_seconds=heartbeat.last.own,
+        )
         if self.engine.device.type == "cuda":
-            self.metrics.set_device(cuda_memory_bytes=torch.cuda.memory_allocated(self.engine.device),
-                                    mfu=self.flops.mfu(samples, seconds))
+            self.metrics.set_device(
+                cuda_memory_bytes=torch.cuda.memory_allocated(self.engine.device), mfu=self.flops.mfu(samples, seconds)
+            )
 
     def current_lr(self) -> float:
         return next(iter(self.schedulers.values())).get_last_lr()[0]
@@ -281,13 +320,18 @@ class Trainer:
         """The global values of this rank's loss shares, after checking they are finite. All ranks
         check the same sum, so on a NaN they stop together instead of one waiting in a collective."""
         with heartbeat.collective("all_reduce (loss)"):  # .tolist() inside: on CUDA that is where it waits
-            totals = global_sum(torch.stack([v.detach().float().reshape(()) for v in losses.values()]))  # one all-reduce
+            totals = global_sum(
+                torch.stack([v.detach().float().reshape(()) for v in losses.values()])
+            )  # one all-reduce
             summed = dict(zip(losses, totals.tolist(), strict=True))
         if not math.isfinite(summed["loss"]):
             parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
             saved = self.checkpoints.saved()
-            restart = (f"carry on from the last checkpoint, {saved[-1]}, with train.resume=latest (nothing was "
-                       "saved after it)" if saved else "start again (no checkpoint was written before it)")
+            restart = (
+                f"carry on from the last checkpoint, {saved[-1]}, with train.resume=latest (nothing was saved after it)"
+                if saved
+                else "start again (no checkpoint was written before it)"
+            )
             raise NonFiniteLossError(
                 f"non-finite loss at step {self.state.step + 1}, update '{update}' ({parts}). Lower train.lr or set "
                 f"train.grad_clip, check the shards for bad features, and {restart}."
@@ -298,11 +342,14 @@ class Trainer:
         """Train, validate and test (see the module docstring), watched by the hang and straggler
         watchdog (distributed/watchdog.py)."""
         t = self.config.train
-        resume_hint = f"with train.resume=auto it carries on from the newest checkpoint in {self.checkpoints.directory}."
+        resume_hint = (
+            f"with train.resume=auto it carries on from the newest checkpoint in {self.checkpoints.directory}."
+        )
         self.trackers = Trackers.start(self.config, self.engine.is_main)  # rank 0's, if the job lists any
         store = watchdog_store(timeout_s=2 * Watchdog.interval_for(t.hang_timeout_s) + 5)
-        self.watchdog = Watchdog(heartbeat, store, self.engine.rank, self.engine.world_size, t.hang_timeout_s,
-                                 t.straggler_ratio, resume_hint).start()
+        self.watchdog = Watchdog(
+            heartbeat, store, self.engine.rank, self.engine.world_size, t.hang_timeout_s, t.straggler_ratio, resume_hint
+        ).start()
         try:
             return self._fit()
         finally:
@@ -314,14 +361,22 @@ class Trainer:
         cfg = self.config
         start = time.perf_counter()
         self._resume()
-        self.progress = TrainingProgress(self.engine.is_main, self.total_steps, self.state.step, cfg.train.log_every,
-                                         self.out_dir / "metrics.jsonl", self.trackers.record if self.trackers else None)
+        self.progress = TrainingProgress(
+            self.engine.is_main,
+            self.total_steps,
+            self.state.step,
+            cfg.train.log_every,
+            self.out_dir / "metrics.jsonl",
+            self.trackers.record if self.trackers else None,
+        )
         if self.state.step == 0 and not cfg.eval.baseline:
             self.check_evaluation_contract()  # the baseline evaluation is checked as it runs
         if cfg.eval.baseline and self.state.step == 0:
             self.state.untrained = self.evaluate(cfg.eval.split)
             if self.engine.is_main:
-                log.info("untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(self.state.untrained)))
+                log.info(
+                    "untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(self.state.untrained))
+                )
         while self.state.step < self.total_steps or self._epoch_end_pending():
             epoch = self.state.epoch
             train_loss = self.train_epoch(epoch)
@@ -334,7 +389,11 @@ class Trainer:
         best = self.checkpoints.path("best")
         if self.state.best_epoch is not None and best.is_dir():
             self.engine.load_model_state(load_model_state(best))
-        results: dict = {"recipe": cfg.recipe, "world_size": self.engine.world_size, "config": cfg.model_dump(mode="json")}
+        results: dict = {
+            "recipe": cfg.recipe,
+            "world_size": self.engine.world_size,
+            "config": cfg.model_dump(mode="json"),
+        }
         if self.state.untrained is not None:
             results["untrained"] = self.state.untrained
         results["test"] = self.evaluate(cfg.eval.split)
@@ -342,9 +401,14 @@ class Trainer:
             self.progress.record({"event": "test", "step": self.state.step, **self.recipe.headline(results["test"])})
             self._caption_examples("test", results["test"])
         results.update(
-            steps=self.state.step, samples_seen=self.state.samples_seen, skipped_samples=self.state.skipped_samples,
-            best_epoch=self.state.best_epoch, restarts=self.state.restarts, history=self.state.history,
-            train_seconds=train_seconds, wall_seconds=time.perf_counter() - start,
+            steps=self.state.step,
+            samples_seen=self.state.samples_seen,
+            skipped_samples=self.state.skipped_samples,
+            best_epoch=self.state.best_epoch,
+            restarts=self.state.restarts,
+            history=self.state.history,
+            train_seconds=train_seconds,
+            wall_seconds=time.perf_counter() - start,
         )
         if self.state.skipped_samples and self.engine.is_main:
             log.warning("skipped %d corrupt samples during training", self.state.skipped_samples)
@@ -389,8 +453,9 @@ class Trainer:
             self.checkpoints.save_step(self.state.step, self.state.epoch, wait=True)
         checkpoint = self.checkpoints.path(step_name(self.state.step))
         self.progress.write(f"stopped by {reason} after step {self.state.step}: checkpoint {checkpoint}")
-        self.progress.record({"event": "stopped", "step": self.state.step, "reason": reason,
-                              "checkpoint": str(checkpoint)})
+        self.progress.record(
+            {"event": "stopped", "step": self.state.step, "reason": reason, "checkpoint": str(checkpoint)}
+        )
         self.progress.close()
         raise TrainingStopped(self.state.step, checkpoint, reason)
 
@@ -406,17 +471,21 @@ class Trainer:
         if every and ((finished and (epoch + 1) % every == 0) or self.state.step >= self.total_steps):
             val = self.evaluate(cfg.data.val_split)
             # Rank 0 measured; share its score so every rank agrees on the best epoch.
-            score = float(global_sum(torch.tensor(self.recipe.selection_score(val) if val else 0.0,
-                                                  dtype=torch.float64)))
+            score = float(
+                global_sum(torch.tensor(self.recipe.selection_score(val) if val else 0.0, dtype=torch.float64))
+            )
             if val:
                 entry["val"] = self.recipe.headline(val)
                 self.progress.write(f"epoch {epoch + 1} validation: {_short(entry['val'])}")
-                self.progress.record({"event": "validation", "epoch": epoch + 1, "step": self.state.step, **entry["val"]})
+                self.progress.record(
+                    {"event": "validation", "epoch": epoch + 1, "step": self.state.step, **entry["val"]}
+                )
                 self._caption_examples("val", val)
             if score > self.state.best_score:
                 self.state.best_score, self.state.best_epoch = score, epoch + 1
                 self.checkpoints.save("best", entry)
         self.checkpoints.save_step(self.state.step, self.state.epoch, final=self.state.step >= self.total_steps)
+
 
 def _batch_size(batch: dict) -> int:
     return next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))

@@ -47,30 +47,47 @@ def _config(root: Path, spool: Path, nodes: Nodes | None) -> str:
         host, names, addresses = nodes.hostnames[0], nodes.hostnames, nodes.addresses
         ports = 6817, 6818
     memory_mb = 4000
-    return "\n".join([
-        "ClusterName=vldisttest",
-        f"SlurmctldHost={host}({addresses[0]})",
-        f"SlurmctldPort={ports[0]}",
-        f"SlurmdPort={ports[1]}",
-        "AuthType=auth/none", "CredType=cred/none",
-        # A requeued job waits until its killed run's credentials expire (120 s by default).
-        "AuthInfo=cred_expire=10",
-        # A node that stops answering is DOWN after 10 s (default 300), and its jobs requeued.
-        "SlurmdTimeout=10",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-        "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none", "ReturnToService=2",
-        "SchedulerType=sched/builtin", "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
-        "EnforcePartLimits=ALL", "SchedulerParameters=batch_sched_delay=0",
-        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
-        # %n: each slurmd's own node name, so that several share one directory
-        f"StateSaveLocation={root}/state", f"SlurmdSpoolDir={spool}/%n",
-        f"SlurmctldPidFile={root}/slurmctld.pid", f"SlurmdPidFile={root}/slurmd-%n.pid",
-        f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd-%n.log",
-        *(f"NodeName={name} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
-          f"RealMemory={memory_mb} State=UNKNOWN" for name, address in zip(names, addresses, strict=True)),
-        f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ])
+    return "\n".join(
+        [
+            "ClusterName=vldisttest",
+            f"SlurmctldHost={host}({addresses[0]})",
+            f"SlurmctldPort={ports[0]}",
+            f"SlurmdPort={ports[1]}",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            # A requeued job waits until its killed run's credentials expire (120 s by default).
+            "AuthInfo=cred_expire=10",
+            # A node that stops answering is DOWN after 10 s (default 300), and its jobs requeued.
+            "SlurmdTimeout=10",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "SchedulerType=sched/builtin",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "EnforcePartLimits=ALL",
+            "SchedulerParameters=batch_sched_delay=0",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            # %n: each slurmd's own node name, so that several share one directory
+            f"StateSaveLocation={root}/state",
+            f"SlurmdSpoolDir={spool}/%n",
+            f"SlurmctldPidFile={root}/slurmctld.pid",
+            f"SlurmdPidFile={root}/slurmd-%n.pid",
+            f"SlurmctldLogFile={root}/slurmctld.log",
+            f"SlurmdLogFile={root}/slurmd-%n.log",
+            *(
+                f"NodeName={name} NodeAddr={address} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 "
+                f"RealMemory={memory_mb} State=UNKNOWN"
+                for name, address in zip(names, addresses, strict=True)
+            ),
+            f"PartitionName=debug Nodes={','.join(names)} Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
 
 
 def _wait(check, what: str, timeout: float = 30.0) -> None:

@@ -12,9 +12,21 @@ import torch
 from safetensors.torch import load_file
 
 WORKER = Path(__file__).parent / "workers" / "alternating_updates.py"
-JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-       "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.max_steps=3", "train.save_every_steps=1",
-       "train.keep_last=3", "train.log_every=1", "train.validate_every=0", "eval.baseline=false", "engine.sync_batchnorm=true"]
+JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "train.max_steps=3",
+    "train.save_every_steps=1",
+    "train.keep_last=3",
+    "train.log_every=1",
+    "train.validate_every=0",
+    "eval.baseline=false",
+    "engine.sync_batchnorm=true",
+]
 
 
 def _changed(a: dict, b: dict, prefixes: tuple[str, ...]) -> set[str]:
@@ -23,8 +35,18 @@ def _changed(a: dict, b: dict, prefixes: tuple[str, ...]) -> set[str]:
 
 
 def test_alternating_optimizers_update_only_their_parameters_and_frozen_ones_never(planted_shards, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
-           f"data.shards={planted_shards}", f"output.dir={tmp_path}", *JOB]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(WORKER),
+        f"data.shards={planted_shards}",
+        f"output.dir={tmp_path}",
+        *JOB,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ckpt = tmp_path / "checkpoints"

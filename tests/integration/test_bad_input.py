@@ -19,7 +19,8 @@ from vldist.train import main as train_main
 
 
 def test_an_evaluation_split_that_loses_samples_says_so_and_one_that_loses_all_names_why(
-        trained_vsrn, tmp_path, capsys):
+    trained_vsrn, tmp_path, capsys
+):
     some = write_planted_shards(tmp_path / "some", unreadable={"test-0000003", "test-0000040", "test-0000041"})
     assert evaluate_main([str(trained_vsrn), "--shards", str(some)]) == 0
     out = capsys.readouterr().out
@@ -34,8 +35,15 @@ def test_an_evaluation_split_that_loses_samples_says_so_and_one_that_loses_all_n
 
 
 def test_a_non_finite_loss_is_an_error_that_names_the_last_checkpoint(planted_shards, tmp_path, capsys):
-    code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=2",
-                           *SMALL_VSRN, "train.lr=1e30", "train.grad_clip=null")  # a learning rate that blows up
+    code, err = train_vsrn(
+        capsys,
+        f"data.shards={planted_shards}",
+        f"output.dir={tmp_path}",
+        "train.epochs=2",
+        *SMALL_VSRN,
+        "train.lr=1e30",
+        "train.grad_clip=null",
+    )  # a learning rate that blows up
     assert code == 1
     assert "error: non-finite loss at step" in err and "start again (no checkpoint was written before it)" in err
 
@@ -60,27 +68,43 @@ def test_a_job_file_that_is_not_valid_yaml_is_named_with_its_line(tmp_path, caps
 
 def test_a_second_run_into_the_same_output_dir_refuses_naming_the_first(planted_shards, tmp_path, capsys):
     out = tmp_path / "run"
-    first = subprocess.Popen([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                              f"output.dir={out}", "train.epochs=50", "train.log_every=1", *SMALL_VSRN],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    first = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={out}",
+            "train.epochs=50",
+            "train.log_every=1",
+            *SMALL_VSRN,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for_step(out, 1, first)
-        code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1",
-                               *SMALL_VSRN)
+        code, err = train_vsrn(
+            capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1", *SMALL_VSRN
+        )
         assert code == 2
         assert f"output.dir {out} is in use by another run: pid {first.pid} on host" in err
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # a crash: the lock must not outlive it
         first.wait()
-    code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1",
-                           *SMALL_VSRN)
+    code, err = train_vsrn(
+        capsys, f"data.shards={planted_shards}", f"output.dir={out}", "train.max_steps=1", *SMALL_VSRN
+    )
     assert code == 0, err
 
 
 def _mount_tmpfs(path: Path, size: str) -> str | None:
     path.mkdir(parents=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
     return None if done.returncode == 0 else (done.stderr.strip() or "mount failed")
 
 
@@ -90,9 +114,20 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_usable(pl
         pytest.skip(f"a small tmpfs needs root and mount: {why if os.geteuid() == 0 else 'not root'}")
     try:
         out = disk / "run"
-        job = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={out}",
-               *SMALL_VSRN, "data.batch_size=8", "train.epochs=2", "train.save_every_steps=10", "train.log_every=1",
-               "train.keep_last=5"]
+        job = [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={out}",
+            *SMALL_VSRN,
+            "data.batch_size=8",
+            "train.epochs=2",
+            "train.save_every_steps=10",
+            "train.log_every=1",
+            "train.keep_last=5",
+        ]
         proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         while not (out / "checkpoints" / "step-00000010" / "COMPLETE").exists():
             assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -119,8 +154,9 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint_usable(pl
 
 def test_a_train_split_with_no_readable_sample_ends_with_an_error_not_a_hang(tmp_path, capsys):
     broken = write_planted_shards(tmp_path / "broken", unreadable={f"train-{i:07d}" for i in range(200)})
-    code, err = train_vsrn(capsys, f"data.shards={broken}", f"output.dir={tmp_path / 'run'}", "train.epochs=1",
-                           *SMALL_VSRN)
+    code, err = train_vsrn(
+        capsys, f"data.shards={broken}", f"output.dir={tmp_path / 'run'}", "train.epochs=1", *SMALL_VSRN
+    )
     assert code == 1
     assert f"epoch 1 yielded no training batches: every sample of the train split of {broken}" in err
     assert "vldist.shards verify" in err
@@ -137,9 +173,22 @@ def test_a_damaged_manifest_or_vocabulary_is_named(planted_shards, tmp_path, cap
 
 def test_ctrl_c_ends_at_once_with_130_and_says_what_is_kept(planted_shards, tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                             f"output.dir={out}", "train.epochs=50", "train.log_every=1", *SMALL_VSRN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={out}",
+            "train.epochs=50",
+            "train.log_every=1",
+            *SMALL_VSRN,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     wait_for_step(out, 2, proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)

@@ -75,12 +75,32 @@ def folder_set(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("folder")
     make_scene_folder(root / "photos", {"train": 40, "val": 4, "test": 4})
     out = root / "shards"
-    assert shards_main(["convert", "folder", "--src", str(root / "photos"), "--out", str(out), "--features",
-                        "--feature-size", "48", "--region-grid", "2", "--quiet", "--workers", "1"]) == 0
+    assert (
+        shards_main(
+            [
+                "convert",
+                "folder",
+                "--src",
+                str(root / "photos"),
+                "--out",
+                str(out),
+                "--features",
+                "--feature-size",
+                "48",
+                "--region-grid",
+                "2",
+                "--quiet",
+                "--workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     return root / "photos", out
 
 
 # ------------------------------------------------------------------ the extractor of a shard set
+
 
 def test_synth_features_rebuilt_from_the_set_are_the_stored_ones(synth_set):
     manifest = json.loads((synth_set / "manifest.json").read_text())
@@ -102,8 +122,9 @@ def test_synth_features_rebuilt_from_the_set_are_the_stored_ones(synth_set):
         assert np.array_equal(got, _regions(members))
     # one image at a time, as the CLI computes them: to float16 rounding
     for scene, meta, (_, members) in zip(scenes, metas, samples, strict=True):
-        _within_float16_rounding(features.extractor.extract([scene.image], [meta["region_boxes"]])[0],
-                                 _regions(members))
+        _within_float16_rounding(
+            features.extractor.extract([scene.image], [meta["region_boxes"]])[0], _regions(members)
+        )
 
     # the stored JPEG is a lossy copy of that render: close to the stored rows, not equal
     jpeg = Image.open(io.BytesIO(samples[0][1]["jpg"]))
@@ -112,8 +133,13 @@ def test_synth_features_rebuilt_from_the_set_are_the_stored_ones(synth_set):
     assert np.corrcoef(from_jpeg.astype(np.float32).ravel(), stored.ravel())[0, 1] > 0.97
 
     # a user's image has no object boxes: the whole image plus a 2x2 grid
-    assert features.boxes(128, 96) == [[0, 0, 128, 96], [0, 0, 64, 48], [64, 0, 128, 48], [0, 48, 64, 96],
-                                       [64, 48, 128, 96]]
+    assert features.boxes(128, 96) == [
+        [0, 0, 128, 96],
+        [0, 0, 64, 48],
+        [64, 0, 128, 48],
+        [0, 48, 64, 96],
+        [64, 48, 128, 96],
+    ]
     rows = features([jpeg])[0]
     assert rows.shape == (5, 2048) and np.array_equal(rows[0], from_jpeg[0])  # the same whole-image box
 
@@ -177,18 +203,29 @@ def test_sets_whose_features_cannot_be_computed_say_why(tmp_path):
 
 # ------------------------------------------------------------------------------ the command line
 
+
 def _cli(module: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")
 def captioner_run(synth_set, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("captioner") / "run"
-    proc = _cli("vldist.train", "captioner", f"data.shards={synth_set}", f"output.dir={run}", "train.max_steps=3",
-                "model.hidden=16", "model.embed=16", "data.batch_size=8", "data.eval_batch_size=16",
-                "eval.baseline=false", "eval.self_retrieval_pool=8", "train.validate_every=0",
-                "metrics.enabled=false")
+    proc = _cli(
+        "vldist.train",
+        "captioner",
+        f"data.shards={synth_set}",
+        f"output.dir={run}",
+        "train.max_steps=3",
+        "model.hidden=16",
+        "model.embed=16",
+        "data.batch_size=8",
+        "data.eval_batch_size=16",
+        "eval.baseline=false",
+        "eval.self_retrieval_pool=8",
+        "train.validate_every=0",
+        "metrics.enabled=false",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run
 
@@ -239,7 +276,8 @@ def test_the_cli_refuses_recipes_without_captions_and_missing_checkpoints(tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
 
-    monkeypatch.setattr(caption_cli, "load_checkpoint",
-                        lambda *args: (SimpleNamespace(recipe="vsrn"), SimpleNamespace(), None, None))
+    monkeypatch.setattr(
+        caption_cli, "load_checkpoint", lambda *args: (SimpleNamespace(recipe="vsrn"), SimpleNamespace(), None, None)
+    )
     assert caption_cli.main([str(tmp_path), str(image)]) == 2
     assert capsys.readouterr().err.startswith("error: recipe vsrn does not generate captions")

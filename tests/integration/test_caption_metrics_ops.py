@@ -20,22 +20,38 @@ import pytest
 
 from vldist.metrics import CaptionMetricsError, caption_scores, release_meteor_jvm
 
-pytestmark = pytest.mark.skipif(shutil.which("java") is None,
-                                reason="pycocoevalcap needs Java: apt-get install -y default-jre-headless")
+pytestmark = pytest.mark.skipif(
+    shutil.which("java") is None, reason="pycocoevalcap needs Java: apt-get install -y default-jre-headless"
+)
 
 REFS = {
-    "beach": ["A man is riding a horse on the beach.", "A person rides a horse along the shore.",
-              "Someone riding a horse by the ocean.", "A horse and rider on a sandy beach.",
-              "A man on horseback near the water."],
-    "dogs": ["Two dogs are playing in the grass.", "A pair of dogs play on a green lawn.",
-             "Two puppies running through a field.", "Dogs chasing each other on the grass.",
-             "Two brown dogs playing outside."],
-    "bus": ["A red double-decker bus drives down the street.", "A bus on a city road.",
-            "A large red bus in traffic.", "A double decker bus stopped at a light.",
-            "A city bus driving past buildings."],
+    "beach": [
+        "A man is riding a horse on the beach.",
+        "A person rides a horse along the shore.",
+        "Someone riding a horse by the ocean.",
+        "A horse and rider on a sandy beach.",
+        "A man on horseback near the water.",
+    ],
+    "dogs": [
+        "Two dogs are playing in the grass.",
+        "A pair of dogs play on a green lawn.",
+        "Two puppies running through a field.",
+        "Dogs chasing each other on the grass.",
+        "Two brown dogs playing outside.",
+    ],
+    "bus": [
+        "A red double-decker bus drives down the street.",
+        "A bus on a city road.",
+        "A large red bus in traffic.",
+        "A double decker bus stopped at a light.",
+        "A city bus driving past buildings.",
+    ],
 }
-CANDS = {"beach": "A man riding a horse on the beach.", "dogs": "Two dogs playing in the grass!",
-         "bus": "A cat on a sofa."}
+CANDS = {
+    "beach": "A man riding a horse on the beach.",
+    "dogs": "Two dogs playing in the grass!",
+    "bus": "A cat on a sofa.",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +71,7 @@ def children(*, cmdline_has: str = "") -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         if ppid == os.getpid() and cmdline_has in cmdline:
             found.append(int(entry.name))
     return found
@@ -172,8 +188,7 @@ def read_only_pycocoevalcap(tmp_path):
 def run_python(code: str, pythonpath: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
     env.pop("JAVA_TOOL_OPTIONS", None)
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env=env, timeout=300)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def test_read_only_pycocoevalcap_breaks_its_tokenizer_but_not_caption_scores(read_only_pycocoevalcap):

@@ -16,16 +16,39 @@ from vldist.train import main as train_main
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
 
-TINY = ["model.hidden=48", "model.embed=32", "model.dropout=0.1", "data.batch_size=20", "data.eval_batch_size=30",
-        "data.shuffle_buffer=50", "data.max_regions=3", "data.vocab_min_count=1", "train.lr=0.005",
-        "train.epochs=8", "train.lr_decay_epochs=100", "train.validate_every=4", "eval.self_retrieval_pool=40", "eval.examples=2",
-        "metrics.enabled=false"]
+TINY = [
+    "model.hidden=48",
+    "model.embed=32",
+    "model.dropout=0.1",
+    "data.batch_size=20",
+    "data.eval_batch_size=30",
+    "data.shuffle_buffer=50",
+    "data.max_regions=3",
+    "data.vocab_min_count=1",
+    "train.lr=0.005",
+    "train.epochs=8",
+    "train.lr_decay_epochs=100",
+    "train.validate_every=4",
+    "eval.self_retrieval_pool=40",
+    "eval.examples=2",
+    "metrics.enabled=false",
+]
 
 
 def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, capsys):
     run = tmp_path / "run"
-    assert train_main(["captioner", f"data.shards={planted_shards}", f"output.dir={run}", *TINY,
-                       "metrics.trackers=[tensorboard,wandb,mlflow]"]) == 0
+    assert (
+        train_main(
+            [
+                "captioner",
+                f"data.shards={planted_shards}",
+                f"output.dir={run}",
+                *TINY,
+                "metrics.trackers=[tensorboard,wandb,mlflow]",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "R@50" not in printed and "R@500" not in printed  # K >= the pool of 40: 100 by construction, not shown
     for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1", "R@5"):
@@ -40,7 +63,9 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     assert trained["self_retrieval"]["r1"] > 50 > untrained["self_retrieval"]["r1"]
     assert trained["self_retrieval"]["n_images"] == 40 and set(trained["self_retrieval"]) == {"r1", "r5", "n_images"}
     assert trained["n_images"] == 60 and trained["n_captions"] == 300
-    assert [e["event"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())].count("validation") == 2
+    assert [e["event"] for e in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())].count(
+        "validation"
+    ) == 2
     assert "self_retrieval" not in results["history"][-1]["val"]  # validation selects by CIDEr-D only
 
     # the trackers hold each evaluation's generated captions beside their references
@@ -60,8 +85,14 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
 
     client = MlflowClient(tracking_uri=(run / "trackers" / "mlruns").resolve().as_uri())
     (mlrun,) = client.search_runs([client.get_experiment_by_name("captioner").experiment_id])
-    logged = json.loads((Path(mlrun.info.artifact_uri.removeprefix("file://")) / "captions" / "test" /
-                         f"step-{results['steps']:08d}.json").read_text())
+    logged = json.loads(
+        (
+            Path(mlrun.info.artifact_uri.removeprefix("file://"))
+            / "captions"
+            / "test"
+            / f"step-{results['steps']:08d}.json"
+        ).read_text()
+    )
     assert logged["columns"] == ["image", "generated", "references"]
     assert [row[1] for row in logged["data"]] == [e["generated"] for e in trained["examples"]]
 
@@ -72,7 +103,7 @@ def test_captioner_trains_and_evaluates_from_the_cli(planted_shards, tmp_path, c
     for column in ("BLEU-1", "BLEU-4", "METEOR", "ROUGE-L", "CIDEr-D", "R@1"):
         assert column in table
     assert table.count("generated:") == 2 and "reference:" in table, table
-    again = json.loads(out[out.index("{"):])
+    again = json.loads(out[out.index("{") :])
     assert again["captions"] == pytest.approx(trained["captions"])
     assert again["self_retrieval"] == pytest.approx(trained["self_retrieval"])
 

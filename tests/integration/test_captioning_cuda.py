@@ -25,13 +25,31 @@ DATA = {"batch_size": 20, "eval_batch_size": 30, "shuffle_buffer": 50, "max_regi
 
 def test_cl_caption_trains_both_stages_on_cuda_in_bf16(planted_shards, tmp_path, caplog):
     captioner_job = tmp_path / "tiny_captioner.yaml"
-    captioner_job.write_text(yaml.safe_dump({"recipe": "captioner", "data": DATA, "model": SIZES,
-                                             "train": {"epochs": 2, "lr": 0.005}, "eval": {"self_retrieval_pool": 30}}))
+    captioner_job.write_text(
+        yaml.safe_dump(
+            {
+                "recipe": "captioner",
+                "data": DATA,
+                "model": SIZES,
+                "train": {"epochs": 2, "lr": 0.005},
+                "eval": {"self_retrieval_pool": 30},
+            }
+        )
+    )
     out = tmp_path / "cl"
-    argv = ["cl_caption", f"data.shards={planted_shards}", f"output.dir={out}", f"model.captioner_job={captioner_job}",
-            *(f"data.{k}={v}" for k, v in DATA.items()), *(f"model.{k}={v}" for k, v in SIZES.items()),
-            "train.max_steps=4", "train.device=cuda", "engine.mixed_precision=bf16", "eval.self_retrieval_pool=30",
-            "metrics.enabled=false"]
+    argv = [
+        "cl_caption",
+        f"data.shards={planted_shards}",
+        f"output.dir={out}",
+        f"model.captioner_job={captioner_job}",
+        *(f"data.{k}={v}" for k, v in DATA.items()),
+        *(f"model.{k}={v}" for k, v in SIZES.items()),
+        "train.max_steps=4",
+        "train.device=cuda",
+        "engine.mixed_precision=bf16",
+        "eval.self_retrieval_pool=30",
+        "metrics.enabled=false",
+    ]
     with caplog.at_level(logging.INFO, logger="vldist"):
         assert train_main(argv) == 0
     assert "(cuda x 1)" in caplog.text

@@ -23,8 +23,16 @@ class Recipe:
 
 
 def _parts(out, *extra):
-    config = load_config("vsrn", [f"output.dir={out}", "train.device=cuda", "train.checkpoint_format=sharded",
-                                  "train.async_checkpoints=true", *extra])
+    config = load_config(
+        "vsrn",
+        [
+            f"output.dir={out}",
+            "train.device=cuda",
+            "train.checkpoint_format=sharded",
+            "train.async_checkpoints=true",
+            *extra,
+        ],
+    )
     engine = AccelerateEngine(config)
     model = Recipe.build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)

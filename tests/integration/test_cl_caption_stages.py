@@ -19,16 +19,31 @@ DATA = {"batch_size": 20, "eval_batch_size": 30, "shuffle_buffer": 50, "max_regi
 
 def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards, tmp_path, capsys, caplog):
     captioner_job = tmp_path / "tiny_captioner.yaml"
-    captioner_job.write_text(yaml.safe_dump({
-        "recipe": "captioner", "data": DATA, "model": SIZES,
-        "train": {"epochs": 2, "lr": 0.005, "validate_every": 1},
-        "eval": {"self_retrieval_pool": 30, "examples": 1},
-    }))
+    captioner_job.write_text(
+        yaml.safe_dump(
+            {
+                "recipe": "captioner",
+                "data": DATA,
+                "model": SIZES,
+                "train": {"epochs": 2, "lr": 0.005, "validate_every": 1},
+                "eval": {"self_retrieval_pool": 30, "examples": 1},
+            }
+        )
+    )
     out = tmp_path / "cl"
-    argv = ["cl_caption", f"data.shards={planted_shards}", f"output.dir={out}", f"model.captioner_job={captioner_job}",
-            *(f"data.{k}={v}" for k, v in DATA.items()), *(f"model.{k}={v}" for k, v in SIZES.items()),
-            "train.max_steps=4", "train.lr=0.001", "eval.self_retrieval_pool=30", "eval.examples=1",
-            "metrics.enabled=false"]
+    argv = [
+        "cl_caption",
+        f"data.shards={planted_shards}",
+        f"output.dir={out}",
+        f"model.captioner_job={captioner_job}",
+        *(f"data.{k}={v}" for k, v in DATA.items()),
+        *(f"model.{k}={v}" for k, v in SIZES.items()),
+        "train.max_steps=4",
+        "train.lr=0.001",
+        "eval.self_retrieval_pool=30",
+        "eval.examples=1",
+        "metrics.enabled=false",
+    ]
     assert train_main(argv) == 0
     printed = capsys.readouterr().out
     rows = [line.split()[0] for line in printed.splitlines() if line.split()[:1] in (["untrained"], ["mle"], ["cl"])]
@@ -38,8 +53,11 @@ def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards
     assert mle["recipe"] == "captioner" and mle["steps"] == 20 and cl["recipe"] == "cl_caption" and cl["steps"] == 4
     # CL started from the MLE stage's best checkpoint, and its reference never moved from there
     start = weights(out / "mle" / "checkpoints" / "best")
-    final = weights(out / "cl" / "checkpoints" / "best" if (out / "cl" / "checkpoints" / "best").is_dir()
-                    else sorted((out / "cl" / "checkpoints").glob("step-*"))[-1])
+    final = weights(
+        out / "cl" / "checkpoints" / "best"
+        if (out / "cl" / "checkpoints" / "best").is_dir()
+        else sorted((out / "cl" / "checkpoints").glob("step-*"))[-1]
+    )
     for name, value in start.items():
         assert (final[f"reference.{name}"] == value).all(), name
     assert any((final[f"target.{name}"] != value).any() for name, value in start.items())
@@ -55,27 +73,56 @@ def test_one_command_trains_the_captioner_then_cl_and_prints_both(planted_shards
     capsys.readouterr()
     assert train_main([*argv, "seed=1"]) == 2
     said = capsys.readouterr().err
-    assert (f"error: stage 'mle' finished before in {out / 'mle'}, with other settings than this job (1 differ: seed: "
-            "the run's 0, this job's 1): only the job that started it carries it on. Start afresh in another "
-            f"output.dir or after removing {out / 'mle'}.") in said, said
+    assert (
+        f"error: stage 'mle' finished before in {out / 'mle'}, with other settings than this job (1 differ: seed: "
+        "the run's 0, this job's 1): only the job that started it carries it on. Start afresh in another "
+        f"output.dir or after removing {out / 'mle'}."
+    ) in said, said
     assert (out / "mle" / "metrics.json").stat().st_mtime == mle_mtime
 
 
-@pytest.mark.parametrize("engine", [[], ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero3.json"]],
-                         ids=["accelerate", "deepspeed-zero3"])
+@pytest.mark.parametrize(
+    "engine",
+    [[], ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero3.json"]],
+    ids=["accelerate", "deepspeed-zero3"],
+)
 def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path, engine):
     """The second stage's engine joins the process group the first one kept (a second rendezvous
     of the same ranks hung). Under ZeRO-3 too, where the frozen reference is partitioned with the
     target: it must still hold the MLE weights at the end."""
     captioner_job = tmp_path / "tiny_captioner.yaml"
-    captioner_job.write_text(yaml.safe_dump({"recipe": "captioner", "data": DATA, "model": SIZES,
-                                             "train": {"epochs": 1, "lr": 0.005}, "eval": {"self_retrieval_pool": 30}}))
+    captioner_job.write_text(
+        yaml.safe_dump(
+            {
+                "recipe": "captioner",
+                "data": DATA,
+                "model": SIZES,
+                "train": {"epochs": 1, "lr": 0.005},
+                "eval": {"self_retrieval_pool": 30},
+            }
+        )
+    )
     out = tmp_path / "cl"
-    proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "cl_caption", f"data.shards={planted_shards}",
-                           f"output.dir={out}", f"model.captioner_job={captioner_job}",
-                           *(f"data.{k}={v}" for k, v in DATA.items()), *(f"model.{k}={v}" for k, v in SIZES.items()),
-                           "train.max_steps=2", "eval.self_retrieval_pool=30", "metrics.enabled=false", *engine],
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            *TORCHRUN,
+            "-m",
+            "vldist.train",
+            "cl_caption",
+            f"data.shards={planted_shards}",
+            f"output.dir={out}",
+            f"model.captioner_job={captioner_job}",
+            *(f"data.{k}={v}" for k, v in DATA.items()),
+            *(f"model.{k}={v}" for k, v in SIZES.items()),
+            "train.max_steps=2",
+            "eval.self_retrieval_pool=30",
+            "metrics.enabled=false",
+            *engine,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for stage in ("mle", "cl"):
         assert json.loads((out / stage / "metrics.json").read_text())["world_size"] == 2

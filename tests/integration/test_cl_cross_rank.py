@@ -32,8 +32,9 @@ def one_process(terms: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     data = worker.global_log_probs()
     pos_target = data["pos_target"].clone().requires_grad_()
     neg_target = data["neg_target"].clone().requires_grad_()
-    loss = contrastive_captioning_loss(pos_target, data["pos_reference"], neg_target, data["neg_reference"],
-                                       nu=worker.NU, terms=terms)
+    loss = contrastive_captioning_loss(
+        pos_target, data["pos_reference"], neg_target, data["neg_reference"], nu=worker.NU, terms=terms
+    )
     loss.backward()
     return loss.detach(), pos_target.grad, neg_target.grad
 

@@ -15,16 +15,33 @@ from vldist.evaluate import main as evaluate_main
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "vldist-0.1.0"
 # the settings the 0.1.0 fixture was trained with (its README)
-OLD_JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "model.rrr_layers=1",
-           "data.batch_size=32", "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2",
-           "eval.baseline=false", "metrics.enabled=false"]
+OLD_JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "model.rrr_layers=1",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "train.epochs=2",
+    "eval.baseline=false",
+    "metrics.enabled=false",
+]
 
 
 def test_resuming_with_another_model_config_names_the_keys_that_differ(planted_shards, trained_vsrn, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(trained_vsrn, run)
-    code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={run}", "train.epochs=2",
-                           "train.resume=latest", *SMALL_VSRN, "model.embed_size=48", "model.rrr_layers=2")
+    code, err = train_vsrn(
+        capsys,
+        f"data.shards={planted_shards}",
+        f"output.dir={run}",
+        "train.epochs=2",
+        "train.resume=latest",
+        *SMALL_VSRN,
+        "model.embed_size=48",
+        "model.rrr_layers=2",
+    )
     assert code == 2
     assert f"cannot resume from {run / 'checkpoints' / 'step-00000007'}" in err
     assert "model.embed_size: checkpoint 32, this job 48" in err and "model.rrr_layers: checkpoint 4, this job 2" in err
@@ -36,8 +53,9 @@ def test_shards_of_another_feature_width_are_refused_on_resume_and_in_evaluation
     wide = write_planted_shards(tmp_path / "wide", dim=48)
     run = tmp_path / "run"
     shutil.copytree(trained_vsrn, run)
-    code, err = train_vsrn(capsys, f"data.shards={wide}", f"output.dir={run}", "train.epochs=2", "train.resume=latest",
-                           *SMALL_VSRN)
+    code, err = train_vsrn(
+        capsys, f"data.shards={wide}", f"output.dir={run}", "train.epochs=2", "train.resume=latest", *SMALL_VSRN
+    )
     assert code == 2 and "region feature width: checkpoint 32 (trained on" in err and f"shards 48 ({wide})" in err
     code = evaluate_main([str(run), "--shards", str(wide)])
     err = capsys.readouterr().err
@@ -52,13 +70,14 @@ def test_a_checkpoint_of_vldist_0_1_evaluates_as_it_did_then_and_resumes(planted
     checkpoint = OLD / "step-00000007"
     assert evaluate_main([str(checkpoint), "--shards", str(planted_shards), "--split", "val", "--json"]) == 0
     out = capsys.readouterr().out
-    printed = json.loads(out[out.index("{"):])
+    printed = json.loads(out[out.index("{") :])
     for key, value in expected["history"][0]["val"].items():  # 0.1.0's validation of this very checkpoint
         assert printed["full"][key] == pytest.approx(value, abs=1e-9), key
 
     run = tmp_path / "run"
-    code, err = train_vsrn(capsys, f"data.shards={planted_shards}", f"output.dir={run}", f"train.resume={checkpoint}",
-                           *OLD_JOB)
+    code, err = train_vsrn(
+        capsys, f"data.shards={planted_shards}", f"output.dir={run}", f"train.resume={checkpoint}", *OLD_JOB
+    )
     assert code == 0, err
     renamed = compat.upgrade_state(_load(OLD / "expected" / "model-step-00000014.safetensors"), {"recipe": "vsrn"})
     assert "image.region_projection.weight" in renamed  # stored as image.fc.weight

@@ -17,9 +17,28 @@ from vldist.shards.format.verify import verify
 
 
 def _command(src, images, out):
-    return [sys.executable, "-m", "vldist.shards", "convert", "karpathy", "--src", str(src), "--images", str(images),
-            "--out", str(out), "--shard-size", "2", "--workers", "2", "--feature-size", "64", "--region-grid", "2",
-            "--quiet"]
+    return [
+        sys.executable,
+        "-m",
+        "vldist.shards",
+        "convert",
+        "karpathy",
+        "--src",
+        str(src),
+        "--images",
+        str(images),
+        "--out",
+        str(out),
+        "--shard-size",
+        "2",
+        "--workers",
+        "2",
+        "--feature-size",
+        "64",
+        "--region-grid",
+        "2",
+        "--quiet",
+    ]
 
 
 def test_killed_conversion_resumes_without_duplicates(tmp_path):
@@ -31,8 +50,9 @@ def test_killed_conversion_resumes_without_duplicates(tmp_path):
     os.mkfifo(blocked)
 
     out = tmp_path / "out"
-    process = subprocess.Popen(_command(src, images, out), start_new_session=True, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        _command(src, images, out), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     done = out / ".convert" / "done"
     total_shards = 4 + 1 + 3
     deadline = time.monotonic() + 120

@@ -17,14 +17,34 @@ from safetensors.torch import load_file
 from vldist.export import export
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-       "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=2", "train.save_every_steps=5",
-       "train.keep_last=3", "eval.baseline=false", "engine.sync_batchnorm=true", "engine.backend=deepspeed"]
+JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "train.epochs=2",
+    "train.save_every_steps=5",
+    "train.keep_last=3",
+    "eval.baseline=false",
+    "engine.sync_batchnorm=true",
+    "engine.backend=deepspeed",
+]
 
 
 def _train(shards, out, stage, *extra):
-    cmd = [*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={shards}", f"output.dir={out}", *JOB,
-           f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json", *extra]
+    cmd = [
+        *TORCHRUN,
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"data.shards={shards}",
+        f"output.dir={out}",
+        *JOB,
+        f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "terminate called" not in proc.stderr
@@ -32,7 +52,11 @@ def _train(shards, out, stage, *extra):
 
 
 def _without_launcher() -> dict:
-    return {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
 
 
 def _weights(out, step):
@@ -62,7 +86,9 @@ def test_zero_stage_trains_saves_shards_and_resumes_exactly(planted_shards, tmp_
     resumed = json.loads((parts / "metrics.json").read_text())
     assert resumed["steps"] == 14 and resumed["restarts"] == 1
     if stage == 3:  # on this run's checkpoints: one rank's damaged shard makes every rank fall back
-        shard = whole / "checkpoints" / "step-00000014" / "deepspeed" / "zero" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        shard = (
+            whole / "checkpoints" / "step-00000014" / "deepspeed" / "zero" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+        )
         shard.write_bytes(shard.read_bytes()[:500])
         log = _train(planted_shards, whole, stage, "train.resume=latest")
         assert "cannot resume from" in log and "zero_pp_rank_1" in log and "damaged" in log
@@ -76,9 +102,23 @@ def test_one_plain_process_trains_under_deepspeed(planted_shards, tmp_path):
     """`python -m vldist.train ... engine.backend=deepspeed` with no launcher, as on one GPU: a world
     of one (RANK/WORLD_SIZE/MASTER_* filled in), not DeepSpeed's MPI discovery (mpi4py)."""
     env = _without_launcher()
-    proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                           f"output.dir={tmp_path / 'run'}", *JOB, "train.epochs=1", "metrics.enabled=false"],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={tmp_path / 'run'}",
+            *JOB,
+            "train.epochs=1",
+            "metrics.enabled=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "mpi4py" not in proc.stderr and "Traceback" not in proc.stderr
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -97,10 +137,25 @@ def test_a_two_rank_zero_checkpoint_resumes_in_one_plain_process(planted_shards,
     exported, saved = load_file(tmp_path / "export" / "model.safetensors"), _weights(out, 5)
     assert exported.keys() == saved.keys() and all((exported[k] == v).all() for k, v in saved.items())
 
-    proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                           f"output.dir={out}", *JOB, "engine.deepspeed_config=jobs/deepspeed/zero2.json",
-                           "train.resume=latest", "train.log_every=1", "metrics.enabled=false"],
-                          capture_output=True, text=True, timeout=300, env=_without_launcher())
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={out}",
+            *JOB,
+            "engine.deepspeed_config=jobs/deepspeed/zero2.json",
+            "train.resume=latest",
+            "train.log_every=1",
+            "metrics.enabled=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_without_launcher(),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "step-00000005" in proc.stderr and "written by 2 ranks, resumed on 1" in proc.stderr
     metrics = json.loads((out / "metrics.json").read_text())
@@ -108,4 +163,3 @@ def test_a_two_rank_zero_checkpoint_resumes_in_one_plain_process(planted_shards,
     steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in steps if r.get("event") == "train"]
     assert steps == list(range(1, 15))  # steps 1-5 on 2 ranks, 6-14 on one: none repeated, none lost
-

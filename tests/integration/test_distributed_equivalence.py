@@ -25,9 +25,21 @@ WORKER = Path(worker.__file__)
 def _two_ranks(tmp_path, mode: str, backend: str = "accelerate") -> dict:
     out = tmp_path / f"{mode}.pt"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER), str(out),
-         mode, backend],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(WORKER),
+            str(out),
+            mode,
+            backend,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(out, weights_only=True)
@@ -76,7 +88,10 @@ def test_accumulated_micro_batches_step_on_the_mean_of_their_losses(tmp_path, on
     model = worker.build_model(recipe)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     rows = worker.global_samples()
-    loss = sum(recipe.training_losses(model, recipe.collate_train(rows[k * 4:(k + 1) * 4]))["loss"] for k in range(2)) / 2
+    loss = (
+        sum(recipe.training_losses(model, recipe.collate_train(rows[k * 4 : (k + 1) * 4]))["loss"] for k in range(2))
+        / 2
+    )
     loss.backward()
     expected = {n: -0.5 * p.grad for n, p in model.named_parameters()}  # the SGD update, lr 0.5
 

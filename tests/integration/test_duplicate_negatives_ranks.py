@@ -43,10 +43,11 @@ def reference(objective: str, inputs: dict) -> tuple[torch.Tensor, dict]:
     if objective == "two_branch":
         leaves = {k: inputs[k].clone().requires_grad_() for k in ("image", "sentences")}
         text_image = torch.arange(worker.B).repeat_interleave(2)
-        return direct_loss(leaves["image"], leaves["sentences"], text_image, 0.1, 3, 1.0, 2.0, 0.2,
-                           identity=identity), leaves
+        return direct_loss(
+            leaves["image"], leaves["sentences"], text_image, 0.1, 3, 1.0, 2.0, 0.2, identity=identity
+        ), leaves
     leaves = {k: inputs[k].clone().requires_grad_() for k in ("words", "regions", "sentence", "global_image")}
-    part = objective[len("damsm_"):]
+    part = objective[len("damsm_") :]
     if part.startswith("words"):
         logits = 10.0 * word_region_scores(leaves["words"], worker.LENGTHS, leaves["regions"], 4.0, 5.0)
     else:
@@ -76,5 +77,6 @@ def test_drawn_negatives_skip_the_copy_and_match_one_process(two_ranks, one_proc
     caption_identity = torch.tensor(worker.PLACEMENTS[placement]).repeat_interleave(2)
     assert not (caption_identity[draw] == caption_identity[None, :]).any()
     for t in range(draw.shape[1]):  # every caption of another image can be drawn; none of its own image
-        assert set(draw[:, t].tolist()) <= {k for k in range(len(caption_identity))
-                                            if caption_identity[k] != caption_identity[t]}
+        assert set(draw[:, t].tolist()) <= {
+            k for k in range(len(caption_identity)) if caption_identity[k] != caption_identity[t]
+        }

@@ -32,10 +32,23 @@ def test_shards_from_webdataset_and_tarfile_train(tmp_path):
         write_tar(out / f"{split}-000000.tar", members)
     assert not (out / "manifest.json").exists() and len(list(out.glob("train-*.tar"))) == 3
 
-    config = load_config("vsrn", [f"data.shards={out}", f"output.dir={tmp_path / 'run'}", "data.batch_size=32",
-                                  "model.embed_size=32", "model.word_dim=16", "model.decoder_hidden=32",
-                                  "data.eval_batch_size=20", "data.shuffle_buffer=50", "train.epochs=2",
-                                  "eval.baseline=false", "data.workers=0", "metrics.enabled=false"])
+    config = load_config(
+        "vsrn",
+        [
+            f"data.shards={out}",
+            f"output.dir={tmp_path / 'run'}",
+            "data.batch_size=32",
+            "model.embed_size=32",
+            "model.word_dim=16",
+            "model.decoder_hidden=32",
+            "data.eval_batch_size=20",
+            "data.shuffle_buffer=50",
+            "train.epochs=2",
+            "eval.baseline=false",
+            "data.workers=0",
+            "metrics.enabled=false",
+        ],
+    )
     results = run(config)
     assert results["steps"] == 2 * 3  # 96 samples counted from the tar headers: 3 steps of 32 an epoch
     assert results["test"]["n_images"] == 20

@@ -27,14 +27,34 @@ pytestmark = pytest.mark.slow
 
 def start_two_ranks(planted_shards, run, *overrides) -> list[subprocess.Popen]:
     port = free_port()
-    job = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={run}",
-           *PREEMPT_JOB, "train.epochs=20", *overrides]
+    job = [
+        sys.executable,
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"data.shards={planted_shards}",
+        f"output.dir={run}",
+        *PREEMPT_JOB,
+        "train.epochs=20",
+        *overrides,
+    ]
     ranks = []
     for rank in range(2):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
-        ranks.append(subprocess.Popen(job, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      start_new_session=True))
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        ranks.append(
+            subprocess.Popen(
+                job, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            )
+        )
     return ranks
 
 
@@ -99,10 +119,18 @@ engine.close()
 @pytest.mark.parametrize("backend", ["accelerate", "deepspeed"])
 def test_engine_timeout_is_the_process_groups(backend):
     """Both engines hand engine.timeout_s to the process group they make (read back from gloo)."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
-    done = subprocess.run([sys.executable, "-c", PROCESS_GROUP_TIMEOUT, backend], env=env, capture_output=True,
-                          text=True, timeout=240)
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", PROCESS_GROUP_TIMEOUT, backend], env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "7.0"
 

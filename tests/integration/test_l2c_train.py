@@ -19,19 +19,41 @@ from vldist.train import main as train_main
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
 
-TINY = ["model.image_size=64", "model.graph_dim=48", "model.hidden=64", "model.embed=32", "model.classes=4",
-        "model.dropout=0.1", "model.gcn_kernel=torch", "data.batch_size=8", "model.single_batch_size=8",
-        "data.eval_batch_size=16", "data.shuffle_buffer=32", "data.workers=1", "train.lr=0.003",
-        "train.lr_decay_epochs=100", "eval.beam_size=1", "eval.examples=2", "model.visualize=2",
-        "metrics.enabled=false"]
+TINY = [
+    "model.image_size=64",
+    "model.graph_dim=48",
+    "model.hidden=64",
+    "model.embed=32",
+    "model.classes=4",
+    "model.dropout=0.1",
+    "model.gcn_kernel=torch",
+    "data.batch_size=8",
+    "model.single_batch_size=8",
+    "data.eval_batch_size=16",
+    "data.shuffle_buffer=32",
+    "data.workers=1",
+    "train.lr=0.003",
+    "train.lr_decay_epochs=100",
+    "eval.beam_size=1",
+    "eval.examples=2",
+    "model.visualize=2",
+    "metrics.enabled=false",
+]
 WORKER = Path(__file__).parent / "workers" / "l2c_streams.py"
 
 
 def test_l2c_job_trains_the_baseline_and_l2c_and_its_run_evaluates_and_describes_pairs(
-        pair_shards, scene_images, tmp_path, capsys):
+    pair_shards, scene_images, tmp_path, capsys
+):
     run = tmp_path / "run"
-    argv = [f"data.shards={pair_shards}", f"model.single_shards={scene_images}", f"output.dir={run}",
-            "train.epochs=6", "train.validate_every=3", *TINY]
+    argv = [
+        f"data.shards={pair_shards}",
+        f"model.single_shards={scene_images}",
+        f"output.dir={run}",
+        "train.epochs=6",
+        "train.validate_every=3",
+        *TINY,
+    ]
     assert train_main(["l2c", *argv]) == 0
     printed = capsys.readouterr().out
     for column in ("BLEU-4", "ROUGE-L", "CIDEr-D", "METEOR"):
@@ -55,7 +77,7 @@ def test_l2c_job_trains_the_baseline_and_l2c_and_its_run_evaluates_and_describes
 
     assert evaluate_main([str(run / "l2c"), "--json"]) == 0
     out = capsys.readouterr().out
-    again = json.loads(out[out.index("{"):])
+    again = json.loads(out[out.index("{") :])
     assert again["captions"] == pytest.approx(trained["captions"])
     assert (run / "l2c" / "images" / "evaluate-test").is_dir()
 
@@ -79,8 +101,16 @@ def test_l2c_job_trains_the_baseline_and_l2c_and_its_run_evaluates_and_describes
 
 def test_two_ranks_take_both_streams_in_turn_with_equal_steps(pair_shards, scene_images, tmp_path):
     prefix = tmp_path / "streams"
-    argv = [f"data.shards={pair_shards}", f"model.single_shards={scene_images}", f"output.dir={tmp_path / 'run'}",
-            "train.epochs=1", "train.validate_every=0", "eval.baseline=false", "model.baseline_stage=false", *TINY]
+    argv = [
+        f"data.shards={pair_shards}",
+        f"model.single_shards={scene_images}",
+        f"output.dir={tmp_path / 'run'}",
+        "train.epochs=1",
+        "train.validate_every=0",
+        "eval.baseline=false",
+        "model.baseline_stage=false",
+        *TINY,
+    ]
     proc = subprocess.run([*TORCHRUN, str(WORKER), str(prefix), *argv], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [(tmp_path / f"streams-rank{r}.txt").read_text().split("\n")[:-1] for r in (0, 1)]
@@ -90,14 +120,42 @@ def test_two_ranks_take_both_streams_in_turn_with_equal_steps(pair_shards, scene
 
 def test_birds_to_words_and_cub_miniatures_train_through_the_converters(tmp_path, capsys):
     b2w, cub = make_birds_to_words(tmp_path / "b2w", pairs=10), make_cub(tmp_path / "cub", per_class=4)
-    for fmt, src, extra in (("birds_to_words", b2w["tsv"], ["--images", str(b2w["images"])]),
-                            ("cub", cub["cub"], ["--text", str(cub["text"])])):
-        assert shards_main(["convert", fmt, "--src", str(src), "--out", str(tmp_path / "shards" / fmt), "--quiet",
-                            "--workers", "1", "--shard-size", "4", *extra]) == 0
-    argv = [f"data.shards={tmp_path / 'shards' / 'birds_to_words'}", f"model.single_shards={tmp_path / 'shards' / 'cub'}",
-            f"output.dir={tmp_path / 'run'}", "train.max_steps=4", "train.validate_every=0",
-            "model.baseline_stage=false", "eval.baseline=false", "eval.split=val", *TINY,
-            "data.batch_size=2", "model.single_batch_size=2"]
+    for fmt, src, extra in (
+        ("birds_to_words", b2w["tsv"], ["--images", str(b2w["images"])]),
+        ("cub", cub["cub"], ["--text", str(cub["text"])]),
+    ):
+        assert (
+            shards_main(
+                [
+                    "convert",
+                    fmt,
+                    "--src",
+                    str(src),
+                    "--out",
+                    str(tmp_path / "shards" / fmt),
+                    "--quiet",
+                    "--workers",
+                    "1",
+                    "--shard-size",
+                    "4",
+                    *extra,
+                ]
+            )
+            == 0
+        )
+    argv = [
+        f"data.shards={tmp_path / 'shards' / 'birds_to_words'}",
+        f"model.single_shards={tmp_path / 'shards' / 'cub'}",
+        f"output.dir={tmp_path / 'run'}",
+        "train.max_steps=4",
+        "train.validate_every=0",
+        "model.baseline_stage=false",
+        "eval.baseline=false",
+        "eval.split=val",
+        *TINY,
+        "data.batch_size=2",
+        "model.single_batch_size=2",
+    ]
     assert train_main(["l2c", *argv]) == 0, capsys.readouterr().err
     results = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert results["steps"] == 4 and results["test"]["n_images"] == 2  # the 2 val pairs of the miniature

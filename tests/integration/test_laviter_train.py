@@ -16,17 +16,43 @@ from vldist.train import main as train_main
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
 
-TINY = ["model.embed_dim=32", "model.text_heads=2", "model.gf_dim=4", "model.df_dim=4", "model.itm_dim=32",
-        "model.itm_heads=2", "model.itm_encoder_layers=1", "model.itm_decoder_layers=1", "model.itm_feedforward=64",
-        "model.z_dim=16", "model.condition_dim=16", "model.residual_blocks=1", "data.batch_size=16",
-        "data.eval_batch_size=16", "data.shuffle_buffer=64", "data.workers=1", "eval.examples=2", "model.grid=4",
-        "metrics.enabled=false"]
+TINY = [
+    "model.embed_dim=32",
+    "model.text_heads=2",
+    "model.gf_dim=4",
+    "model.df_dim=4",
+    "model.itm_dim=32",
+    "model.itm_heads=2",
+    "model.itm_encoder_layers=1",
+    "model.itm_decoder_layers=1",
+    "model.itm_feedforward=64",
+    "model.z_dim=16",
+    "model.condition_dim=16",
+    "model.residual_blocks=1",
+    "data.batch_size=16",
+    "data.eval_batch_size=16",
+    "data.shuffle_buffer=64",
+    "data.workers=1",
+    "eval.examples=2",
+    "model.grid=4",
+    "metrics.enabled=false",
+]
 
 
 def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid(scene_splits, tmp_path, capsys):
     run = tmp_path / "run"
-    argv = ["laviter", f"data.shards={scene_splits}", f"output.dir={run}", "model.vta_epochs=6", "model.assist_epochs=1",
-            "model.joint_epochs=1", "model.vta_trunk=trainable", "model.vta_lr=0.002", "model.weight_damsm=1", *TINY]
+    argv = [
+        "laviter",
+        f"data.shards={scene_splits}",
+        f"output.dir={run}",
+        "model.vta_epochs=6",
+        "model.assist_epochs=1",
+        "model.joint_epochs=1",
+        "model.vta_trunk=trainable",
+        "model.vta_lr=0.002",
+        "model.weight_damsm=1",
+        *TINY,
+    ]
     assert train_main(argv) == 0
     printed = capsys.readouterr().out
     rows = {line.split()[0] for line in printed.splitlines() if line.split()}
@@ -63,7 +89,7 @@ def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid
     # the last phase's run evaluates again to the same numbers, and captions a user's image
     assert evaluate_main([str(run / "joint"), "--json"]) == 0
     out = capsys.readouterr().out
-    again = json.loads(out[out.index("{"):])
+    again = json.loads(out[out.index("{") :])
     assert again["r_precision"] == pytest.approx(joint["test"]["r_precision"])
     assert again["aimcos"] == pytest.approx(joint["test"]["aimcos"], abs=1e-6)
     import webdataset as wds
@@ -77,11 +103,27 @@ def test_the_job_runs_three_phases_prints_every_metric_and_writes_the_image_grid
 
 def test_two_ranks_run_every_phase(scene_splits, tmp_path):
     run = tmp_path / "two"
-    proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "laviter", f"data.shards={scene_splits}", f"output.dir={run}",
-                           "model.pretrain_epochs=1", "model.vta_epochs=1", "model.assist_epochs=1", "model.joint_epochs=1",
-                           "train.max_steps=3",
-                           "eval.baseline=false", "train.validate_every=0", *TINY],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            *TORCHRUN,
+            "-m",
+            "vldist.train",
+            "laviter",
+            f"data.shards={scene_splits}",
+            f"output.dir={run}",
+            "model.pretrain_epochs=1",
+            "model.vta_epochs=1",
+            "model.assist_epochs=1",
+            "model.joint_epochs=1",
+            "train.max_steps=3",
+            "eval.baseline=false",
+            "train.validate_every=0",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     for phase in ("pretrain", "vta", "assist", "joint"):
         results = json.loads((run / phase / "metrics.json").read_text())

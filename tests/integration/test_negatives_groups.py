@@ -23,8 +23,13 @@ FOUR_RANKS = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--
 @pytest.mark.parametrize("size", [2, 4])
 def test_each_block_of_ranks_takes_the_loss_of_its_own_rows(tmp_path, size):
     out = tmp_path / "ranks.pt"
-    proc = subprocess.run([*FOUR_RANKS, worker.__file__, str(out), str(size)], capture_output=True, text=True,
-                          timeout=300, env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+    proc = subprocess.run(
+        [*FOUR_RANKS, worker.__file__, str(out), str(size)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", **__import__("os").environ},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = torch.load(out, weights_only=True)
     assert ranks[0]["refused"].startswith("train.negatives_group_size=3 must divide the 4 ranks")
@@ -35,7 +40,7 @@ def test_each_block_of_ranks_takes_the_loss_of_its_own_rows(tmp_path, size):
         img, txt = image[rows].clone().requires_grad_(), text[rows].clone().requires_grad_()
         ref = hinge_without_copies(img, txt, torch.arange(per_block), 0.2, True)
         ref.backward()
-        block = ranks[first // 2:(first + per_block) // 2]  # 2 rows a rank
+        block = ranks[first // 2 : (first + per_block) // 2]  # 2 rows a rank
         assert sum(r["share"] for r in block) == pytest.approx(ref.item(), rel=1e-12)
         assert torch.allclose(torch.cat([r["image"] for r in block]), img.grad, atol=1e-12)
         assert torch.allclose(torch.cat([r["text"] for r in block]), txt.grad, atol=1e-12)

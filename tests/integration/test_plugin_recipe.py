@@ -24,13 +24,31 @@ def plugin(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("plugin")
     source, site = root / "source", root / "site"
     shutil.copytree(PLUGIN, source)
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                              "--no-build-isolation", "--target", str(site), str(source)],
-                             capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     assert list(site.glob("vldist_meanpool-*.dist-info/entry_points.txt"))  # what vldist looks for
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def command(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -39,8 +57,16 @@ def command(env: dict, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 def train(env: dict, planted_shards: Path, out: Path, *overrides: str, launcher=(sys.executable, "-m"), job="meanpool"):
     """The plugin's job, by its name (found through the plugin's vldist.jobs entry point)."""
-    return command(env, *launcher, "vldist.train", job, f"data.shards={planted_shards}", f"output.dir={out}",
-                   *overrides, cwd=out.parent)
+    return command(
+        env,
+        *launcher,
+        "vldist.train",
+        job,
+        f"data.shards={planted_shards}",
+        f"output.dir={out}",
+        *overrides,
+        cwd=out.parent,
+    )
 
 
 def test_a_plugin_recipe_trains_evaluates_resumes_and_runs_on_two_ranks(plugin, planted_shards, tmp_path):
@@ -66,30 +92,32 @@ def test_a_plugin_recipe_trains_evaluates_resumes_and_runs_on_two_ranks(plugin, 
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert "meanpool checkpoint" in evaluated.stdout and "rsum" in evaluated.stdout
     # the run's best checkpoint, evaluated again, gives the test numbers training recorded
-    again = json.loads(evaluated.stdout[evaluated.stdout.index("\n{") + 1:])
+    again = json.loads(evaluated.stdout[evaluated.stdout.index("\n{") + 1 :])
     trained = json.loads((run / "metrics.json").read_text())["test"]
     assert again["full"] == trained["full"] and again["n_captions"] == trained["n_captions"] == 300
 
     two = tmp_path / "two_ranks"
     # compared after every step: both ranks end with the same parameters
-    ranks = train(plugin, planted_shards, two, "train.epochs=1", "train.replica_check_every=1",
-                  launcher=(*TORCHRUN, "-m"))
+    ranks = train(
+        plugin, planted_shards, two, "train.epochs=1", "train.replica_check_every=1", launcher=(*TORCHRUN, "-m")
+    )
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     assert json.loads((two / "metrics.json").read_text())["world_size"] == 2
     assert "replica check at step 1: the 2 ranks hold the same 3 parameters and buffers" in ranks.stdout + ranks.stderr
 
 
-def test_a_plugin_whose_loss_skips_the_engines_wrapper_is_stopped_after_its_first_update(plugin, planted_shards,
-                                                                                          tmp_path):
+def test_a_plugin_whose_loss_skips_the_engines_wrapper_is_stopped_after_its_first_update(
+    plugin, planted_shards, tmp_path
+):
     """Its ranks train apart (no gradient all-reduce): the replica check stops every rank at step 1,
     exit 4, naming the first parameter that differs and which rank holds which value."""
     run = tmp_path / "run"
-    ranks = train(plugin, planted_shards, run, "recipe=meanpool_unsynced", "train.epochs=1",
-                  launcher=(*TORCHRUN, "-m"))
+    ranks = train(plugin, planted_shards, run, "recipe=meanpool_unsynced", "train.epochs=1", launcher=(*TORCHRUN, "-m"))
     assert ranks.returncode != 0
-    assert ("error: the ranks' replicas of the model diverged by step 1: parameter image.weight differs (2 values: "
-            "rank 0; rank 1; 3 of 3 checked tensors differ); this is the process's first check.") in ranks.stderr, \
-        ranks.stderr[-3000:]
+    assert (
+        "error: the ranks' replicas of the model diverged by step 1: parameter image.weight differs (2 values: "
+        "rank 0; rank 1; 3 of 3 checked tensors differ); this is the process's first check."
+    ) in ranks.stderr, ranks.stderr[-3000:]
     assert "an override of Recipe.training_losses that calls the module itself" in ranks.stderr
     assert ranks.stderr.count("exitcode  : 4") + ranks.stderr.count("exitcode: 4") >= 1, ranks.stderr[-3000:]
     assert not list((run / "checkpoints").glob("step-*"))  # nothing of the diverged run was kept

@@ -35,7 +35,8 @@ def _rank_processes(launcher: subprocess.Popen) -> dict[int, psutil.Process]:
 
 
 def test_sigterm_to_torchrun_checkpoints_the_step_reached_and_the_resumed_run_ends_identical(
-        planted_shards, tmp_path, two_rank_reference):
+    planted_shards, tmp_path, two_rank_reference
+):
     out = tmp_path / "stopped"
     launcher = _torchrun(planted_shards, out)
     wait_for_step(out, 5, launcher)
@@ -87,8 +88,16 @@ def test_a_signal_to_one_rank_stops_every_rank_after_the_same_step(planted_shard
 
 def test_a_single_process_stops_with_exit_75(planted_shards, tmp_path):
     out = tmp_path / "single"
-    cmd = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={out}",
-           *PREEMPT_JOB, "engine.sync_batchnorm=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"data.shards={planted_shards}",
+        f"output.dir={out}",
+        *PREEMPT_JOB,
+        "engine.sync_batchnorm=false",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_step(out, 3, proc)
     proc.send_signal(signal.SIGTERM)  # the process alone, as Kubernetes signals a container's first process

@@ -19,9 +19,19 @@ from helpers import free_port, free_port_pair
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs the prometheus binary (apt-get install prometheus)")
 
-JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-       "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=3", "eval.baseline=false",
-       "engine.sync_batchnorm=true", "metrics.linger_seconds=3", "metrics.job=scraped"]
+JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "train.epochs=3",
+    "eval.baseline=false",
+    "engine.sync_batchnorm=true",
+    "metrics.linger_seconds=3",
+    "metrics.job=scraped",
+]
 
 
 @pytest.fixture
@@ -36,9 +46,14 @@ def prometheus(tmp_path):
         f"    static_configs: [{{targets: ['127.0.0.1:{base}', '127.0.0.1:{base + 1}']}}]\n"
     )
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{web}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{web}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{web}"
     deadline = time.time() + 60
@@ -64,9 +79,24 @@ def _query(url: str, promql: str) -> dict[str, float]:
 def test_prometheus_sees_both_ranks_throughput_and_every_step(prometheus, planted_shards, tmp_path):
     url, base = prometheus
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "vldist.train",
-         "vsrn", f"data.shards={planted_shards}", f"output.dir={tmp_path / 'run'}", f"metrics.port={base}", *JOB],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={tmp_path / 'run'}",
+            f"metrics.port={base}",
+            *JOB,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = json.loads((tmp_path / "run" / "metrics.json").read_text())["steps"]

@@ -35,9 +35,19 @@ pytest.importorskip("ray")
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 REPO = Path(__file__).resolve().parents[2]  # the checkout, shipped with --working-dir as a user would
-JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-       "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "engine.sync_batchnorm=true",
-       "data.workers=1", "ray.num_workers=2", "ray.max_failures=2"]
+JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "eval.baseline=false",
+    "engine.sync_batchnorm=true",
+    "data.workers=1",
+    "ray.num_workers=2",
+    "ray.max_failures=2",
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -63,12 +73,30 @@ def ray_head(ray_token, ray_temp):
     temp = ray_temp
     port, dashboard = free_port(), free_port()
     head = subprocess.Popen(
-        [*RAY, "start", "--head", "--block", "--num-cpus", "2", "--node-ip-address", "127.0.0.1",
-         "--port", str(port), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard),
-         "--temp-dir", str(temp), "--disable-usage-stats"],
+        [
+            *RAY,
+            "start",
+            "--head",
+            "--block",
+            "--num-cpus",
+            "2",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(dashboard),
+            "--temp-dir",
+            str(temp),
+            "--disable-usage-stats",
+        ],
         # the jobs' embedded sets, where one is built, are small ones (same code and format)
         env={**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     address = f"http://127.0.0.1:{dashboard}"
     try:
@@ -98,8 +126,12 @@ def _wait_for_job_agent(address: str) -> None:
     fails with "No available agent to submit job, please try again later"."""
     deadline = time.time() + 120
     while True:
-        probe = subprocess.run([*RAY, "job", "submit", "--address", address, "--", sys.executable, "-c", "pass"],
-                               capture_output=True, text=True, timeout=120)
+        probe = subprocess.run(
+            [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-c", "pass"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if probe.returncode == 0:
             return
         assert "No available agent" in probe.stderr + probe.stdout, (probe.stdout + probe.stderr)[-3000:]
@@ -132,7 +164,20 @@ def _stop_head(head: subprocess.Popen, temp: Path) -> None:
 
 def _submit(address, *args, wait=True, job="vsrn", working_dir=None):
     options = ["--working-dir", str(working_dir)] if working_dir else []
-    cmd = [*RAY, "job", "submit", "--address", address, *options, "--", sys.executable, "-m", "vldist.train", job, *args]
+    cmd = [
+        *RAY,
+        "job",
+        "submit",
+        "--address",
+        address,
+        *options,
+        "--",
+        sys.executable,
+        "-m",
+        "vldist.train",
+        job,
+        *args,
+    ]
     if wait:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -146,18 +191,39 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
     data = {"batch_size": 20, "eval_batch_size": 30, "shuffle_buffer": 50, "max_regions": 3, "vocab_min_count": 1}
     sizes = {"hidden": 32, "embed": 16}
     captioner_job = tmp_path / "tiny_captioner.yaml"
-    captioner_job.write_text(json.dumps({"recipe": "captioner", "data": data, "model": sizes,  # JSON is YAML
-                                         "train": {"epochs": 1, "lr": 0.005},
-                                         "eval": {"self_retrieval_pool": 30, "baseline": False}}))
-    proc = _submit(ray_head, f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
-                   f"model.captioner_job={captioner_job}", *(f"data.{k}={v}" for k, v in data.items()),
-                   *(f"model.{k}={v}" for k, v in sizes.items()), "train.max_steps=2", "eval.self_retrieval_pool=30",
-                   "metrics.enabled=false", "data.workers=1", job="cl_caption")
+    captioner_job.write_text(
+        json.dumps(
+            {
+                "recipe": "captioner",
+                "data": data,
+                "model": sizes,  # JSON is YAML
+                "train": {"epochs": 1, "lr": 0.005},
+                "eval": {"self_retrieval_pool": 30, "baseline": False},
+            }
+        )
+    )
+    proc = _submit(
+        ray_head,
+        f"data.shards={planted_shards}",
+        f"ray.storage_path={tmp_path}",
+        "ray.num_workers=2",
+        f"model.captioner_job={captioner_job}",
+        *(f"data.{k}={v}" for k, v in data.items()),
+        *(f"model.{k}={v}" for k, v in sizes.items()),
+        "train.max_steps=2",
+        "eval.self_retrieval_pool=30",
+        "metrics.enabled=false",
+        "data.workers=1",
+        job="cl_caption",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
     run = tmp_path / "cl_caption"
     mle, cl = (json.loads((run / stage / "metrics.json").read_text()) for stage in ("mle", "cl"))
-    assert (mle["recipe"], mle["world_size"]) == ("captioner", 2) and (cl["recipe"], cl["world_size"]) == ("cl_caption", 2)
+    assert (mle["recipe"], mle["world_size"]) == ("captioner", 2) and (cl["recipe"], cl["world_size"]) == (
+        "cl_caption",
+        2,
+    )
     assert cl["steps"] == 2
     rows = [line.split()[0] for line in out.splitlines() if line.split()[:1] in (["untrained"], ["mle"], ["cl"])]
     assert rows == ["mle", "cl"], out[-4000:]  # the MLE stage's result is CL's baseline
@@ -169,10 +235,23 @@ def test_a_two_branch_job_localises_phrases_on_the_workers(ray_head, tmp_path):
 
     shards = build_synth(tmp_path / "synth", n_train=80, n_val=16, n_test=24, feature_size=32, progress=False)
     assert shards["features"]["proposals"]
-    proc = _submit(ray_head, f"data.shards={tmp_path / 'synth'}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
-                   "model.hidden=32", "model.embed=16", "data.batch_size=20", "data.eval_batch_size=24",
-                   "data.shuffle_buffer=50", "train.epochs=1", "metrics.enabled=false", "data.workers=1",
-                   "engine.sync_batchnorm=true", "model.tasks=[phrases]", job="two_branch_embed")
+    proc = _submit(
+        ray_head,
+        f"data.shards={tmp_path / 'synth'}",
+        f"ray.storage_path={tmp_path}",
+        "ray.num_workers=2",
+        "model.hidden=32",
+        "model.embed=16",
+        "data.batch_size=20",
+        "data.eval_batch_size=24",
+        "data.shuffle_buffer=50",
+        "train.epochs=1",
+        "metrics.enabled=false",
+        "data.workers=1",
+        "engine.sync_batchnorm=true",
+        "model.tasks=[phrases]",
+        job="two_branch_embed",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
     metrics = json.loads((tmp_path / "two_branch_embed" / "metrics.json").read_text())  # one task: no stage directory
@@ -185,21 +264,44 @@ def test_an_l2c_job_takes_both_embedded_sets_where_ray_unpacks_it(ray_head, ray_
     """`ray job submit --working-dir . -- python -m vldist.train l2c` with its two embedded sets
     (the pairs and the single-image captions): the workers build both in the checkout Ray unpacked
     (small ones: the head's sitecustomize), and each stream reads its own."""
-    proc = _submit(ray_head, f"ray.storage_path={tmp_path}", "ray.num_workers=2", "model.image_size=64",
-                   "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3", "model.gcn_kernel=torch",
-                   "data.batch_size=8", "model.single_batch_size=8", "data.eval_batch_size=16", "data.shuffle_buffer=32",
-                   "data.workers=1", "train.epochs=1", "train.validate_every=0", "model.baseline_stage=false",
-                   "eval.beam_size=1", "metrics.enabled=false", job="l2c", working_dir=REPO)
+    proc = _submit(
+        ray_head,
+        f"ray.storage_path={tmp_path}",
+        "ray.num_workers=2",
+        "model.image_size=64",
+        "model.graph_dim=32",
+        "model.hidden=32",
+        "model.embed=16",
+        "model.classes=3",
+        "model.gcn_kernel=torch",
+        "data.batch_size=8",
+        "model.single_batch_size=8",
+        "data.eval_batch_size=16",
+        "data.shuffle_buffer=32",
+        "data.workers=1",
+        "train.epochs=1",
+        "train.validate_every=0",
+        "model.baseline_stage=false",
+        "eval.beam_size=1",
+        "metrics.enabled=false",
+        job="l2c",
+        working_dir=REPO,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
     metrics = json.loads((tmp_path / "l2c" / "metrics.json").read_text())
     # 64 pairs / 8 = 8 pair steps and as many single-image steps, over a group of two workers
     assert metrics["world_size"] == 2 and metrics["steps"] == 16
-    assert (metrics["config"]["data"]["shards"], metrics["config"]["model"]["single_shards"]) == \
-        ("shards/synth_pairs", "shards/synth")
+    assert (metrics["config"]["data"]["shards"], metrics["config"]["model"]["single_shards"]) == (
+        "shards/synth_pairs",
+        "shards/synth",
+    )
     unpacked = [p.parent for p in ray_temp.glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/jobs")]
     assert len(unpacked) == 1 and (unpacked[0] / "shards" / "synth" / "manifest.json").is_file(), unpacked
-    assert json.loads((unpacked[0] / "shards" / "synth_pairs" / "manifest.json").read_text())["splits"]["train"]["samples"] == 64
+    assert (
+        json.loads((unpacked[0] / "shards" / "synth_pairs" / "manifest.json").read_text())["splits"]["train"]["samples"]
+        == 64
+    )
     assert "ROUGE-L" in out and "16 pairs" in out
 
 
@@ -208,10 +310,20 @@ def test_a_laviter_job_runs_its_phases_on_two_workers(ray_head, scene_splits, tm
     """Phase 1 (DAMSM alone), then phase 3 from its model (every module: TIM's GAN and ITM too)."""
     from test_laviter_train import TINY
 
-    proc = _submit(ray_head, f"data.shards={scene_splits}", f"ray.storage_path={tmp_path}", "ray.num_workers=2",
-                   "model.pretrain_epochs=0", "model.vta_epochs=1", "model.assist_epochs=0", "model.joint_epochs=1",
-                   "train.max_steps=2",
-                   "eval.baseline=false", *TINY, job="laviter")
+    proc = _submit(
+        ray_head,
+        f"data.shards={scene_splits}",
+        f"ray.storage_path={tmp_path}",
+        "ray.num_workers=2",
+        "model.pretrain_epochs=0",
+        "model.vta_epochs=1",
+        "model.assist_epochs=0",
+        "model.joint_epochs=1",
+        "train.max_steps=2",
+        "eval.baseline=false",
+        *TINY,
+        job="laviter",
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
     assert sorted(p.name for p in (tmp_path / "laviter").iterdir() if p.is_dir()) == ["joint", "vta"]
@@ -234,13 +346,37 @@ def test_a_bad_config_fails_fast_with_the_config_error(ray_head, tmp_path):
 
 def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_head, planted_shards, tmp_path):
     epochs = 6  # 150 steps, about 16 s: the stop arrives long before the end
-    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, f"train.epochs={epochs}"]
+    job = [
+        f"data.shards={planted_shards}",
+        f"ray.storage_path={tmp_path}",
+        *JOB,
+        *PREEMPT_JOB,
+        f"train.epochs={epochs}",
+    ]
     # Ray kills the driver RAY_JOB_STOP_WAIT_TIME_S after `ray job stop` (3 s by default): give the
     # workers the time a step and a checkpoint take, as docs/preemption.md tells users to.
     runtime_env = json.dumps({"env_vars": {"RAY_JOB_STOP_WAIT_TIME_S": "60"}})
-    submit = subprocess.run([*RAY, "job", "submit", "--address", ray_head, "--no-wait", "--runtime-env-json",
-                             runtime_env, "--", sys.executable, "-m", "vldist.train", "vsrn", *job],
-                            capture_output=True, text=True, timeout=120)
+    submit = subprocess.run(
+        [
+            *RAY,
+            "job",
+            "submit",
+            "--address",
+            ray_head,
+            "--no-wait",
+            "--runtime-env-json",
+            runtime_env,
+            "--",
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            *job,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert submit.returncode == 0, submit.stderr
     job_id = re.search(r"raysubmit_\w+", submit.stdout + submit.stderr).group(0)
     run = tmp_path / "vsrn"
@@ -267,8 +403,14 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
 
     other = _submit(ray_head, *job, "train.lr=0.0005")  # another job into the same run directory
     said = other.stdout + other.stderr
-    assert other.returncode != 0 and (f"error: the Ray run directory {run} holds a run, with other settings than "
-                                      "this job (1 differ: train.lr: the run's 0.001, this job's 0.0005)") in said, said[-3000:]
+    assert (
+        other.returncode != 0
+        and (
+            f"error: the Ray run directory {run} holds a run, with other settings than "
+            "this job (1 differ: train.lr: the run's 0.001, this job's 0.0005)"
+        )
+        in said
+    ), said[-3000:]
     assert "ray.name=vsrn-2" in said and "Traceback" not in said and "world_rank=" not in said
 
     again = _submit(ray_head, *job, "ray.num_workers=1")  # the same job (on fewer workers), submitted again
@@ -281,16 +423,40 @@ def test_ray_job_stop_checkpoints_and_the_same_job_submitted_again_resumes(ray_h
     assert metrics["steps"] == epochs * PREEMPT_EPOCH_STEPS and metrics["restarts"] == 1 and metrics["world_size"] == 1
 
 
-def test_a_rank_drifting_under_ray_stops_every_worker_with_the_check_and_no_restart(ray_head, planted_shards,
-                                                                                   tmp_path):
+def test_a_rank_drifting_under_ray_stops_every_worker_with_the_check_and_no_restart(ray_head, planted_shards, tmp_path):
     """Rank 1's model is changed after step 2 (the Ray processes' sitecustomize does it, asked by
     the job's environment): the check at step 4 stops the run as under torchrun, and Ray does not
     restart it from a checkpoint that may hold the diverging copy."""
-    job = [f"data.shards={planted_shards}", f"ray.storage_path={tmp_path}", *JOB, *PREEMPT_JOB, "train.epochs=1",
-           "train.replica_check_every=4", "train.save_every_steps=2"]
+    job = [
+        f"data.shards={planted_shards}",
+        f"ray.storage_path={tmp_path}",
+        *JOB,
+        *PREEMPT_JOB,
+        "train.epochs=1",
+        "train.replica_check_every=4",
+        "train.save_every_steps=2",
+    ]
     runtime_env = json.dumps({"env_vars": {"VLDIST_TEST_DRIFT_AFTER_STEP": "2"}})
-    proc = subprocess.run([*RAY, "job", "submit", "--address", ray_head, "--runtime-env-json", runtime_env, "--",
-                           sys.executable, "-m", "vldist.train", "vsrn", *job], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            *RAY,
+            "job",
+            "submit",
+            "--address",
+            ray_head,
+            "--runtime-env-json",
+            runtime_env,
+            "--",
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            *job,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "drifted: " in out, out[-4000:]
     assert "error: the ranks' replicas of the model diverged by step 4: parameter " in out, out[-4000:]
@@ -308,10 +474,30 @@ def test_a_job_reads_its_shards_from_s3_on_the_workers(ray_head, s3_store, plant
     fs.put(str(planted_shards), "vldist-tests/ray-planted", recursive=True)
     # the credentials as the job's environment (a cluster would set them on its nodes: cluster/ray/README.md)
     runtime_env = json.dumps({"env_vars": s3_store.environment})
-    proc = subprocess.run([*RAY, "job", "submit", "--address", ray_head, "--runtime-env-json", runtime_env, "--",
-                           sys.executable, "-m", "vldist.train", "vsrn", "data.shards=s3://vldist-tests/ray-planted",
-                           f"ray.storage_path={tmp_path}", "train.epochs=2", f"metrics.port={free_port_pair()}", *JOB],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            *RAY,
+            "job",
+            "submit",
+            "--address",
+            ray_head,
+            "--runtime-env-json",
+            runtime_env,
+            "--",
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            "data.shards=s3://vldist-tests/ray-planted",
+            f"ray.storage_path={tmp_path}",
+            "train.epochs=2",
+            f"metrics.port={free_port_pair()}",
+            *JOB,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "succeeded" in out, out[-4000:]
     assert "world_rank=1" in out  # a group of two workers, as the job asked

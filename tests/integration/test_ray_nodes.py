@@ -54,21 +54,49 @@ def start_ray_node(nodes: Nodes, node: int, env: dict, temps: list[str], hidden:
     """`ray start` on `node`: the head on node 0 (its dashboard on node 0's loopback), a worker node
     joining it elsewhere; one CPU each, so a group of two workers takes one on each node. Its temp
     directory is added to `temps`; the `hidden` directories are empty there (a disk of its own)."""
-    role = (["--head", "--port", str(RAY_PORT), "--dashboard-host", "127.0.0.1", "--dashboard-port",
-             str(DASHBOARD_PORT)] if node == 0 else ["--address", f"{nodes.addresses[0]}:{RAY_PORT}"])
+    role = (
+        ["--head", "--port", str(RAY_PORT), "--dashboard-host", "127.0.0.1", "--dashboard-port", str(DASHBOARD_PORT)]
+        if node == 0
+        else ["--address", f"{nodes.addresses[0]}:{RAY_PORT}"]
+    )
     temps.append(tempfile.mkdtemp(prefix="vn", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     # A lost node is declared dead after 3 missed health checks a second apart (Ray's defaults: 5,
     # 3 s apart, each waiting up to 10 s): the tests wait that long after each power-off.
-    checks = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-              "RAY_health_check_failure_threshold": "3"}
-    return nodes.popen(node, [*RAY, "start", "--block", *role, "--num-cpus", "1", "--node-ip-address",
-                              nodes.addresses[node], "--temp-dir", temps[-1], "--disable-usage-stats"],
-                       hidden=hidden, env={**env, **checks}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checks = {
+        "RAY_health_check_period_ms": "1000",
+        "RAY_health_check_timeout_ms": "1000",
+        "RAY_health_check_failure_threshold": "3",
+    }
+    return nodes.popen(
+        node,
+        [
+            *RAY,
+            "start",
+            "--block",
+            *role,
+            "--num-cpus",
+            "1",
+            "--node-ip-address",
+            nodes.addresses[node],
+            "--temp-dir",
+            temps[-1],
+            "--disable-usage-stats",
+        ],
+        hidden=hidden,
+        env={**env, **checks},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_for_ray_nodes(nodes: Nodes, count: int, env: dict) -> None:
-    subprocess.run(nodes.command(0, [sys.executable, "-c", WAIT_FOR_NODES, f"{nodes.addresses[0]}:{RAY_PORT}",
-                                     str(count)]), env=env, check=True, timeout=180, capture_output=True)
+    subprocess.run(
+        nodes.command(0, [sys.executable, "-c", WAIT_FOR_NODES, f"{nodes.addresses[0]}:{RAY_PORT}", str(count)]),
+        env=env,
+        check=True,
+        timeout=180,
+        capture_output=True,
+    )
 
 
 def submit_on_head(nodes: Nodes, job: list[str], env: dict, options: tuple = ()) -> subprocess.Popen:
@@ -76,19 +104,33 @@ def submit_on_head(nodes: Nodes, job: list[str], env: dict, options: tuple = ())
     seconds after the dashboard)."""
     submit = [*RAY, "job", "submit", "--address", f"http://127.0.0.1:{DASHBOARD_PORT}"]
     deadline = time.time() + 120
-    while (probe := subprocess.run(nodes.command(0, [*submit, "--", sys.executable, "-c", "pass"]), env=env,
-                                   capture_output=True, text=True, timeout=120)).returncode != 0:
+    while (
+        probe := subprocess.run(
+            nodes.command(0, [*submit, "--", sys.executable, "-c", "pass"]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    ).returncode != 0:
         assert "No available agent" in probe.stdout + probe.stderr, (probe.stdout + probe.stderr)[-3000:]
         assert time.time() < deadline, "the head's job agent did not come up in 120 s"
         time.sleep(1)
-    return nodes.popen(0, [*submit, *options, "--", sys.executable, *job], env=env, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True)
+    return nodes.popen(
+        0,
+        [*submit, *options, "--", sys.executable, *job],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def on_node_0(nodes: Nodes, env: dict, code: str, *args: str) -> str:
     """Python `code` run on node 0 (where the nodes' S3 store answers); its stdout."""
-    done = subprocess.run(nodes.command(0, [sys.executable, "-c", code, *args]), env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        nodes.command(0, [sys.executable, "-c", code, *args]), env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -101,13 +143,18 @@ def nodes_store(nodes: Nodes, directory: Path, env: dict):
     from seaweed import start_s3_store
 
     def answers(store) -> bool:
-        probe = subprocess.run(nodes.command(0, [sys.executable, "-c", STORE + "fs.ls('')"]),
-                               env={**env, **store.environment}, capture_output=True, timeout=60)
+        probe = subprocess.run(
+            nodes.command(0, [sys.executable, "-c", STORE + "fs.ls('')"]),
+            env={**env, **store.environment},
+            capture_output=True,
+            timeout=60,
+        )
         return probe.returncode == 0
 
     directory.mkdir()
-    return start_s3_store(directory, ip=nodes.addresses[0], launch=lambda argv, **kw: nodes.popen(0, argv, **kw),
-                          answers=answers)
+    return start_s3_store(
+        directory, ip=nodes.addresses[0], launch=lambda argv, **kw: nodes.popen(0, argv, **kw), answers=answers
+    )
 
 
 class Output:
@@ -131,8 +178,9 @@ class Output:
         return "".join(self.lines)
 
 
-def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool,
-                          own_disks: bool = False) -> tuple[str, list[str]]:
+def ray_run_losing_node_1(
+    planted_shards, tmp_path, workers: str, rejoin: bool, own_disks: bool = False
+) -> tuple[str, list[str]]:
     """A head and a worker node of one CPU each; `ray job submit` of the preemption job on the head
     with `ray.num_workers=workers`; at step 9 node 1 loses every process (its raylet and its worker)
     and, if `rejoin`, is started again. `own_disks`: node 1 does not see node 0's run directory
@@ -143,20 +191,38 @@ def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool,
     # RAY_TRAIN_...: a node lost is marked dead some seconds after Ray Train has already decided to
     # start the whole group again; it then waits this long for the lost node's CPU before going on
     # (60 s by default: docs/preemption.md)
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-           "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10",
+    }
     run_dir = tmp_path / "runs"
     run_dir.mkdir()  # a mount point, on node 1, where own_disks
-    job = ["-m", "vldist.train", "vsrn", f"data.shards={planted_shards}", f"ray.storage_path={run_dir}",
-           f"ray.num_workers={workers}", "ray.max_failures=2", "train.save_every_steps=8", *PREEMPT_JOB]
+    job = [
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"data.shards={planted_shards}",
+        f"ray.storage_path={run_dir}",
+        f"ray.num_workers={workers}",
+        "ray.max_failures=2",
+        "train.save_every_steps=8",
+        *PREEMPT_JOB,
+    ]
     temps = []
     try:
         with Nodes(2) as nodes:
             if own_disks:
                 store = nodes_store(nodes, tmp_path / "s3", env)
                 env.update(store.environment)  # on the nodes, as a cluster sets them (cluster/ray/README.md)
-                on_node_0(nodes, env, STORE + "fs.mkdir('vldist-tests'); fs.put(*__import__('sys').argv[1:], "
-                          "recursive=True)", str(planted_shards), "vldist-tests/planted")
+                on_node_0(
+                    nodes,
+                    env,
+                    STORE + "fs.mkdir('vldist-tests'); fs.put(*__import__('sys').argv[1:], recursive=True)",
+                    str(planted_shards),
+                    "vldist-tests/planted",
+                )
                 job += ["data.shards=s3://vldist-tests/planted", "output.checkpoint_dir=s3://vldist-tests/run"]
             start_ray_node(nodes, 0, env, temps)
             start_ray_node(nodes, 1, env, temps, hidden=(run_dir,) if own_disks else ())
@@ -168,8 +234,13 @@ def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool,
                 start_ray_node(nodes, 1, env, temps, hidden=(run_dir,) if own_disks else ())
             out = output.rest(timeout=420)
             if own_disks and output.process.returncode == 0:
-                on_node_0(nodes, env, STORE + "fs.get(*__import__('sys').argv[1:], recursive=True)",
-                          f"vldist-tests/run/step-{PREEMPT_STEPS:08d}", str(tmp_path / "final"))
+                on_node_0(
+                    nodes,
+                    env,
+                    STORE + "fs.get(*__import__('sys').argv[1:], recursive=True)",
+                    f"vldist-tests/run/step-{PREEMPT_STEPS:08d}",
+                    str(tmp_path / "final"),
+                )
     finally:
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
@@ -177,8 +248,9 @@ def ray_run_losing_node_1(planted_shards, tmp_path, workers: str, rejoin: bool,
     return out, list(nodes.addresses)
 
 
-def test_ray_workers_on_two_nodes_with_their_own_disks_lose_one_and_resume_from_the_store(planted_shards, tmp_path,
-                                                                                         two_rank_reference):
+def test_ray_workers_on_two_nodes_with_their_own_disks_lose_one_and_resume_from_the_store(
+    planted_shards, tmp_path, two_rank_reference
+):
     """A head and a worker node whose disks hold different run directories (node 1 does not see
     node 0's), the shards and the checkpoints (output.checkpoint_dir) in an S3 store; `ray job
     submit` on the head places one worker on each. Node 1 then loses every process; started again
@@ -221,12 +293,27 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
     workers/small_embedded_set), the same bytes on both; the job SUCCEEDS with test recall above
     chance. Submitted again, the finished run is refused in one line, before any worker starts,
     and left as it was; a job of other settings into its run directory is refused naming them."""
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
-           "PYTHONPATH": SMALL_EMBEDDED_SETS}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": secrets.token_hex(32),
+        "PYTHONPATH": SMALL_EMBEDDED_SETS,
+    }
     runs = tmp_path / "runs"  # the run directory: on a disk both nodes share
-    job = ["-m", "vldist.train", "vsrn", f"ray.storage_path={runs}", "ray.num_workers=2", "train.max_steps=120",
-           "train.validate_every=0", "train.lr_decay_epochs=1000", *SMALL_VSRN, "data.batch_size=16",
-           "data.eval_batch_size=64", "data.workers=1"]
+    job = [
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"ray.storage_path={runs}",
+        "ray.num_workers=2",
+        "train.max_steps=120",
+        "train.validate_every=0",
+        "train.lr_decay_epochs=1000",
+        *SMALL_VSRN,
+        "data.batch_size=16",
+        "data.eval_batch_size=64",
+        "data.workers=1",
+    ]
     temps = []
     try:
         with Nodes(2) as nodes:
@@ -242,8 +329,10 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
             refused = again.communicate(timeout=300)[0]
             other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=SHIPPED)
             other_refused = other.communicate(timeout=300)[0]
-        sets = [sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
-                for temp in temps]
+        sets = [
+            sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
+            for temp in temps
+        ]
         built = [set_digests(found[0]) if len(found) == 1 else found for found in sets]
     finally:
         for temp in temps:
@@ -252,17 +341,26 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
     assert sorted(placed) == sorted(nodes.addresses), placed  # one worker on each node
     assert isinstance(built[0], dict) and built[0] == built[1] and "train-000003.tar" in built[0], built
     metrics = json.loads(metrics_before)
-    assert metrics["world_size"] == 2 and metrics["steps"] == 120 and metrics["config"]["data"]["shards"] == "shards/synth"
+    assert (
+        metrics["world_size"] == 2 and metrics["steps"] == 120 and metrics["config"]["data"]["shards"] == "shards/synth"
+    )
     test = metrics["test"]
     # measured in one process over seeds 1-3: rsum 73-90 against chance's 49 on the 64 test images
     assert test["n_images"] == 64 and test["full"]["rsum"] > 1.2 * test["chance"]["rsum"], test
     assert f"Ray run directory {run}: a new run" in out
     assert again.returncode != 0 and "failed" in refused.lower(), refused[-3000:]
-    assert f"error: the run in the Ray run directory {run} finished: its newest checkpoint is its last step's, 120" \
-        in refused, refused[-3000:]
+    assert (
+        f"error: the run in the Ray run directory {run} finished: its newest checkpoint is its last step's, 120"
+        in refused
+    ), refused[-3000:]
     assert "ray.name=vsrn-2" in refused and "Traceback" not in refused and "world_rank=" not in refused
     # another job into the same run directory: refused too, naming what differs
-    assert other.returncode != 0 and (f"error: the Ray run directory {run} holds a run, with other settings than this "
-                                      "job (1 differ: train.max_steps: the run's 120, this job's 240)") in other_refused, \
-        other_refused[-3000:]
+    assert (
+        other.returncode != 0
+        and (
+            f"error: the Ray run directory {run} holds a run, with other settings than this "
+            "job (1 differ: train.max_steps: the run's 120, this job's 240)"
+        )
+        in other_refused
+    ), other_refused[-3000:]
     assert (run / "metrics.json").read_bytes() == metrics_before

@@ -14,7 +14,7 @@ import pytest
 from fault_http import FaultyServer
 from helpers import SMALL_VSRN
 
-pytest.importorskip("aiohttp", reason="fsspec's HTTP filesystem needs aiohttp (pip install \"vldist[http]\")")
+pytest.importorskip("aiohttp", reason='fsspec\'s HTTP filesystem needs aiohttp (pip install "vldist[http]")')
 
 
 @pytest.fixture
@@ -72,15 +72,21 @@ def test_a_job_trains_from_a_url_cut_mid_shard_as_from_disk(planted_shards, serv
     for name, shards in (("local", planted_shards), ("http", server.set_url)):
         out = tmp_path / name
         # two loader workers: each opens its own HTTP filesystem after the fork
-        assert train_main(["vsrn", f"data.shards={shards}", f"output.dir={out}", "train.epochs=1", "data.workers=2",
-                           *SMALL_VSRN]) == 0
+        assert (
+            train_main(
+                ["vsrn", f"data.shards={shards}", f"output.dir={out}", "train.epochs=1", "data.workers=2", *SMALL_VSRN]
+            )
+            == 0
+        )
         runs[name] = json.loads((out / "metrics.json").read_text())
     assert sum(server.faults.cuts.values()) >= 3  # train, val and test shards were cut and resumed
     assert runs["http"]["test"] == runs["local"]["test"]
     assert runs["http"]["config"]["data"]["shards"] == server.set_url
     assert runs["http"].get("skipped_samples", 0) == runs["local"].get("skipped_samples", 0) == 0
-    losses = {name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").open() if '"loss"' in line]
-              for name in runs}
+    losses = {
+        name: [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").open() if '"loss"' in line]
+        for name in runs
+    }
     assert losses["local"] and losses["http"] == losses["local"]
 
 
@@ -88,9 +94,22 @@ def test_a_shard_that_keeps_failing_is_skipped_and_the_run_goes_on(planted_shard
     lost = sorted(planted_shards.glob("train-*.tar"))[0].name
     server.faults.always[lost] = 503
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={server.set_url}",
-                           f"output.dir={out}", "train.epochs=1", "data.retries=1", *SMALL_VSRN],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={server.set_url}",
+            f"output.dir={out}",
+            "train.epochs=1",
+            "data.retries=1",
+            *SMALL_VSRN,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["skipped_samples"] > 0 and server.faults.gets[lost] >= 2
@@ -104,21 +123,47 @@ def test_a_store_that_does_not_answer_at_the_start_is_refused_in_one_line(tmp_pa
     with socket.socket() as probe:  # a loopback port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards=http://127.0.0.1:{port}/shards",
-                           f"output.dir={tmp_path / 'run'}", *SMALL_VSRN], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards=http://127.0.0.1:{port}/shards",
+            f"output.dir={tmp_path / 'run'}",
+            *SMALL_VSRN,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert f"error: cannot read http://127.0.0.1:{port}/shards: " in done.stderr
     assert "Check the address and that the store is up" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_ranks_and_workers_of_a_node_download_each_shard_once_through_the_cache(two_rank_reference, server,
-                                                                                  planted_shards, tmp_path):
+def test_ranks_and_workers_of_a_node_download_each_shard_once_through_the_cache(
+    two_rank_reference, server, planted_shards, tmp_path
+):
     from helpers import PREEMPT_JOB, TORCHRUN
 
     out = tmp_path / "run"
-    done = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={server.set_url}", f"output.dir={out}",
-                           f"data.cache_dir={tmp_path / 'cache'}", "data.workers=2", *PREEMPT_JOB],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            *TORCHRUN,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={server.set_url}",
+            f"output.dir={out}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "data.workers=2",
+            *PREEMPT_JOB,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     tars = {name: n for name, n in server.faults.gets.items() if name.endswith(".tar")}
     # 2 ranks x 2 workers x 2 epochs read the shards, each fetched from the server once
@@ -176,8 +221,19 @@ def test_a_store_that_goes_down_mid_run_ends_it_in_one_line_and_the_run_resumes_
     from helpers import wait_for_step
 
     out = tmp_path / "run"
-    job = [sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={server.set_url}", f"output.dir={out}",
-           "train.epochs=20", "train.log_every=1", "train.save_every_steps=2", "data.retries=1", *SMALL_VSRN]
+    job = [
+        sys.executable,
+        "-m",
+        "vldist.train",
+        "vsrn",
+        f"data.shards={server.set_url}",
+        f"output.dir={out}",
+        "train.epochs=20",
+        "train.log_every=1",
+        "train.save_every_steps=2",
+        "data.retries=1",
+        *SMALL_VSRN,
+    ]
     proc = subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_step(out, 3, proc)
@@ -196,8 +252,9 @@ def test_a_store_that_goes_down_mid_run_ends_it_in_one_line_and_the_run_resumes_
     assert "resum" in done.stderr.lower()
 
 
-def test_a_shard_lost_in_an_exact_epoch_ends_the_run_in_one_line_rather_than_skewing_the_ranks(planted_shards, server,
-                                                                                               tmp_path, capsys):
+def test_a_shard_lost_in_an_exact_epoch_ends_the_run_in_one_line_rather_than_skewing_the_ranks(
+    planted_shards, server, tmp_path, capsys
+):
     """Exact epochs (data.resampled=false) read every shard on every rank in one order: a shard
     skipped on one rank would shift that rank's rows against the others', so a lost shard ends the
     run, exit 1, saying what to do, where a resampled run skips it (the test above)."""
@@ -205,8 +262,17 @@ def test_a_shard_lost_in_an_exact_epoch_ends_the_run_in_one_line_rather_than_ske
 
     lost = sorted(planted_shards.glob("train-*.tar"))[1].name
     server.faults.always[lost] = 503
-    code = train_main(["vsrn", f"data.shards={server.set_url}", f"output.dir={tmp_path / 'run'}", "train.epochs=1",
-                       "data.resampled=false", "data.retries=1", *SMALL_VSRN])
+    code = train_main(
+        [
+            "vsrn",
+            f"data.shards={server.set_url}",
+            f"output.dir={tmp_path / 'run'}",
+            "train.epochs=1",
+            "data.resampled=false",
+            "data.retries=1",
+            *SMALL_VSRN,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 1 and server.faults.gets[lost] >= 2
     line = next(line for line in err.splitlines() if line.startswith("error: "))

@@ -21,8 +21,17 @@ ENGINES = ["accelerate", "sharded", "zero1", "zero2", "zero3"]
 
 
 def _torchrun(ranks: int, mode: str, root: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), str(WORKER),
-           mode, str(root)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(ranks),
+        str(WORKER),
+        mode,
+        str(root),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -11,9 +11,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-JOB = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-       "data.shuffle_buffer=50", "data.eval_batch_size=64", "train.epochs=3", "train.save_every_steps=4",
-       "train.keep_last=3", "eval.baseline=false"]
+JOB = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "train.epochs=3",
+    "train.save_every_steps=4",
+    "train.keep_last=3",
+    "eval.baseline=false",
+]
 
 
 def _train(shards, out, *extra, wait=True):
@@ -114,9 +123,22 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(planted_shar
 
 
 def test_resume_latest_without_checkpoints_is_an_error_and_auto_starts_fresh(planted_shards, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                           f"output.dir={tmp_path}", *JOB, "train.resume=latest", "train.max_steps=2"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={tmp_path}",
+            *JOB,
+            "train.resume=latest",
+            "train.max_steps=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "no usable checkpoint" in proc.stderr and "Traceback" not in proc.stderr
     err = _train(planted_shards, tmp_path, "train.resume=auto", "train.max_steps=2")
     assert "starting fresh" in err

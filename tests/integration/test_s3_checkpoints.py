@@ -39,13 +39,28 @@ def prefix(s3_store) -> str:
 def _stored(fs, prefix) -> list[str]:
     """The checkpoints with objects under `prefix` (SeaweedFS keeps a prefix's empty directory entry
     after its objects are deleted; S3 has none: objects are what counts)."""
-    return sorted({path[len(prefix) + 1:].split("/", 1)[0] for path in fs.find(prefix) if path != prefix})
+    return sorted({path[len(prefix) + 1 :].split("/", 1)[0] for path in fs.find(prefix) if path != prefix})
 
 
 def _train(shards, out, url, *extra):
-    proc = subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={shards}", f"output.dir={out}",
-                           "train.epochs=1", *SMALL_VSRN, "train.save_every_steps=3", f"output.checkpoint_dir={url}",
-                           *extra], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={shards}",
+            f"output.dir={out}",
+            "train.epochs=1",
+            *SMALL_VSRN,
+            "train.save_every_steps=3",
+            f"output.checkpoint_dir={url}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout + proc.stderr
 
@@ -71,12 +86,17 @@ def test_a_run_resumes_from_the_store_when_its_disk_is_gone(s3_store, planted_sh
     assert _stored(fs, prefix) == ["best", "step-00000006", "step-00000007"]
 
     # Evaluation and export from the store alone, and no secret anywhere.
-    evaluated = subprocess.run([sys.executable, "-m", "vldist.evaluate", url, "--json"], capture_output=True,
-                               text=True, timeout=300)
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "vldist.evaluate", url, "--json"], capture_output=True, text=True, timeout=300
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert json.loads(evaluated.stdout[evaluated.stdout.index("\n{") + 1:])["full"] == metrics["test"]["full"]
-    exported = subprocess.run([sys.executable, "-m", "vldist.export", url, "--checkpoint", "latest", "--out",
-                               str(tmp_path / "export")], capture_output=True, text=True, timeout=300)
+    assert json.loads(evaluated.stdout[evaluated.stdout.index("\n{") + 1 :])["full"] == metrics["test"]["full"]
+    exported = subprocess.run(
+        [sys.executable, "-m", "vldist.export", url, "--checkpoint", "latest", "--out", str(tmp_path / "export")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert exported.returncode == 0 and "step-00000007" in exported.stdout, exported.stderr[-3000:]
     assert all(torch.equal(load_file(tmp_path / "export" / "model.safetensors")[k], got[k]) for k in got)
     secret = s3_store.secret_key
@@ -97,11 +117,25 @@ def test_a_run_killed_during_an_upload_resumes_from_the_checkpoint_before(s3_sto
     fs, url, out = s3_store.filesystem(), f"s3://{prefix}", tmp_path / "run"
     with FaultProxy(s3_store.endpoint) as proxy:
         proxy.faults.hold = f"{prefix}/step-00000005/model.safetensors"
-        run = subprocess.Popen([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={planted_shards}",
-                                f"output.dir={out}", "train.epochs=1", *SMALL_VSRN, "train.save_every_steps=3",
-                                f"output.checkpoint_dir={url}", "train.max_steps=5"],
-                               env={**os.environ, "AWS_ENDPOINT_URL": proxy.url}, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        run = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vldist.train",
+                "vsrn",
+                f"data.shards={planted_shards}",
+                f"output.dir={out}",
+                "train.epochs=1",
+                *SMALL_VSRN,
+                "train.save_every_steps=3",
+                f"output.checkpoint_dir={url}",
+                "train.max_steps=5",
+            ],
+            env={**os.environ, "AWS_ENDPOINT_URL": proxy.url},
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             assert proxy.faults.held.wait(240), "the run never uploaded step 5's weights"
         finally:
@@ -112,6 +146,10 @@ def test_a_run_killed_during_an_upload_resumes_from_the_checkpoint_before(s3_sto
     assert (out / "checkpoints" / "step-00000005" / MARKER).is_file()  # committed locally before its upload
     shutil.rmtree(out)
     logs = _train(planted_shards, out, url, "train.resume=latest")
-    assert "resumed from" in logs and "step-00000003" in logs and "step-00000005" not in logs.split("resumed from")[1][:200]
+    assert (
+        "resumed from" in logs
+        and "step-00000003" in logs
+        and "step-00000005" not in logs.split("resumed from")[1][:200]
+    )
     assert json.loads((out / "metrics.json").read_text())["steps"] == 7
     assert "step-00000005" not in _stored(fs, prefix)  # the leftover pruned once a newer upload completed

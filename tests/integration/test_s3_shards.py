@@ -31,13 +31,29 @@ def s3_set(s3_store, planted_shards):
 
 
 def _train(shards, out, *extra, env=None):
-    return subprocess.run([sys.executable, "-m", "vldist.train", "vsrn", f"data.shards={shards}", f"output.dir={out}",
-                           "train.epochs=1", "data.workers=2", *SMALL_VSRN, *extra], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vldist.train",
+            "vsrn",
+            f"data.shards={shards}",
+            f"output.dir={out}",
+            "train.epochs=1",
+            "data.workers=2",
+            *SMALL_VSRN,
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
-def test_a_job_trains_and_evaluates_from_s3_as_from_disk_and_writes_no_secret(s3_store, s3_set, planted_shards,
-                                                                               tmp_path):
+def test_a_job_trains_and_evaluates_from_s3_as_from_disk_and_writes_no_secret(
+    s3_store, s3_set, planted_shards, tmp_path
+):
     runs = {}
     for name, shards in (("local", planted_shards), ("s3", s3_set)):
         done = _train(shards, tmp_path / name)
@@ -46,11 +62,15 @@ def test_a_job_trains_and_evaluates_from_s3_as_from_disk_and_writes_no_secret(s3
     assert runs["s3"][0]["test"] == runs["local"][0]["test"]
     evaluated = {}
     for name, shards in (("local", planted_shards), ("s3", s3_set)):  # the local run's checkpoint on either set
-        done = subprocess.run([sys.executable, "-m", "vldist.evaluate", str(tmp_path / "local"), "--shards",
-                               str(shards), "--json"], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "vldist.evaluate", str(tmp_path / "local"), "--shards", str(shards), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         evaluated[name] = done
-    metrics = {name: json.loads(done.stdout[done.stdout.index("\n{") + 1:]) for name, done in evaluated.items()}
+    metrics = {name: json.loads(done.stdout[done.stdout.index("\n{") + 1 :]) for name, done in evaluated.items()}
     assert metrics["s3"] == metrics["local"] and metrics["s3"]["n_images"] > 0
     evaluated = evaluated["s3"]
     # the secret is in the environment only: in no output, no file of the run (config, metrics, checkpoints)
@@ -71,9 +91,16 @@ def test_a_missing_bucket_or_wrong_or_missing_credentials_are_refused_in_one_lin
     assert "Traceback" not in done.stderr and "not-the-secret" not in done.stderr
     # no credentials at all (and no instance metadata to ask: the test's traffic stays on loopback)
     bare = {k: v for k, v in os.environ.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    done = _train(s3_set, tmp_path / "c", env={**bare, "AWS_EC2_METADATA_DISABLED": "true",
-                                               "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-                                               "AWS_CONFIG_FILE": str(tmp_path / "none")})
+    done = _train(
+        s3_set,
+        tmp_path / "c",
+        env={
+            **bare,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        },
+    )
     assert done.returncode == 2 and f"error: cannot read {s3_set}: " in done.stderr, done.stderr[-2000:]
     assert "AWS_ACCESS_KEY_ID" in done.stderr and "Traceback" not in done.stderr
 
@@ -82,8 +109,12 @@ def test_two_ranks_under_torchrun_read_the_store_as_the_disk(s3_set, two_rank_re
     from helpers import PREEMPT_JOB, TORCHRUN
 
     out = tmp_path / "s3"
-    done = subprocess.run([*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={s3_set}", f"output.dir={out}",
-                           *PREEMPT_JOB], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*TORCHRUN, "-m", "vldist.train", "vsrn", f"data.shards={s3_set}", f"output.dir={out}", *PREEMPT_JOB],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "x 2), output in" in done.stderr  # two ranks, each reading the shards itself
     reference = json.loads((two_rank_reference / "metrics.json").read_text())  # the same job from local disk
@@ -91,8 +122,9 @@ def test_two_ranks_under_torchrun_read_the_store_as_the_disk(s3_set, two_rank_re
 
 
 def _shards_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "vldist.shards", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "vldist.shards", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 SMALL_SYNTH = ["--train", "40", "--val", "10", "--test", "10", "--shard-size", "20", "--quiet"]
@@ -108,8 +140,10 @@ def test_synth_writes_to_the_store_as_to_disk_and_verify_checks_it_there(s3_stor
     local = tmp_path / "local"
     assert _shards_cli("synth", "--out", local, *SMALL_SYNTH).returncode == 0
     fs = s3_store.filesystem()
-    remote = {path.rsplit("/", 1)[1]: hashlib.sha256(fs.cat_file(path)).hexdigest()
-              for path in fs.ls(url.removeprefix("s3://"))}
+    remote = {
+        path.rsplit("/", 1)[1]: hashlib.sha256(fs.cat_file(path)).hexdigest()
+        for path in fs.ls(url.removeprefix("s3://"))
+    }
     assert remote == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir()}
     checked = _shards_cli("verify", url)
     assert checked.returncode == 0 and checked.stdout.strip().endswith(")") and "; ok (" in checked.stdout
@@ -149,8 +183,21 @@ def test_a_conversion_writes_to_the_store_as_to_disk(s3_store, tmp_path):
     make_precomp(tmp_path / "f30k_precomp", {"train": 30, "dev": 6, "test": 8})
     url, local = "s3://vldist-tests/converted", tmp_path / "local"
     for out in (url, local):
-        done = _shards_cli("convert", "precomp", "--src", tmp_path / "f30k_precomp", "--out", out, "--stage",
-                           tmp_path / "stage", "--shard-size", "10", "--workers", "1", "--quiet")
+        done = _shards_cli(
+            "convert",
+            "precomp",
+            "--src",
+            tmp_path / "f30k_precomp",
+            "--out",
+            out,
+            "--stage",
+            tmp_path / "stage",
+            "--shard-size",
+            "10",
+            "--workers",
+            "1",
+            "--quiet",
+        )
         assert done.returncode == 0, done.stderr[-3000:]
     remote = ShardSet.open(url)
     assert remote.manifest == ShardSet.open(local).manifest and remote.num_samples("train") == 30
@@ -208,15 +255,25 @@ def _keys_per_rank(urls, access, make_stream, workers=2):
 
     keys = []
     for rank in range(2):
-        spec = StreamSpec(urls=urls, keep=("json", "regions.npy"), sample_fn=_key_and_regions, collate_fn=_keys, batch_size=8,
-                          seed=3, rank=rank, world_size=2, access=access)
+        spec = StreamSpec(
+            urls=urls,
+            keep=("json", "regions.npy"),
+            sample_fn=_key_and_regions,
+            collate_fn=_keys,
+            batch_size=8,
+            seed=3,
+            rank=rank,
+            world_size=2,
+            access=access,
+        )
         keys.append([k for batch in make_loader(make_stream(spec), workers) for k in batch["keys"]])
     return keys
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
-def test_through_a_proxy_that_cuts_stalls_and_refuses_every_sample_arrives_as_from_disk(split, s3_set, planted_shards,
-                                                                                       proxy):
+def test_through_a_proxy_that_cuts_stalls_and_refuses_every_sample_arrives_as_from_disk(
+    split, s3_set, planted_shards, proxy
+):
     """The retry promise against the real store: each shard's first request answered 503 Slow Down,
     its first GET stalled past the client's read timeout, the next seven cut halfway (more than
     s3fs's own five tries: vldist's reader resumes); the samples of each rank, in order and counted
@@ -241,5 +298,6 @@ def test_through_a_proxy_that_cuts_stalls_and_refuses_every_sample_arrives_as_fr
         assert sorted(got[0] + got[1]) == sorted(set(got[0] + got[1]))
         assert len(got[0] + got[1]) == ShardSet.open(planted_shards).num_samples("test")
     reached = [name for name in proxy.faults.cut if proxy.faults.requests[name]]  # training draws shards at random
-    assert len(reached) >= 2 and all(not proxy.faults.slow_down[n] and not proxy.faults.stall[n] and
-                                     not proxy.faults.cut[n] for n in reached)  # each fault of each was met
+    assert len(reached) >= 2 and all(
+        not proxy.faults.slow_down[n] and not proxy.faults.stall[n] and not proxy.faults.cut[n] for n in reached
+    )  # each fault of each was met

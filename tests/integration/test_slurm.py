@@ -31,8 +31,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_srun_tasks_are_mapped_and_the_batch_step_is_not():
-    step = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "42",
-            "SLURM_STEP_NODELIST": "127.0.0.1"}
+    step = {
+        "SLURM_PROCID": "1",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_LOCALID": "1",
+        "SLURM_JOB_ID": "42",
+        "SLURM_STEP_NODELIST": "127.0.0.1",
+    }
     assert adopt_slurm_environment(step)
     assert (step["RANK"], step["WORLD_SIZE"], step["LOCAL_RANK"], step["MASTER_PORT"]) == ("1", "2", "1", "20042")
     batch_script = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
@@ -42,8 +47,9 @@ def test_srun_tasks_are_mapped_and_the_batch_step_is_not():
 
 
 ONE_TASK_PER_NODE = ["--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=0", "--cpus-per-task=1"]
-needs_nodes = pytest.mark.skipif(available() is not None or no_nodes() is not None,
-                                 reason=str(available() or no_nodes()))
+needs_nodes = pytest.mark.skipif(
+    available() is not None or no_nodes() is not None, reason=str(available() or no_nodes())
+)
 
 
 @contextmanager
@@ -52,13 +58,27 @@ def two_node_cluster(root: Path):
         yield cluster
 
 
-def submit(cluster, tmp_path: Path, out: Path, options: list[str], args: list[str], env: dict | None = None,
-           export: str = "") -> str:
+def submit(
+    cluster, tmp_path: Path, out: Path, options: list[str], args: list[str], env: dict | None = None, export: str = ""
+) -> str:
     """train.sbatch for vsrn (the tasks' MASTER_ADDR: the script's default, the first node's name,
     unless `export` sets it), its log in tmp_path; returns the job id."""
-    sbatch = cluster.run(["sbatch", "--parsable", *options, f"--output={tmp_path}/slurm-%j.out", f"--chdir={REPO}",
-                          f"--export=ALL,PYTHON={sys.executable}{export}", str(REPO / "cluster/slurm/train.sbatch"),
-                          "vsrn", f"output.dir={out}", *args], env=env, timeout=30)
+    sbatch = cluster.run(
+        [
+            "sbatch",
+            "--parsable",
+            *options,
+            f"--output={tmp_path}/slurm-%j.out",
+            f"--chdir={REPO}",
+            f"--export=ALL,PYTHON={sys.executable}{export}",
+            str(REPO / "cluster/slurm/train.sbatch"),
+            "vsrn",
+            f"output.dir={out}",
+            *args,
+        ],
+        env=env,
+        timeout=30,
+    )
     assert sbatch.returncode == 0, sbatch.stderr
     return sbatch.stdout.strip().split(";")[0]
 
@@ -75,7 +95,8 @@ def wait_for_state(cluster, job_id: str, wanted: str, timeout: float = 300, also
 
 @needs_nodes
 def test_a_two_node_job_survives_its_time_limit_and_a_lost_node_and_ends_as_if_uninterrupted(
-        planted_shards, tmp_path, two_rank_reference):
+    planted_shards, tmp_path, two_rank_reference
+):
     """train.sbatch on two nodes, a rank on each. First the time-limit warning (--signal=B:USR1)
     reaches the batch script on node 0, which forwards it to both ranks: they checkpoint the step
     reached mid-epoch and the script requeues the job. The second start resumes from it; after the
@@ -107,8 +128,11 @@ def test_a_two_node_job_survives_its_time_limit_and_a_lost_node_and_ends_as_if_u
     assert f"resumed from {checkpoints / f'step-{PREEMPT_EPOCH_STEPS:08d}'}" in log
     # the rank on node 0 says in one line what happened (no traceback from inside DDP)
     lost = [line for line in log.splitlines() if "lost another rank" in line]  # gloo's words vary: reset, closed
-    assert lost and lost[0].startswith("error: rank 0 on node0 lost another rank of the run (") and \
-        "[198.18.0.2]" in lost[0], log[-3000:]
+    assert (
+        lost
+        and lost[0].startswith("error: rank 0 on node0 lost another rank of the run (")
+        and "[198.18.0.2]" in lost[0]
+    ), log[-3000:]
     assert "Traceback" not in log and "terminate called" not in log
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == PREEMPT_STEPS and metrics["restarts"] == 2
@@ -126,11 +150,15 @@ def test_a_job_reads_its_shards_from_s3_on_two_tasks(s3_store, planted_shards, t
     fs.put(str(planted_shards), "vldist-tests/slurm-planted", recursive=True)
     out = tmp_path / "run"
     with slurm_cluster(tmp_path / "slurm") as cluster:
-        job_id = submit(cluster, tmp_path, out, ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0",
-                                                 "--cpus-per-task=1"],
-                        ["data.shards=s3://vldist-tests/slurm-planted", *PREEMPT_JOB],
-                        env={**cluster.env, **s3_store.environment},  # --export=ALL: the AWS_* variables too
-                        export=",MASTER_ADDR=127.0.0.1")
+        job_id = submit(
+            cluster,
+            tmp_path,
+            out,
+            ["--nodes=1", "--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1"],
+            ["data.shards=s3://vldist-tests/slurm-planted", *PREEMPT_JOB],
+            env={**cluster.env, **s3_store.environment},  # --export=ALL: the AWS_* variables too
+            export=",MASTER_ADDR=127.0.0.1",
+        )
         wait_for_state(cluster, job_id, "JobState=COMPLETED")
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["config"]["data"]["shards"] == "s3://vldist-tests/slurm-planted"

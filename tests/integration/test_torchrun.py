@@ -6,9 +6,17 @@ import sys
 
 import pytest
 
-JOB = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "data.batch_size=32",
-       "data.shuffle_buffer=100", "data.eval_batch_size=64", "train.epochs=6", "train.lr=0.001",
-       "engine.sync_batchnorm=true"]
+JOB = [
+    "model.embed_size=64",
+    "model.decoder_hidden=64",
+    "model.word_dim=32",
+    "data.batch_size=32",
+    "data.shuffle_buffer=100",
+    "data.eval_batch_size=64",
+    "train.epochs=6",
+    "train.lr=0.001",
+    "engine.sync_batchnorm=true",
+]
 
 
 def _run(launcher, shards, out, *extra):
@@ -22,8 +30,11 @@ def _run(launcher, shards, out, *extra):
 @pytest.fixture(scope="module")
 def runs(planted_shards, tmp_path_factory):
     one, _ = _run([sys.executable], planted_shards, tmp_path_factory.mktemp("one"))
-    two, proc = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
-                     planted_shards, tmp_path_factory.mktemp("two"))
+    two, proc = _run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"],
+        planted_shards,
+        tmp_path_factory.mktemp("two"),
+    )
     return one, two, proc
 
 
@@ -48,8 +59,14 @@ def test_exact_epochs_on_two_ranks_see_every_sample_once(planted_shards, tmp_pat
     """200 samples, global batch 32: 6 full steps and one of 8 rows per epoch. With 2 micro-batches
     of 16 per step, the last step has a single micro-batch of 8 rows."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    metrics, _ = _run(launcher, planted_shards, tmp_path, "data.resampled=false", "train.epochs=2",
-                      f"train.grad_accumulation={accumulation}")
+    metrics, _ = _run(
+        launcher,
+        planted_shards,
+        tmp_path,
+        "data.resampled=false",
+        "train.epochs=2",
+        f"train.grad_accumulation={accumulation}",
+    )
     assert metrics["world_size"] == 2
     assert metrics["steps"] == 2 * 7
     assert metrics["samples_seen"] == 2 * 200

@@ -18,8 +18,21 @@ pytest.importorskip("mlflow")
 
 def test_three_trackers_hold_what_the_run_recorded(planted_shards, tmp_path):
     run = tmp_path / "run"
-    assert train_main(["vsrn", f"data.shards={planted_shards}", f"output.dir={run}", *SMALL_VSRN, "train.epochs=2",
-                       "train.log_every=3", "metrics.trackers=[tensorboard,wandb,mlflow]", "metrics.job=tracked"]) == 0
+    assert (
+        train_main(
+            [
+                "vsrn",
+                f"data.shards={planted_shards}",
+                f"output.dir={run}",
+                *SMALL_VSRN,
+                "train.epochs=2",
+                "train.log_every=3",
+                "metrics.trackers=[tensorboard,wandb,mlflow]",
+                "metrics.job=tracked",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if r["event"] == "train"]
     validations = [r for r in records if r["event"] == "validation"]
@@ -27,11 +40,13 @@ def test_three_trackers_hold_what_the_run_recorded(planted_shards, tmp_path):
     assert len(train) >= 4 and len(validations) == 2
     results = json.loads((run / "metrics.json").read_text())
     assert test["rsum"] == results["test"]["full"]["rsum"]
-    expected = {"train/loss": [(r["step"], r["loss"]) for r in train],
-                "train/lr": [(r["step"], r["lr"]) for r in train],
-                "train/samples_per_second": [(r["step"], r["samples_per_second"]) for r in train],
-                "val/rsum": [(r["step"], r["rsum"]) for r in validations],
-                "test/rsum": [(test["step"], test["rsum"])]}
+    expected = {
+        "train/loss": [(r["step"], r["loss"]) for r in train],
+        "train/lr": [(r["step"], r["lr"]) for r in train],
+        "train/samples_per_second": [(r["step"], r["samples_per_second"]) for r in train],
+        "val/rsum": [(r["step"], r["rsum"]) for r in validations],
+        "test/rsum": [(test["step"], test["rsum"])],
+    }
     trackers = run / "trackers"
 
     scalars = tensorboard_scalars(trackers / "tensorboard" / "run")

@@ -11,8 +11,15 @@ from vldist.recipes.jobs import load_config
 from vldist.runner import run
 from vldist.trainer import NonFiniteLossError
 
-SMALL = ["model.embed_size=64", "model.decoder_hidden=64", "model.word_dim=32", "data.batch_size=32",
-         "data.shuffle_buffer=100", "data.eval_batch_size=32", "train.log_every=5"]
+SMALL = [
+    "model.embed_size=64",
+    "model.decoder_hidden=64",
+    "model.word_dim=32",
+    "data.batch_size=32",
+    "data.shuffle_buffer=100",
+    "data.eval_batch_size=32",
+    "train.log_every=5",
+]
 
 
 def _cli(module, *args, cwd=None):
@@ -22,7 +29,15 @@ def _cli(module, *args, cwd=None):
 @pytest.fixture(scope="module")
 def trained_run(planted_shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    proc = _cli("vldist.train", "vsrn", f"data.shards={planted_shards}", f"output.dir={out}", "train.epochs=6", "train.lr=0.001", *SMALL)
+    proc = _cli(
+        "vldist.train",
+        "vsrn",
+        f"data.shards={planted_shards}",
+        f"output.dir={out}",
+        "train.epochs=6",
+        "train.lr=0.001",
+        *SMALL,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc
 
@@ -55,7 +70,7 @@ def test_evaluate_reproduces_the_training_metrics(trained_run):
     out, _ = trained_run
     proc = _cli("vldist.evaluate", str(out), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    printed = json.loads(proc.stdout[proc.stdout.index("{") :])
     expected = json.loads((out / "metrics.json").read_text())["test"]["full"]
     for key, value in expected.items():
         assert printed["full"][key] == pytest.approx(value, abs=1e-6), key
@@ -83,8 +98,17 @@ def test_help_lists_recipes_and_keys():
 def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted_shards, tmp_path, monkeypatch):
     from vldist.recipes.vsrn import VSRNRecipe
 
-    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=3",
-                                  "eval.baseline=false", "data.workers=0", *SMALL])
+    config = load_config(
+        "vsrn",
+        [
+            f"data.shards={planted_shards}",
+            f"output.dir={tmp_path}",
+            "train.epochs=3",
+            "eval.baseline=false",
+            "data.workers=0",
+            *SMALL,
+        ],
+    )
     real_losses, calls = VSRNRecipe.losses, {"n": 0}
 
     def poisoned(self, outputs, batch, update="main", model=None):
@@ -101,8 +125,9 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_checkpoint(planted
 
 
 @pytest.mark.parametrize("baseline", ["true", "false"])
-def test_a_recipe_whose_evaluation_lacks_its_counts_is_refused_before_training(planted_shards, tmp_path, monkeypatch,
-                                                                               capsys, baseline):
+def test_a_recipe_whose_evaluation_lacks_its_counts_is_refused_before_training(
+    planted_shards, tmp_path, monkeypatch, capsys, baseline
+):
     """Without the untrained baseline, the first validation batch is evaluated and checked first."""
     import vldist.recipes
     from vldist.recipes.vsrn import VSRNRecipe

@@ -17,9 +17,24 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def test_both_tasks_train_on_cuda_in_bf16(tmp_path, job):
     build_synth(tmp_path / "synth", n_train=80, n_val=16, n_test=24, feature_size=32, progress=False)
     run = tmp_path / "run"
-    assert train_main([job, f"data.shards={tmp_path / 'synth'}", f"output.dir={run}", "model.hidden=32",
-                       "model.embed=16", "data.batch_size=20", "data.eval_batch_size=24", "train.epochs=2",
-                       "train.device=cuda", "engine.mixed_precision=bf16", "metrics.enabled=false"]) == 0
+    assert (
+        train_main(
+            [
+                job,
+                f"data.shards={tmp_path / 'synth'}",
+                f"output.dir={run}",
+                "model.hidden=32",
+                "model.embed=16",
+                "data.batch_size=20",
+                "data.eval_batch_size=24",
+                "train.epochs=2",
+                "train.device=cuda",
+                "engine.mixed_precision=bf16",
+                "metrics.enabled=false",
+            ]
+        )
+        == 0
+    )
     for task in ("retrieval", "phrases"):
         metrics = json.loads((run / task / "metrics.json").read_text())
         assert metrics["config"]["engine"]["mixed_precision"] == "bf16"

@@ -49,5 +49,10 @@ def test_two_ranks_take_the_steps_of_one_process(two_ranks, one_process, job, sp
         for name, grad in expected["grads"].items():
             torch.testing.assert_close(got["grads"][name], grad, rtol=1e-4, atol=1e-5 * scale, msg=f"{step} {name}")
         for name, value in expected["state"].items():
-            torch.testing.assert_close(got["state"][name].float(), value.float(), rtol=1e-4,
-                                       atol=worker.LR * 1e-5 * scale * (step + 1) + 1e-5, msg=f"{step} {name}")
+            torch.testing.assert_close(
+                got["state"][name].float(),
+                value.float(),
+                rtol=1e-4,
+                atol=worker.LR * 1e-5 * scale * (step + 1) + 1e-5,
+                msg=f"{step} {name}",
+            )

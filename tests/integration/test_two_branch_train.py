@@ -12,9 +12,18 @@ from vldist.evaluate import main as evaluate_main
 from vldist.shards.synthetic.synth import build_synth
 from vldist.train import main as train_main
 
-TINY = ["model.hidden=64", "model.embed=32", "model.dropout=0.1", "data.batch_size=40", "data.eval_batch_size=40",
-        "data.shuffle_buffer=100", "model.tasks=[retrieval,phrases]", "train.lr=0.003", "train.lr_decay_epochs=100",
-        "metrics.enabled=false"]
+TINY = [
+    "model.hidden=64",
+    "model.embed=32",
+    "model.dropout=0.1",
+    "data.batch_size=40",
+    "data.eval_batch_size=40",
+    "data.shuffle_buffer=100",
+    "model.tasks=[retrieval,phrases]",
+    "train.lr=0.003",
+    "train.lr_decay_epochs=100",
+    "metrics.enabled=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +61,30 @@ def test_trains_both_tasks_and_reports_them_beside_untrained_and_chance(synth, t
     assert "phrase localisation:" in again and f"{found['r1']:.1f}" in again
 
 
-@pytest.mark.parametrize("engine", [[], ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero2.json"]],
-                         ids=["ddp", "deepspeed-zero2"])
+@pytest.mark.parametrize(
+    "engine",
+    [[], ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero2.json"]],
+    ids=["ddp", "deepspeed-zero2"],
+)
 def test_two_torchrun_ranks_train_both_tasks(synth, tmp_path, engine):
     run = tmp_path / "run"
-    proc = subprocess.run([*TORCHRUN, "-m", "vldist.train", "two_branch_embed", f"data.shards={synth}",
-                           f"output.dir={run}", "train.epochs=3", "engine.sync_batchnorm=true", *TINY, *engine],
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [
+            *TORCHRUN,
+            "-m",
+            "vldist.train",
+            "two_branch_embed",
+            f"data.shards={synth}",
+            f"output.dir={run}",
+            "train.epochs=3",
+            "engine.sync_batchnorm=true",
+            *TINY,
+            *engine,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for task in ("retrieval", "phrases"):
         results = json.loads((run / task / "metrics.json").read_text())

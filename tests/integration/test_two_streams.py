@@ -14,9 +14,17 @@ from vldist.recipes.jobs import load_config
 from vldist.recipes.vsrn import VSRNRecipe
 from vldist.runner import run
 
-SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-         "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "data.workers=1",
-         "train.validate_every=0"]
+SMALL = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "eval.baseline=false",
+    "data.workers=1",
+    "train.validate_every=0",
+]
 
 
 class TwoStreamVSRN(VSRNRecipe):
@@ -32,23 +40,37 @@ class TwoStreamVSRN(VSRNRecipe):
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_streams_take_turns_step_by_step_until_each_has_had_its_epoch(planted_shards, tmp_path, monkeypatch, accumulation):
+def test_streams_take_turns_step_by_step_until_each_has_had_its_epoch(
+    planted_shards, tmp_path, monkeypatch, accumulation
+):
     monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", TwoStreamVSRN)
     TwoStreamVSRN.seen = []
-    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "train.epochs=2",
-                                  f"train.grad_accumulation={accumulation}", *SMALL])
+    config = load_config(
+        "vsrn",
+        [
+            f"data.shards={planted_shards}",
+            f"output.dir={tmp_path}",
+            "train.epochs=2",
+            f"train.grad_accumulation={accumulation}",
+            *SMALL,
+        ],
+    )
     results = run(config)
     one_epoch = ["captions", "pairs", "captions", "pairs", *["captions"] * 5]
     per_step = TwoStreamVSRN.seen[::accumulation]
     assert per_step == one_epoch * 2
-    assert TwoStreamVSRN.seen == [s for s in one_epoch * 2 for _ in range(accumulation)]  # a step's micro-batches share a stream
+    assert TwoStreamVSRN.seen == [
+        s for s in one_epoch * 2 for _ in range(accumulation)
+    ]  # a step's micro-batches share a stream
     assert results["steps"] == 18
     assert json.loads((tmp_path / "metrics.json").read_text())["samples_seen"] == 2 * (7 + 2) * 32
 
 
 def test_exact_epochs_refuse_several_streams(planted_shards, tmp_path, monkeypatch):
     monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", TwoStreamVSRN)
-    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "data.resampled=false", *SMALL])
+    config = load_config(
+        "vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path}", "data.resampled=false", *SMALL]
+    )
     with pytest.raises(ValueError, match="data.resampled=false reads one stream; this recipe has 2"):
         run(config)
 
@@ -60,8 +82,10 @@ class PacedStreamVSRN(TwoStreamVSRN):
 
     @classmethod
     def train_streams(cls, config):
-        return {"captions": "train",
-                "pairs": StreamSource("val", shards=cls.other_shards, batch_size=8, steps_like="captions")}
+        return {
+            "captions": "train",
+            "pairs": StreamSource("val", shards=cls.other_shards, batch_size=8, steps_like="captions"),
+        }
 
 
 def test_a_stream_from_another_shard_set_with_its_own_batch_paced_by_the_first(planted_shards, tmp_path, monkeypatch):
@@ -72,7 +96,9 @@ def test_a_stream_from_another_shard_set_with_its_own_batch_paced_by_the_first(p
     other = tmp_path / "other"
     monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", PacedStreamVSRN)
     monkeypatch.setattr(PacedStreamVSRN, "other_shards", str(other))
-    config = load_config("vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path / 'run'}", "train.epochs=1", *SMALL])
+    config = load_config(
+        "vsrn", [f"data.shards={planted_shards}", f"output.dir={tmp_path / 'run'}", "train.epochs=1", *SMALL]
+    )
     with pytest.raises(ShardsNotFoundError, match=str(other)):  # the second stream reads the other set
         run(config)
     shutil.copytree(planted_shards, other)

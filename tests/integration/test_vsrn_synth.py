@@ -15,10 +15,18 @@ def synth_shards(tmp_path_factory):
 
 
 def test_vsrn_loss_falls_and_recall_beats_the_untrained_model(synth_shards, tmp_path):
-    config = load_config("vsrn", [
-        f"data.shards={synth_shards}", f"output.dir={tmp_path}", "train.epochs=8", "data.batch_size=64",
-        "model.embed_size=128", "model.decoder_hidden=128", "data.shuffle_buffer=300",
-    ])
+    config = load_config(
+        "vsrn",
+        [
+            f"data.shards={synth_shards}",
+            f"output.dir={tmp_path}",
+            "train.epochs=8",
+            "data.batch_size=64",
+            "model.embed_size=128",
+            "model.decoder_hidden=128",
+            "data.shuffle_buffer=300",
+        ],
+    )
     results = run(config)
     losses = [h["train_loss"] for h in results["history"]]
     # epochs 1-2 sum the hinge over all negatives (warm-up), later ones take the hardest only
@@ -30,8 +38,10 @@ def test_vsrn_loss_falls_and_recall_beats_the_untrained_model(synth_shards, tmp_
     # 5.5 -> 29.5, t2i R@10 4.3 -> 21.4, rsum 16 -> 99 (with one thread, or torch 2.15, t2i R@1 reached
     # 5.1: R@1 of 200 queries moves with the last digits, so t2i is held to R@10)
     assert trained["i2t_r1"] > untrained["i2t_r1"] + 3, (trained, untrained)
-    assert trained["i2t_r10"] > untrained["i2t_r10"] + 10 and trained["t2i_r10"] > untrained["t2i_r10"] + 10, \
-        (trained, untrained)
+    assert trained["i2t_r10"] > untrained["i2t_r10"] + 10 and trained["t2i_r10"] > untrained["t2i_r10"] + 10, (
+        trained,
+        untrained,
+    )
     assert trained["rsum"] > 3 * untrained["rsum"]
     assert results["steps"] == 8 * 10  # ceil(600 / 64) steps per epoch
     assert results["skipped_samples"] == 0

@@ -8,14 +8,27 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = ["model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16", "data.batch_size=32",
-         "data.shuffle_buffer=50", "data.eval_batch_size=64", "eval.baseline=false", "metrics.enabled=false"]
+SMALL = [
+    "model.embed_size=32",
+    "model.decoder_hidden=32",
+    "model.word_dim=16",
+    "data.batch_size=32",
+    "data.shuffle_buffer=50",
+    "data.eval_batch_size=64",
+    "eval.baseline=false",
+    "metrics.enabled=false",
+]
 
 
 def _source_copy(dest: Path) -> Path:
     """The files a clone has (tracked, or new and not ignored), links kept as links."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split("\n")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     for name in filter(None, listed):
         source, target = REPO / name, dest / name
         if not source.exists() and not source.is_symlink():
@@ -30,13 +43,32 @@ def _source_copy(dest: Path) -> Path:
 
 def test_an_installed_wheel_lists_its_jobs_and_trains_from_anywhere(planted_shards, tmp_path):
     source = _source_copy(tmp_path / "src")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "wheel"),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
-    wheel, = (tmp_path / "wheel").glob("vldist-*.whl")
+    (wheel,) = (tmp_path / "wheel").glob("vldist-*.whl")
     site = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
-                              str(wheel)], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
 
     elsewhere = tmp_path / "elsewhere"
@@ -44,11 +76,15 @@ def test_an_installed_wheel_lists_its_jobs_and_trains_from_anywhere(planted_shar
     env = {**os.environ, "PYTHONPATH": str(site)}  # before the editable checkout on sys.path
 
     def python(*args):
-        return subprocess.run([sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True,
-                              timeout=300)
+        return subprocess.run(
+            [sys.executable, *args], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300
+        )
 
-    where = python("-c", "import vldist, vldist.distributed.deepspeed_config as d; print(vldist.__file__); "
-                         "print(d.find_deepspeed_file('jobs/deepspeed/zero2.json'))")
+    where = python(
+        "-c",
+        "import vldist, vldist.distributed.deepspeed_config as d; print(vldist.__file__); "
+        "print(d.find_deepspeed_file('jobs/deepspeed/zero2.json'))",
+    )
     assert where.returncode == 0, where.stderr
     package, zero2 = where.stdout.split()
     assert Path(package).is_relative_to(site) and Path(zero2).is_relative_to(site)  # not the checkout's

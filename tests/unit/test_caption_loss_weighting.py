@@ -33,8 +33,8 @@ def test_caption_loss_equals_the_official_criterion_with_its_gradient():
     ours = cross_rank_caption_nll(logits, targets, pad_id=0)
     official = official_language_model_criterion(logits, targets, mask.double())
     assert ours.item() == pytest.approx(official.item(), rel=1e-6)  # computed in float32
-    g_ours, = torch.autograd.grad(ours, logits)
-    g_official, = torch.autograd.grad(official, logits)
+    (g_ours,) = torch.autograd.grad(ours, logits)
+    (g_official,) = torch.autograd.grad(official, logits)
     assert torch.allclose(g_ours.double(), g_official, atol=1e-7)
 
 
@@ -53,16 +53,24 @@ def test_vsrn_takes_the_official_weighting_by_default(reduction):
     from vldist.recipes.vsrn import VSRNRecipe
 
     vocab = Vocab(["red", "blue", "circle", "square", "left", "of"])
-    overrides = ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8", "model.decoder_dropout=0",
-                 "data.max_regions=3"]
+    overrides = [
+        "model.embed_size=8",
+        "model.word_dim=4",
+        "model.decoder_hidden=8",
+        "model.decoder_dropout=0",
+        "data.max_regions=3",
+    ]
     default = load_config("vsrn", overrides)
     assert default.model.caption_loss_reduction == "caption"
-    recipe = VSRNRecipe(load_config("vsrn", [*overrides, f"model.caption_loss_reduction={reduction}"]), vocab,
-                        feature_dim=5)
+    recipe = VSRNRecipe(
+        load_config("vsrn", [*overrides, f"model.caption_loss_reduction={reduction}"]), vocab, feature_dim=5
+    )
     torch.manual_seed(0)
     model = recipe.build_model().eval()
-    samples = [{"regions": torch.randn(3, 5).numpy(), "tokens": vocab.encode(c)}
-               for c in ["red circle left of blue square", "blue square", "red", "circle left of square"]]
+    samples = [
+        {"regions": torch.randn(3, 5).numpy(), "tokens": vocab.encode(c)}
+        for c in ["red circle left of blue square", "blue square", "red", "circle left of square"]
+    ]
     batch = recipe.collate_train(samples)
     with torch.no_grad():
         caption = recipe.training_losses(model, batch)["caption"]

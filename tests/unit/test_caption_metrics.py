@@ -25,62 +25,111 @@ KEYS = {"bleu1", "bleu2", "bleu3", "bleu4", "meteor", "rouge_l", "cider_d"}
 GERMAN = "-Duser.language=de -Duser.country=DE"
 
 # Like the Slurm and Prometheus tests: skipped where the system program is missing (.ci/run installs it).
-needs_java = pytest.mark.skipif(shutil.which("java") is None,
-                                reason="pycocoevalcap needs Java: apt-get install -y default-jre-headless")
+needs_java = pytest.mark.skipif(
+    shutil.which("java") is None, reason="pycocoevalcap needs Java: apt-get install -y default-jre-headless"
+)
 
 # 12 images, 5 references each; candidates range from near-copies to wrong, with capitals and
 # punctuation for the PTB tokenizer to handle.
 REFS = {
-    "img01": ["A man is riding a horse on the beach.", "A person rides a brown horse along the shore.",
-              "Someone riding a horse by the ocean.", "A horse and its rider on a sandy beach.",
-              "A man on horseback near the water."],
-    "img02": ["Two dogs are playing in the grass.", "A pair of dogs play on a green lawn.",
-              "Two puppies running through a field.", "Dogs chasing each other on the grass.",
-              "Two brown dogs playing outside."],
-    "img03": ["A plate of pasta with tomato sauce.", "Spaghetti with red sauce on a white plate.",
-              "A bowl of noodles topped with sauce.", "Pasta and sauce served on a dish.",
-              "A close-up of a spaghetti dinner."],
-    "img04": ["A red double-decker bus drives down the street.", "A bus on a city road.",
-              "A large red bus in traffic.", "A double decker bus stopped at a light.",
-              "A city bus driving past buildings."],
-    "img05": ["A child flies a kite in the park.", "A kid holding a kite string on a windy day.",
-              "A young boy flying a colorful kite.", "A kite in the sky above a child.",
-              "A little girl plays with a kite on the grass."],
-    "img06": ["A cat sleeping on a laptop keyboard.", "A gray cat lies on a computer.",
-              "The cat is napping on the laptop.", "A kitten curled up on a keyboard.",
-              "A cat resting on an open laptop."],
-    "img07": ["People skiing down a snowy mountain.", "Skiers on a slope covered in snow.",
-              "A group of people ski downhill.", "Several skiers on a mountain trail.",
-              "Two people skiing in fresh snow."],
-    "img08": ["A train pulling into a station.", "A passenger train at the platform.",
-              "A yellow train arrives at the station.", "A commuter train stopped at a depot.",
-              "A train on the tracks next to a platform."],
-    "img09": ["A man surfing a large wave.", "A surfer rides a wave in the ocean.",
-              "Someone on a surfboard catching a wave.", "A person surfing on blue water.",
-              "A surfer in a wetsuit on a wave."],
-    "img10": ["A bowl of fruit on a wooden table.", "Apples and bananas in a bowl.",
-              "Fresh fruit sitting on a kitchen table.", "A fruit bowl with oranges and apples.",
-              "A table with a bowl full of fruit."],
-    "img11": ["A woman talking on a cell phone.", "A lady holds a phone to her ear.",
-              "A woman makes a phone call on the street.", "A girl chatting on her mobile phone.",
-              "A person using a smartphone outdoors."],
-    "img12": ["An airplane flying in a clear blue sky.", "A jet plane in the sky.",
-              "A large passenger plane flying overhead.", "An aircraft flying above the clouds.",
-              "A white airplane in flight."],
+    "img01": [
+        "A man is riding a horse on the beach.",
+        "A person rides a brown horse along the shore.",
+        "Someone riding a horse by the ocean.",
+        "A horse and its rider on a sandy beach.",
+        "A man on horseback near the water.",
+    ],
+    "img02": [
+        "Two dogs are playing in the grass.",
+        "A pair of dogs play on a green lawn.",
+        "Two puppies running through a field.",
+        "Dogs chasing each other on the grass.",
+        "Two brown dogs playing outside.",
+    ],
+    "img03": [
+        "A plate of pasta with tomato sauce.",
+        "Spaghetti with red sauce on a white plate.",
+        "A bowl of noodles topped with sauce.",
+        "Pasta and sauce served on a dish.",
+        "A close-up of a spaghetti dinner.",
+    ],
+    "img04": [
+        "A red double-decker bus drives down the street.",
+        "A bus on a city road.",
+        "A large red bus in traffic.",
+        "A double decker bus stopped at a light.",
+        "A city bus driving past buildings.",
+    ],
+    "img05": [
+        "A child flies a kite in the park.",
+        "A kid holding a kite string on a windy day.",
+        "A young boy flying a colorful kite.",
+        "A kite in the sky above a child.",
+        "A little girl plays with a kite on the grass.",
+    ],
+    "img06": [
+        "A cat sleeping on a laptop keyboard.",
+        "A gray cat lies on a computer.",
+        "The cat is napping on the laptop.",
+        "A kitten curled up on a keyboard.",
+        "A cat resting on an open laptop.",
+    ],
+    "img07": [
+        "People skiing down a snowy mountain.",
+        "Skiers on a slope covered in snow.",
+        "A group of people ski downhill.",
+        "Several skiers on a mountain trail.",
+        "Two people skiing in fresh snow.",
+    ],
+    "img08": [
+        "A train pulling into a station.",
+        "A passenger train at the platform.",
+        "A yellow train arrives at the station.",
+        "A commuter train stopped at a depot.",
+        "A train on the tracks next to a platform.",
+    ],
+    "img09": [
+        "A man surfing a large wave.",
+        "A surfer rides a wave in the ocean.",
+        "Someone on a surfboard catching a wave.",
+        "A person surfing on blue water.",
+        "A surfer in a wetsuit on a wave.",
+    ],
+    "img10": [
+        "A bowl of fruit on a wooden table.",
+        "Apples and bananas in a bowl.",
+        "Fresh fruit sitting on a kitchen table.",
+        "A fruit bowl with oranges and apples.",
+        "A table with a bowl full of fruit.",
+    ],
+    "img11": [
+        "A woman talking on a cell phone.",
+        "A lady holds a phone to her ear.",
+        "A woman makes a phone call on the street.",
+        "A girl chatting on her mobile phone.",
+        "A person using a smartphone outdoors.",
+    ],
+    "img12": [
+        "An airplane flying in a clear blue sky.",
+        "A jet plane in the sky.",
+        "A large passenger plane flying overhead.",
+        "An aircraft flying above the clouds.",
+        "A white airplane in flight.",
+    ],
 }
 CANDS = {
-    "img01": "A man riding a horse on the beach.",       # near-copy
-    "img02": "Two dogs playing in the grass!",           # good
-    "img03": "A plate of spaghetti with sauce.",         # good
-    "img04": "A red bus driving down a city street.",    # good, reworded
-    "img05": "A boy is flying a kite.",                  # good, short
-    "img06": "A cat on a laptop.",                       # short
-    "img07": "A man holding a surfboard.",               # wrong
-    "img08": "A train, at the station?",                 # punctuation in the middle
-    "img09": "A SURFER riding a wave.",                  # capitals
-    "img10": "A bowl of fruit.",                         # short
-    "img11": "A dog sitting on a couch.",                # wrong
-    "img12": "An airplane flying in the sky.",           # good
+    "img01": "A man riding a horse on the beach.",  # near-copy
+    "img02": "Two dogs playing in the grass!",  # good
+    "img03": "A plate of spaghetti with sauce.",  # good
+    "img04": "A red bus driving down a city street.",  # good, reworded
+    "img05": "A boy is flying a kite.",  # good, short
+    "img06": "A cat on a laptop.",  # short
+    "img07": "A man holding a surfboard.",  # wrong
+    "img08": "A train, at the station?",  # punctuation in the middle
+    "img09": "A SURFER riding a wave.",  # capitals
+    "img10": "A bowl of fruit.",  # short
+    "img11": "A dog sitting on a couch.",  # wrong
+    "img12": "An airplane flying in the sky.",  # good
 }
 
 
@@ -97,8 +146,15 @@ def pycocoevalcap_scores(refs: dict, cands: dict) -> dict:
         dispose(meteor)
     rouge_l, _ = Rouge().compute_score(gts, res)
     cider_d, _ = Cider().compute_score(gts, res)
-    return {"bleu1": bleu[0], "bleu2": bleu[1], "bleu3": bleu[2], "bleu4": bleu[3],
-            "meteor": meteor_score, "rouge_l": float(rouge_l), "cider_d": float(cider_d)}
+    return {
+        "bleu1": bleu[0],
+        "bleu2": bleu[1],
+        "bleu3": bleu[2],
+        "bleu4": bleu[3],
+        "meteor": meteor_score,
+        "rouge_l": float(rouge_l),
+        "cider_d": float(cider_d),
+    }
 
 
 def dispose(meteor: Meteor) -> None:
@@ -119,8 +175,8 @@ def java_children() -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            comm = stat[stat.index("(") + 1:stat.rindex(")")]
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
             if ppid == os.getpid() and comm == "java":
                 found.append(int(entry.name))
     return found
@@ -210,18 +266,21 @@ def test_hand_worked_bleu_and_rouge_l():
     assert 0.5 < out["meteor"] <= 1.0
 
 
-@pytest.mark.parametrize("refs, cands, message", [
-    ({}, {}, "references is empty"),
-    ({"a": ["x"]}, {}, "candidates is empty"),
-    ({"a": ["x"], "b": ["y"]}, {"a": "x"}, "same ids: 1 id(s) have references but no candidate (first: 'b')"),
-    ({"a": ["x"]}, {"a": "x", "c": "z"}, "1 id(s) have a candidate but no references (first: 'c')"),
-    ({"a": ["x"]}, {"a": ["x"]}, "the candidate of id 'a' must be one string, got list"),
-    ({"a": ["x"]}, {"a": None}, "the candidate of id 'a' must be one string, got NoneType"),
-    ({"a": []}, {"a": "x"}, "id 'a' has no reference caption"),
-    ({"a": "x"}, {"a": "x"}, "the references of id 'a' must be a list of strings, got str"),
-    ({"a": ["x", 3]}, {"a": "x"}, "a reference of id 'a' is int, not a string"),
-    (["x"], {"a": "x"}, "references must be a dict keyed by id, got list"),
-])
+@pytest.mark.parametrize(
+    "refs, cands, message",
+    [
+        ({}, {}, "references is empty"),
+        ({"a": ["x"]}, {}, "candidates is empty"),
+        ({"a": ["x"], "b": ["y"]}, {"a": "x"}, "same ids: 1 id(s) have references but no candidate (first: 'b')"),
+        ({"a": ["x"]}, {"a": "x", "c": "z"}, "1 id(s) have a candidate but no references (first: 'c')"),
+        ({"a": ["x"]}, {"a": ["x"]}, "the candidate of id 'a' must be one string, got list"),
+        ({"a": ["x"]}, {"a": None}, "the candidate of id 'a' must be one string, got NoneType"),
+        ({"a": []}, {"a": "x"}, "id 'a' has no reference caption"),
+        ({"a": "x"}, {"a": "x"}, "the references of id 'a' must be a list of strings, got str"),
+        ({"a": ["x", 3]}, {"a": "x"}, "a reference of id 'a' is int, not a string"),
+        (["x"], {"a": "x"}, "references must be a dict keyed by id, got list"),
+    ],
+)
 def test_bad_input_is_a_value_error_naming_the_id(refs, cands, message):
     before = java_children()
     with pytest.raises(ValueError) as caught:
@@ -249,23 +308,31 @@ def test_missing_java_says_what_to_install(monkeypatch, tmp_path):
 
 
 def jvm_locale_properties() -> dict:
-    shown = subprocess.run(["java", "-XshowSettings:properties", "-version"], capture_output=True,
-                           text=True, timeout=60).stderr
+    shown = subprocess.run(
+        ["java", "-XshowSettings:properties", "-version"], capture_output=True, text=True, timeout=60
+    ).stderr
     props = {k.strip(): v.strip() for k, _, v in (line.partition(" = ") for line in shown.splitlines())}
-    return {k: props.get(k) for k in ("user.language", "user.country", "user.language.format",
-                                       "user.country.format")}
+    return {k: props.get(k) for k in ("user.language", "user.country", "user.language.format", "user.country.format")}
 
 
 @needs_java
 def test_the_jvm_locale_overrides_the_users_own_and_is_restored(monkeypatch):
     users = GERMAN + " -Duser.language.format=de -Duser.country.format=DE"
     monkeypatch.setenv("JAVA_TOOL_OPTIONS", users)
-    assert jvm_locale_properties() == {"user.language": "de", "user.country": "DE",
-                                       "user.language.format": "de", "user.country.format": "DE"}
+    assert jvm_locale_properties() == {
+        "user.language": "de",
+        "user.country": "DE",
+        "user.language.format": "de",
+        "user.country.format": "DE",
+    }
     with _english_jvm_locale():
         assert os.environ["JAVA_TOOL_OPTIONS"].startswith(users)  # kept, and overridden after it
-        assert jvm_locale_properties() == {"user.language": "en", "user.country": "US",
-                                           "user.language.format": "en", "user.country.format": "US"}
+        assert jvm_locale_properties() == {
+            "user.language": "en",
+            "user.country": "US",
+            "user.language.format": "en",
+            "user.country.format": "US",
+        }
     assert os.environ["JAVA_TOOL_OPTIONS"] == users
     monkeypatch.delenv("JAVA_TOOL_OPTIONS")
     with pytest.raises(RuntimeError), _english_jvm_locale():

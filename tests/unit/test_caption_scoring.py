@@ -13,7 +13,7 @@ def _direct(decoder, features, mask, tokens):
     out = torch.empty(tokens.shape[0], features.shape[0])
     for c in range(tokens.shape[0]):
         for n in range(features.shape[0]):
-            logp = decoder(features[n:n + 1], mask[n:n + 1], tokens[c:c + 1]).log_softmax(dim=-1)[0]
+            logp = decoder(features[n : n + 1], mask[n : n + 1], tokens[c : c + 1]).log_softmax(dim=-1)[0]
             out[c, n] = sum(float(logp[t, w]) for t, w in enumerate(tokens[c, 1:].tolist()) if w != 0)
     return out
 

@@ -17,8 +17,9 @@ VOCAB = Vocab(["a", "red", "circle", "blue", "square"])
 
 
 def _recipe(*overrides, feature_dim=6):
-    config = load_config("captioner", ["model.hidden=8", "model.embed=8", "data.max_regions=4", "model.dropout=0",
-                                       *overrides])
+    config = load_config(
+        "captioner", ["model.hidden=8", "model.embed=8", "data.max_regions=4", "model.dropout=0", *overrides]
+    )
     return CaptionerRecipe(config, VOCAB, feature_dim)
 
 
@@ -53,7 +54,7 @@ def test_the_loss_is_the_mean_token_nll_of_every_caption_under_its_image():
         tokens = batch["tokens"][row]
         tokens = tokens[: int((tokens != 0).sum())]
         with torch.no_grad():
-            logits = model(batch["regions"][image:image + 1], batch["mask"][image:image + 1], tokens[None])[0]
+            logits = model(batch["regions"][image : image + 1], batch["mask"][image : image + 1], tokens[None])[0]
         for t, target in enumerate(tokens[1:].tolist()):
             total -= math.log(float(logits[t].softmax(-1)[target]))
             count += 1

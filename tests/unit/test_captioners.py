@@ -20,8 +20,9 @@ DECODERS = {
 }
 WITH_TRANSFORMER = {
     **DECODERS,
-    "transformer": lambda dropout=0.0: TransformerCaptioner(VOCAB, FEATURES, d_model=32, heads=2, encoder_layers=1,
-                                                            decoder_layers=1, feedforward=64, dropout=dropout),
+    "transformer": lambda dropout=0.0: TransformerCaptioner(
+        VOCAB, FEATURES, d_model=32, heads=2, encoder_layers=1, decoder_layers=1, feedforward=64, dropout=dropout
+    ),
 }
 
 
@@ -97,12 +98,14 @@ def test_a_tiny_model_learns_captions_and_generates_them_back(name):
     decoder = DECODERS[name](dropout=0.1)
     features = torch.randn(4, 3, FEATURES)
     mask = torch.tensor([[True, True, True], [True, True, False], [True, False, False], [True, True, True]])
-    tokens = torch.tensor([
-        [START, 3, 4, 5, 6, END],
-        [START, 7, 8, END, PAD, PAD],
-        [START, 3, 9, 10, 11, END],
-        [START, 11, END, PAD, PAD, PAD],
-    ])
+    tokens = torch.tensor(
+        [
+            [START, 3, 4, 5, 6, END],
+            [START, 7, 8, END, PAD, PAD],
+            [START, 3, 9, 10, 11, END],
+            [START, 11, END, PAD, PAD, PAD],
+        ]
+    )
     loss = fit_captions(decoder, features, mask, tokens, lr=1e-2, steps=400, stop_below=0.01)
     assert loss < 0.05, loss
     expected = tokens[:, 1:]

@@ -22,8 +22,14 @@ def _save(directory, value=1.0):
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
-    save_checkpoint(directory, model_state=model.state_dict(), train_state={"optimizer": opt.state_dict(), "step": 7},
-                    config_yaml="recipe: vsrn\n", vocab=Vocab(["a"]), meta={"epoch": 1})
+    save_checkpoint(
+        directory,
+        model_state=model.state_dict(),
+        train_state={"optimizer": opt.state_dict(), "step": 7},
+        config_yaml="recipe: vsrn\n",
+        vocab=Vocab(["a"]),
+        meta={"epoch": 1},
+    )
     return model, opt
 
 
@@ -99,8 +105,14 @@ def test_verify_finds_a_changed_or_truncated_file_in_any_subdirectory(tmp_path):
 
     directory = tmp_path / "step-00000003"
     tmp = begin(directory)
-    write_files(tmp, model_state={"w": torch.ones(3)}, train_state={"step": 3}, config_yaml="recipe: vsrn\n",
-                vocab=Vocab(["a"]), meta={})
+    write_files(
+        tmp,
+        model_state={"w": torch.ones(3)},
+        train_state={"step": 3},
+        config_yaml="recipe: vsrn\n",
+        vocab=Vocab(["a"]),
+        meta={},
+    )
     (tmp / "deepspeed").mkdir()
     (tmp / "deepspeed" / "rank_1.pt").write_bytes(b"x" * 100)  # what another rank wrote
     commit(tmp, directory)

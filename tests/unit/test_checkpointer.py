@@ -30,8 +30,15 @@ def parts(tmp_path, resume=None, *extra):
     """(checkpointer, engine, scheduler, run state) over a tiny model on the CPU engine."""
     from vldist.distributed.accelerate_engine import AccelerateEngine
 
-    overrides = [f"output.dir={tmp_path}", "train.device=cpu", "model.embed_size=4", "model.word_dim=4",
-                 "model.decoder_hidden=4", *([f"train.resume={resume}"] if resume else []), *extra]
+    overrides = [
+        f"output.dir={tmp_path}",
+        "train.device=cpu",
+        "model.embed_size=4",
+        "model.word_dim=4",
+        "model.decoder_hidden=4",
+        *([f"train.resume={resume}"] if resume else []),
+        *extra,
+    ]
     config = load_config("vsrn", overrides)
     engine = AccelerateEngine(config)
     model = TinyRecipe.build_model()
@@ -114,7 +121,9 @@ def test_a_checkpoint_of_another_engine_is_refused_by_name_and_no_older_one_is_t
     with pytest.raises(IncompatibleCheckpoint) as refused:
         resuming.load()
     message = str(refused.value)
-    assert "step-00000002" in message and "engine.backend=accelerate" in message and "engine.backend=deepspeed" in message
+    assert (
+        "step-00000002" in message and "engine.backend=accelerate" in message and "engine.backend=deepspeed" in message
+    )
     assert "damaged" not in message and "earlier checkpoint" not in caplog.text
 
 

@@ -31,8 +31,14 @@ def _captioner_checkpoint(directory: Path, *overrides: str, seed: int = 0) -> Pa
     config = load_config("captioner", [*TINY, *overrides])
     torch.manual_seed(seed)
     model = CaptionerRecipe(config, VOCAB, DIM).build_model()
-    return save_checkpoint(directory, model_state=model.state_dict(), train_state={}, config_yaml=to_yaml(config),
-                           vocab=VOCAB, meta={"step": 1})
+    return save_checkpoint(
+        directory,
+        model_state=model.state_dict(),
+        train_state={},
+        config_yaml=to_yaml(config),
+        vocab=VOCAB,
+        meta={"step": 1},
+    )
 
 
 def _started(recipe):
@@ -68,8 +74,12 @@ def _batch(recipe: CLCaptionRecipe, n_images: int = 5, seed: int = 0) -> dict:
     samples = []
     for i in range(n_images):
         captions = [" ".join(rng.choice(words, size=1 + (i + j) % 5)) for j in range(1 + i % 3)]
-        samples.append({"regions": rng.standard_normal((2 + i % 3, DIM)).astype(np.float32),
-                        "captions": [VOCAB.encode(c) for c in captions]})
+        samples.append(
+            {
+                "regions": rng.standard_normal((2 + i % 3, DIM)).astype(np.float32),
+                "captions": [VOCAB.encode(c) for c in captions],
+            }
+        )
     return recipe.collate_train(samples)
 
 
@@ -209,8 +219,12 @@ def test_the_loss_is_eq10_on_independently_computed_sentence_logprobs(captioner,
     n = len(rows)
 
     def logprobs(captioner_model, caption_rows, image_rows):
-        return torch.stack([_sentence_logprob(captioner_model, batch["regions"][i], batch["mask"][i], tokens[c])
-                            for c, i in zip(caption_rows.tolist(), image_rows.tolist(), strict=True)])
+        return torch.stack(
+            [
+                _sentence_logprob(captioner_model, batch["regions"][i], batch["mask"][i], tokens[c])
+                for c, i in zip(caption_rows.tolist(), image_rows.tolist(), strict=True)
+            ]
+        )
 
     pos_t, pos_r = logprobs(model.target, torch.arange(n), rows), logprobs(model.reference, torch.arange(n), rows)
     if terms == "positive":  # CL(P): no negative pass at all
@@ -259,13 +273,27 @@ def test_the_model_needs_a_captioner_to_start_from(captioner, tmp_path):
     with torch.no_grad():
         for p in model.target.parameters():
             p.add_(1.0)
-    cl_run = save_checkpoint(tmp_path / "cl" / "checkpoints" / "best", model_state=model.state_dict(),
-                             train_state={}, config_yaml=to_yaml(recipe.config), vocab=VOCAB, meta={})
+    cl_run = save_checkpoint(
+        tmp_path / "cl" / "checkpoints" / "best",
+        model_state=model.state_dict(),
+        train_state={},
+        config_yaml=to_yaml(recipe.config),
+        vocab=VOCAB,
+        meta={},
+    )
     again = _started(_recipe(cl_run.parent.parent))
     for key, value in model.target.state_dict().items():
-        assert torch.equal(again.target.state_dict()[key], value) and torch.equal(again.reference.state_dict()[key], value)
-    vsrn = save_checkpoint(tmp_path / "vsrn", model_state={}, train_state={}, vocab=VOCAB, meta={},
-                           config_yaml=to_yaml(load_config("vsrn", [])))
+        assert torch.equal(again.target.state_dict()[key], value) and torch.equal(
+            again.reference.state_dict()[key], value
+        )
+    vsrn = save_checkpoint(
+        tmp_path / "vsrn",
+        model_state={},
+        train_state={},
+        vocab=VOCAB,
+        meta={},
+        config_yaml=to_yaml(load_config("vsrn", [])),
+    )
     with pytest.raises(IncompatibleCheckpoint, match="'vsrn' checkpoint, not a captioner's"):
         _started(_recipe(vsrn))
 
@@ -274,9 +302,19 @@ def test_the_model_needs_a_captioner_to_start_from(captioner, tmp_path):
 
 
 def test_stages_train_the_captioner_then_cl_from_its_best_checkpoint(tmp_path):
-    config = load_config("cl_caption", [f"output.dir={tmp_path}/run", "seed=7", "data.shards=/data/coco",
-                                        "metrics.port=9500", "ray.num_workers=3", "launcher=local",
-                                        "engine.sync_batchnorm=true", "model.negatives=4"])
+    config = load_config(
+        "cl_caption",
+        [
+            f"output.dir={tmp_path}/run",
+            "seed=7",
+            "data.shards=/data/coco",
+            "metrics.port=9500",
+            "ray.num_workers=3",
+            "launcher=local",
+            "engine.sync_batchnorm=true",
+            "model.negatives=4",
+        ],
+    )
     (mle_name, mle), (cl_name, cl) = CLCaptionRecipe.stages(config)
     assert (mle_name, cl_name) == ("mle", "cl")
     captioner = load_config("captioner", [])

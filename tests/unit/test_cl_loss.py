@@ -21,6 +21,7 @@ def log_probs(k, t, seed, dtype=torch.float64):
 
 def paper_loss(pos_target, pos_reference, neg_target, neg_reference, nu, terms):
     """−J of Eq. 10 written out with h = r_ν(G) = 1 / (1 + ν exp(−G)) (Eq. 3, 7, 8): X copied K times."""
+
     def r_nu(g):
         return 1 / (1 + nu * math.exp(-g))
 
@@ -55,10 +56,12 @@ def test_known_values_and_decomposition():
     """G = 0, ν = 1: h = 1/2 everywhere, so −J = 2 ln 2 (full) and ln 2 for each half."""
     zeros_pos, zeros_neg = torch.zeros(4), torch.zeros(5, 4)
     assert float(contrastive_captioning_loss(zeros_pos, zeros_pos, zeros_neg, zeros_neg)) == pytest.approx(
-        2 * math.log(2))
+        2 * math.log(2)
+    )
     for terms in ("positive", "negative"):
-        assert float(contrastive_captioning_loss(zeros_pos, zeros_pos, zeros_neg, zeros_neg, terms=terms)
-                     ) == pytest.approx(math.log(2))
+        assert float(
+            contrastive_captioning_loss(zeros_pos, zeros_pos, zeros_neg, zeros_neg, terms=terms)
+        ) == pytest.approx(math.log(2))
     inputs = log_probs(3, 5, seed=9)
     parts = [contrastive_captioning_loss(*inputs, nu=2.0, terms=terms) for terms in ("positive", "negative")]
     torch.testing.assert_close(parts[0] + parts[1], contrastive_captioning_loss(*inputs, nu=2.0))
@@ -70,7 +73,8 @@ def test_positive_only_may_skip_the_negatives():
     empty = torch.zeros(0, 5, dtype=torch.float64)
     torch.testing.assert_close(
         contrastive_captioning_loss(pos_target, pos_reference, empty, empty, terms="positive"),
-        contrastive_captioning_loss(pos_target, pos_reference, neg_target, neg_reference, terms="positive"))
+        contrastive_captioning_loss(pos_target, pos_reference, neg_target, neg_reference, terms="positive"),
+    )
 
 
 def test_extreme_log_ratios_stay_finite_and_keep_their_gradient():
@@ -92,9 +96,11 @@ def test_gradcheck(terms, nu):
     pos_target, pos_reference, neg_target, neg_reference = log_probs(3, 4, seed=5)
     inputs = (pos_target.requires_grad_(), neg_target.requires_grad_())
     assert torch.autograd.gradcheck(
-        lambda p, n: contrastive_captioning_loss(p, pos_reference, n, neg_reference, nu=nu, terms=terms), inputs)
+        lambda p, n: contrastive_captioning_loss(p, pos_reference, n, neg_reference, nu=nu, terms=terms), inputs
+    )
     assert torch.autograd.gradgradcheck(
-        lambda p, n: contrastive_captioning_loss(p, pos_reference, n, neg_reference, nu=nu, terms=terms), inputs)
+        lambda p, n: contrastive_captioning_loss(p, pos_reference, n, neg_reference, nu=nu, terms=terms), inputs
+    )
 
 
 def test_gradient_signs():
@@ -141,22 +147,29 @@ def test_half_precision_is_computed_in_float32():
 def test_cross_rank_share_is_the_loss_in_one_process():
     inputs = log_probs(5, 7, seed=8)
     for terms in ("full", "positive", "negative"):
-        torch.testing.assert_close(cross_rank_contrastive_captioning_loss(*inputs, nu=0.5, terms=terms),
-                                   contrastive_captioning_loss(*inputs, nu=0.5, terms=terms))
+        torch.testing.assert_close(
+            cross_rank_contrastive_captioning_loss(*inputs, nu=0.5, terms=terms),
+            contrastive_captioning_loss(*inputs, nu=0.5, terms=terms),
+        )
 
 
-@pytest.mark.parametrize("change,message", [
-    (lambda a: {**a, "pos_reference": a["pos_reference"][:-1]}, "shape \\(T,\\)"),
-    (lambda a: {**a, "pos_target": a["pos_target"][None]}, "shape \\(T,\\)"),
-    (lambda a: {**a, "neg_target": a["neg_target"][:, :-1], "neg_reference": a["neg_reference"][:, :-1]},
-     "shape \\(K, T\\)"),
-    (lambda a: {**a, "neg_reference": a["neg_reference"][0]}, "shape \\(K, T\\)"),
-    (lambda a: {**a, "neg_target": a["neg_target"][:0], "neg_reference": a["neg_reference"][:0]}, "K >= 1"),
-    (lambda a: {k: v[..., :0] for k, v in a.items()}, "T >= 1"),
-    (lambda a: {**a, "nu": 0.0}, "nu"),
-    (lambda a: {**a, "nu": float("nan")}, "nu"),
-    (lambda a: {**a, "terms": "both"}, "terms"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda a: {**a, "pos_reference": a["pos_reference"][:-1]}, "shape \\(T,\\)"),
+        (lambda a: {**a, "pos_target": a["pos_target"][None]}, "shape \\(T,\\)"),
+        (
+            lambda a: {**a, "neg_target": a["neg_target"][:, :-1], "neg_reference": a["neg_reference"][:, :-1]},
+            "shape \\(K, T\\)",
+        ),
+        (lambda a: {**a, "neg_reference": a["neg_reference"][0]}, "shape \\(K, T\\)"),
+        (lambda a: {**a, "neg_target": a["neg_target"][:0], "neg_reference": a["neg_reference"][:0]}, "K >= 1"),
+        (lambda a: {k: v[..., :0] for k, v in a.items()}, "T >= 1"),
+        (lambda a: {**a, "nu": 0.0}, "nu"),
+        (lambda a: {**a, "nu": float("nan")}, "nu"),
+        (lambda a: {**a, "terms": "both"}, "terms"),
+    ],
+)
 def test_clear_errors(change, message):
     names = ("pos_target", "pos_reference", "neg_target", "neg_reference")
     args = change(dict(zip(names, log_probs(2, 3, seed=1), strict=True)))

@@ -90,13 +90,16 @@ def test_all_captions_of_one_image_is_a_clear_error():
         draw_negatives(torch.tensor([9]), 1, torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize("ids,k,error", [
-    (torch.tensor([0, 1]), 0, ValueError),
-    (torch.tensor([0, 1]), 2.0, ValueError),
-    (torch.tensor([[0, 1]]), 1, ValueError),
-    (torch.tensor([0.0, 1.0]), 1, TypeError),
-    ([0, 1], 1, TypeError),
-])
+@pytest.mark.parametrize(
+    "ids,k,error",
+    [
+        (torch.tensor([0, 1]), 0, ValueError),
+        (torch.tensor([0, 1]), 2.0, ValueError),
+        (torch.tensor([[0, 1]]), 1, ValueError),
+        (torch.tensor([0.0, 1.0]), 1, TypeError),
+        ([0, 1], 1, TypeError),
+    ],
+)
 def test_bad_arguments(ids, k, error):
     with pytest.raises(error):
         draw_negatives(ids, k, torch.Generator().manual_seed(0))

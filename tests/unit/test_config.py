@@ -13,7 +13,9 @@ def test_default_job_loads_with_typed_values():
 
 
 def test_dotted_overrides_are_typed():
-    config = load_config("vsrn", ["data.batch_size=64", "model.global_reasoning=mean", "train.max_steps=7", "train.grad_clip=null"])
+    config = load_config(
+        "vsrn", ["data.batch_size=64", "model.global_reasoning=mean", "train.max_steps=7", "train.grad_clip=null"]
+    )
     assert config.data.batch_size == 64
     assert config.model.global_reasoning == "mean"
     assert config.train.max_steps == 7

@@ -14,8 +14,9 @@ from vldist.shards.format.verify import verify
 
 
 def run(capsys, fmt, src, out, *extra):
-    code = main(["convert", fmt, "--src", str(src), "--out", str(out), "--quiet", "--shard-size", "3",
-                 *map(str, extra)])
+    code = main(
+        ["convert", fmt, "--src", str(src), "--out", str(out), "--quiet", "--shard-size", "3", *map(str, extra)]
+    )
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
@@ -34,8 +35,9 @@ def test_same_bytes_with_one_worker_or_two(tmp_path, coco, capsys):
     features = ["--images", coco / "images", "--feature-size", "64", "--region-grid", "2"]
     threads = torch.get_num_threads()
     for workers in (1, 2):
-        code, _ = run(capsys, "karpathy", coco / "dataset_coco.json", tmp_path / f"w{workers}", "--workers", workers,
-                      *features)
+        code, _ = run(
+            capsys, "karpathy", coco / "dataset_coco.json", tmp_path / f"w{workers}", "--workers", workers, *features
+        )
         assert code == 0
     one, two = files(tmp_path / "w1"), files(tmp_path / "w2")
     assert sorted(one) == sorted(two) and len(one) > 7
@@ -51,8 +53,21 @@ def test_out_holds_one_conversion(tmp_path, coco, capsys):
     assert code == 0 and "already holds this conversion" in text and files(out) == before
     code, text = run(capsys, "karpathy", src, out, "--no-features", "--restval", "drop")
     assert code == 2 and "made from other input or options" in text and "--overwrite" in text
-    assert run(capsys, "karpathy", src, out, "--no-features", "--restval", "drop", "--overwrite",
-               "--images", coco / "images")[0] == 0
+    assert (
+        run(
+            capsys,
+            "karpathy",
+            src,
+            out,
+            "--no-features",
+            "--restval",
+            "drop",
+            "--overwrite",
+            "--images",
+            coco / "images",
+        )[0]
+        == 0
+    )
     assert json.loads((out / "manifest.json").read_text())["splits"]["train"]["samples"] == 7
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
@@ -101,10 +116,13 @@ def test_malformed_jsonl_line_is_named_by_line(tmp_path, capsys):
 
     code, text = run(capsys, "folder", tmp_path / "data", tmp_path / "out", "--index", "captions.jsonl")
     assert code == 2 and f"{index} line 2: is not valid JSON" in text
-    code, text = run(capsys, "folder", tmp_path / "data", tmp_path / "out", "--index", "captions.jsonl",
-                     "--on-error", "skip")
+    code, text = run(
+        capsys, "folder", tmp_path / "data", tmp_path / "out", "--index", "captions.jsonl", "--on-error", "skip"
+    )
     assert code == 0 and f"skipped: {index} line 2: is not valid JSON" in text
-    assert sum(e["samples"] for e in json.loads((tmp_path / "out" / "manifest.json").read_text())["splits"].values()) == 3
+    assert (
+        sum(e["samples"] for e in json.loads((tmp_path / "out" / "manifest.json").read_text())["splits"].values()) == 3
+    )
 
 
 def test_precomp_shape_that_does_not_match_the_captions_is_refused(tmp_path, capsys):
@@ -114,7 +132,9 @@ def test_precomp_shape_that_does_not_match_the_captions_is_refused(tmp_path, cap
     for policy in ("stop", "skip"):  # no image can be matched to its captions: never skippable
         code, text = run(capsys, "precomp", tmp_path / "p", tmp_path / "out", "--on-error", policy)
         assert code == 2
-        assert "test_ims.npy holds 2 rows but test_caps.txt has 15 lines; expected 5 captions per image (10 lines)" in text
+        assert (
+            "test_ims.npy holds 2 rows but test_caps.txt has 15 lines; expected 5 captions per image (10 lines)" in text
+        )
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 

@@ -27,6 +27,7 @@ SPLITS = ("train", "val", "test")
 
 # ----------------------------------------------------------------------------- the dataset
 
+
 @pytest.fixture
 def dataset(tmp_path) -> Path:
     """The fixture copied, with a noise JPEG of each annotation's size in flickr30k-images/."""
@@ -96,14 +97,36 @@ def expected_sample(root: Path, image_id: str) -> tuple[list[str], list[dict]]:
             own = boxes.get(phrase["entity"]) if phrase["entity"] != "0" else None
             if own:
                 union = [min(b[0] for b in own), min(b[1] for b in own), max(b[2] for b in own), max(b[3] for b in own)]
-                objects.append({"phrase": phrase["text"], "box": union, "sentence": index, "entity": phrase["entity"],
-                                "type": "/".join(phrase["types"]), "types": phrase["types"]})
+                objects.append(
+                    {
+                        "phrase": phrase["text"],
+                        "box": union,
+                        "sentence": index,
+                        "entity": phrase["entity"],
+                        "type": "/".join(phrase["types"]),
+                        "types": phrase["types"],
+                    }
+                )
     return captions, objects
 
 
 def run(capsys, root: Path, out: Path, *extra):
-    code = main(["convert", "flickr30k_entities", "--src", str(root), "--out", str(out), "--quiet", "--workers", "1",
-                 "--shard-size", "2", *map(str, extra)])
+    code = main(
+        [
+            "convert",
+            "flickr30k_entities",
+            "--src",
+            str(root),
+            "--out",
+            str(out),
+            "--quiet",
+            "--workers",
+            "1",
+            "--shard-size",
+            "2",
+            *map(str, extra),
+        ]
+    )
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 
@@ -117,11 +140,15 @@ def converted(capsys, root: Path, out: Path, *extra):
 
 def metas(samples) -> dict[str, dict]:
     """image id -> the sample's JSON, over every split."""
-    return {meta["image_id"]: meta for split in samples.values()
-            for meta in (json.loads(members["json"]) for _, members in split)}
+    return {
+        meta["image_id"]: meta
+        for split in samples.values()
+        for meta in (json.loads(members["json"]) for _, members in split)
+    }
 
 
 # -------------------------------------------------------------------------------- the tests
+
 
 def test_captions_objects_regions_and_proposals(dataset, tmp_path, capsys):
     count = 12
@@ -162,10 +189,18 @@ def check_rows(meta: dict, members: dict, dim: int) -> None:
     regions, proposals = npy_load(members["regions.npy"]), npy_load(members["proposals.npy"])
     boxes = meta["region_boxes"]
     assert regions.shape == (len(boxes), dim)
-    assert boxes[:GRID * GRID] == [[round(width * c / GRID), round(height * r / GRID), round(width * (c + 1) / GRID),
-                                    round(height * (r + 1) / GRID)] for r in range(GRID) for c in range(GRID)]
+    assert boxes[: GRID * GRID] == [
+        [
+            round(width * c / GRID),
+            round(height * r / GRID),
+            round(width * (c + 1) / GRID),
+            round(height * (r + 1) / GRID),
+        ]
+        for r in range(GRID)
+        for c in range(GRID)
+    ]
     unions = list(dict.fromkeys(tuple(o["box"]) for o in meta["objects"]))
-    assert [tuple(b) for b in boxes[GRID * GRID:]] == unions
+    assert [tuple(b) for b in boxes[GRID * GRID :]] == unions
     for obj in meta["objects"]:
         assert boxes[obj["region"]] == obj["box"]
     assert proposals.shape == (len(meta["proposal_boxes"]), dim)
@@ -200,13 +235,19 @@ def test_proposals_file_is_ranked_capped_and_clipped(dataset, tmp_path, capsys):
     for xml in (dataset / "Annotations").glob("*.xml"):
         width, height = xml_size(xml)
         # the second box overhangs the image; the last two are beyond the cap
-        ranked[xml.stem] = [[1, 2, width - 3, height - 4], [5, 0, width + 10, height], [0, 0, 8, 8], [2, 2, 9, 9],
-                            [3, 3, 10, 10]]
+        ranked[xml.stem] = [
+            [1, 2, width - 3, height - 4],
+            [5, 0, width + 10, height],
+            [0, 0, 8, 8],
+            [2, 2, 9, 9],
+            [3, 3, 10, 10],
+        ]
     file = tmp_path / "edgeboxes.json"
     file.write_text(json.dumps(ranked))
     cap = 3
-    manifest, samples = converted(capsys, dataset, tmp_path / "out", *SMALL_FEATURES, "--proposals", file,
-                                  "--max-proposals", cap)
+    manifest, samples = converted(
+        capsys, dataset, tmp_path / "out", *SMALL_FEATURES, "--proposals", file, "--max-proposals", cap
+    )
 
     assert manifest["features"]["proposals"] == "file"
     assert manifest["conversion"]["options"]["proposals"] == {"source": "file", "max": cap}
@@ -231,6 +272,7 @@ def test_no_proposals_for_retrieval_only_sets(dataset, tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- bad input
+
 
 def _malformed_xml(root):
     xml = root / "Annotations" / "1000268201.xml"
@@ -260,8 +302,10 @@ def _id_without_annotation(root):
     split_file = root / "test.txt"
     split_file.write_text(split_file.read_text() + "999\n")
     line = len(split_file.read_text().split())
-    return "test", (rf"{re.escape(str(split_file))} line {line} \(999\): has no annotation "
-                    rf"{re.escape(str(root / 'Annotations' / '999.xml'))}")
+    return "test", (
+        rf"{re.escape(str(split_file))} line {line} \(999\): has no annotation "
+        rf"{re.escape(str(root / 'Annotations' / '999.xml'))}"
+    )
 
 
 def _box_outside(root):
@@ -285,9 +329,19 @@ def _resized_image(root):
     return "test", rf"image {re.escape(str(image))} is 20 x 10 pixels but its annotation was made on"
 
 
-@pytest.mark.parametrize("damage", [_malformed_xml, _missing_sentences, _malformed_bracket, _id_without_annotation,
-                                    _box_outside, _missing_image, _resized_image],
-                         ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize(
+    "damage",
+    [
+        _malformed_xml,
+        _missing_sentences,
+        _malformed_bracket,
+        _id_without_annotation,
+        _box_outside,
+        _missing_image,
+        _resized_image,
+    ],
+    ids=lambda f: f.__name__.strip("_"),
+)
 def test_bad_input_is_named_then_stopped_on_or_skipped(dataset, tmp_path, capsys, damage):
     split, message = damage(dataset)
     listed = {split: len(ids) for split, ids in split_ids(dataset).items()}

@@ -14,8 +14,22 @@ FAST_FEATURES = ["--feature-size", "64", "--region-grid", "2"]
 
 
 def convert(fmt, src, out, *extra, workers=1):
-    code = main(["convert", fmt, "--src", str(src), "--out", str(out), "--quiet", "--workers", str(workers),
-                 "--shard-size", "4", *map(str, extra)])
+    code = main(
+        [
+            "convert",
+            fmt,
+            "--src",
+            str(src),
+            "--out",
+            str(out),
+            "--quiet",
+            "--workers",
+            str(workers),
+            "--shard-size",
+            "4",
+            *map(str, extra),
+        ]
+    )
     assert code == 0
     assert verify(out).ok, verify(out).problems
     return json.loads((out / "manifest.json").read_text()), read_shard_set(out)
@@ -23,8 +37,14 @@ def convert(fmt, src, out, *extra, workers=1):
 
 def test_karpathy_coco_restval_joins_train_in_file_order(tmp_path):
     expected = make_karpathy(tmp_path / "coco", {"train": 6, "restval": 3, "val": 2, "test": 3})
-    manifest, samples = convert("karpathy", tmp_path / "coco" / "dataset_coco.json", tmp_path / "out",
-                                "--images", tmp_path / "coco" / "images", *FAST_FEATURES)
+    manifest, samples = convert(
+        "karpathy",
+        tmp_path / "coco" / "dataset_coco.json",
+        tmp_path / "out",
+        "--images",
+        tmp_path / "coco" / "images",
+        *FAST_FEATURES,
+    )
 
     assert {s: e["samples"] for s, e in manifest["splits"].items()} == {"train": 9, "val": 2, "test": 3}
     assert manifest["source"] == "karpathy" and manifest["conversion"]["inputs"]["dataset"] == "coco"
@@ -46,16 +66,34 @@ def test_karpathy_coco_restval_joins_train_in_file_order(tmp_path):
 def test_karpathy_flickr_reads_images_by_filename_and_restval_options(tmp_path):
     expected = make_karpathy(tmp_path / "f30k", {"train": 3, "restval": 2, "test": 2}, dataset="flickr30k")
     src = tmp_path / "f30k" / "dataset_flickr30k.json"
-    manifest, samples = convert("karpathy", src, tmp_path / "keep", "--images", tmp_path / "f30k" / "images",
-                                "--no-features", "--restval", "keep", "--captions-per-image", "0")
+    manifest, samples = convert(
+        "karpathy",
+        src,
+        tmp_path / "keep",
+        "--images",
+        tmp_path / "f30k" / "images",
+        "--no-features",
+        "--restval",
+        "keep",
+        "--captions-per-image",
+        "0",
+    )
     assert {s: e["samples"] for s, e in manifest["splits"].items()} == {"train": 3, "restval": 2, "test": 2}
     assert "features" not in manifest
     test = [e for e in expected if e["split"] == "test"]
     for (_, members), source in zip(samples["test"], test, strict=True):
         assert json.loads(members["json"])["captions"] == source["captions"]  # 0: every sentence
         assert "regions.npy" not in members
-    manifest, _ = convert("karpathy", src, tmp_path / "drop", "--images", tmp_path / "f30k" / "images",
-                          "--no-features", "--restval", "drop")
+    manifest, _ = convert(
+        "karpathy",
+        src,
+        tmp_path / "drop",
+        "--images",
+        tmp_path / "f30k" / "images",
+        "--no-features",
+        "--restval",
+        "drop",
+    )
     assert manifest["splits"]["train"]["samples"] == 3 and "restval" not in manifest["splits"]
 
 
@@ -65,8 +103,13 @@ def test_precomp_keeps_features_ids_and_boxes(tmp_path, per_caption):
     manifest, samples = convert("precomp", tmp_path / "f30k_precomp", tmp_path / "out", "--dtype", "float32")
 
     assert {s: e["samples"] for s, e in manifest["splits"].items()} == {"train": 6, "val": 3, "test": 5}
-    assert manifest["features"] == {"extractor": "precomputed", "dim": 16, "regions": "as given",
-                                    "max_regions": 4, "dtype": "float32"}
+    assert manifest["features"] == {
+        "extractor": "precomputed",
+        "dim": 16,
+        "regions": "as given",
+        "max_regions": 4,
+        "dtype": "float32",
+    }
     for split, source in (("train", "train"), ("val", "dev"), ("test", "test")):
         for i, (_key, members) in enumerate(samples[split]):
             meta = json.loads(members["json"])
@@ -104,8 +147,9 @@ def test_cub_captions_boxes_and_splits(tmp_path, split):
 
 def test_birds_to_words_pairs_hold_both_images_and_ordered_descriptions(tmp_path):
     fixture = make_birds_to_words(tmp_path / "b2w")
-    manifest, samples = convert("birds_to_words", fixture["tsv"], tmp_path / "out", "--images", fixture["images"],
-                                "--features", *FAST_FEATURES)
+    manifest, samples = convert(
+        "birds_to_words", fixture["tsv"], tmp_path / "out", "--images", fixture["images"], "--features", *FAST_FEATURES
+    )
     counts = {}
     for pair in fixture["pairs"]:
         counts[pair["split"]] = counts.get(pair["split"], 0) + 1

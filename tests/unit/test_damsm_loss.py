@@ -22,6 +22,7 @@ LENGTHS = [3, 7, 1, 5, 2]
 
 # --- AttnGAN (misc/losses.py and GlobalAttention.py), layouts and all ------------------------------
 
+
 def attngan_cosine_similarity(x1, x2, dim=1, eps=1e-8):
     w12 = torch.sum(x1 * x2, dim)
     w1 = torch.norm(x1, 2, dim)
@@ -99,8 +100,9 @@ def reference_parts(words, lengths, regions, sentence, image, gamma1=4.0, gamma2
     b = words.shape[0]
     labels = torch.arange(b)
     img_features = regions.transpose(1, 2).reshape(b, -1, H, W)
-    w_loss0, w_loss1 = attngan_words_loss(img_features, words.transpose(1, 2), labels, lengths, b,
-                                          gamma1, gamma2, gamma3)
+    w_loss0, w_loss1 = attngan_words_loss(
+        img_features, words.transpose(1, 2), labels, lengths, b, gamma1, gamma2, gamma3
+    )
     s_loss0, s_loss1 = attngan_sent_loss(image, sentence, labels, gamma3)
     # loss0 ranks captions for each image (i2t), loss1 images for each caption (t2i)
     return {"words_t2i": w_loss1, "words_i2t": w_loss0, "sentence_t2i": s_loss1, "sentence_i2t": s_loss0}
@@ -108,13 +110,16 @@ def reference_parts(words, lengths, regions, sentence, image, gamma1=4.0, gamma2
 
 # --- inputs ----------------------------------------------------------------------------------------
 
+
 def batch(dtype=torch.float64, seed=0, b=B, lengths=LENGTHS) -> dict:
     g = torch.Generator().manual_seed(seed)
-    return {"words": torch.randn(b, T, D, generator=g, dtype=dtype),
-            "lengths": torch.tensor(lengths),
-            "regions": torch.randn(b, H * W, D, generator=g, dtype=dtype),
-            "sentence": torch.randn(b, D, generator=g, dtype=dtype),
-            "image": torch.randn(b, D, generator=g, dtype=dtype)}
+    return {
+        "words": torch.randn(b, T, D, generator=g, dtype=dtype),
+        "lengths": torch.tensor(lengths),
+        "regions": torch.randn(b, H * W, D, generator=g, dtype=dtype),
+        "sentence": torch.randn(b, D, generator=g, dtype=dtype),
+        "image": torch.randn(b, D, generator=g, dtype=dtype),
+    }
 
 
 GRAD_INPUTS = ("words", "regions", "sentence", "image")
@@ -125,6 +130,7 @@ def with_grad(data: dict) -> dict:
 
 
 # --- tests -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("gammas", [(4.0, 5.0, 10.0), (1.5, 2.0, 3.0)])
 def test_parts_equal_attngan_code(gammas):
@@ -203,12 +209,12 @@ def test_word_region_scores_take_any_numbers_of_captions_and_images(monkeypatch)
     torch.testing.assert_close(block, full[1:4, :2], rtol=1e-13, atol=1e-13)
     # captions padded wider than needed: the same scores
     wide = torch.cat([data["words"], torch.randn(B, 3, D, dtype=torch.float64)], dim=1)
-    torch.testing.assert_close(word_region_scores(wide, data["lengths"], data["regions"]), full,
-                               rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(word_region_scores(wide, data["lengths"], data["regions"]), full, rtol=1e-13, atol=1e-13)
     # chunks of one or two captions: the same scores
     monkeypatch.setattr(damsm_module, "_CHUNK_ELEMENTS", 2 * B * T * D)
-    torch.testing.assert_close(word_region_scores(data["words"], data["lengths"], data["regions"]), full,
-                               rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(
+        word_region_scores(data["words"], data["lengths"], data["regions"]), full, rtol=1e-13, atol=1e-13
+    )
     # and the diagonal is what the loss's word terms score
     labels = torch.arange(B)
     logits = 10.0 * full

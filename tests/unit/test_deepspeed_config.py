@@ -15,8 +15,12 @@ def _job(*overrides):
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_shipped_files_set_their_stage_and_the_job_sets_the_rest(stage):
-    job = _job(f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json", "data.batch_size=128",
-               "train.grad_accumulation=2", "train.grad_clip=2.0")
+    job = _job(
+        f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json",
+        "data.batch_size=128",
+        "train.grad_accumulation=2",
+        "train.grad_clip=2.0",
+    )
     ds = deepspeed_config(job, world_size=2, on_cuda=False)
     assert ds["zero_optimization"]["stage"] == stage
     assert ds["train_batch_size"] == 128

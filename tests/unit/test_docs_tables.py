@@ -41,8 +41,13 @@ def _module(name: str):
 
 
 def _from(script: str, results: Path) -> str:
-    proc = subprocess.run([sys.executable, f"bench/{script}", "--from", str(results)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, f"bench/{script}", "--from", str(results)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -50,8 +55,12 @@ def _from(script: str, results: Path) -> str:
 def _committed_results() -> list:
     files = sorted(RESULTS.glob("*_ablation.json"))
     if not files:
-        return [pytest.param(None, marks=pytest.mark.skip(
-            reason="no docs/results/*_ablation.json committed yet (the issue-23 reruns)"))]
+        return [
+            pytest.param(
+                None,
+                marks=pytest.mark.skip(reason="no docs/results/*_ablation.json committed yet (the issue-23 reruns)"),
+            )
+        ]
     return [pytest.param(path, id=path.stem) for path in files]
 
 
@@ -65,8 +74,10 @@ def test_the_docs_show_the_tables_of_the_committed_results(results):
     at = 0
     for block in _from(script, results).strip().split("\n\n"):
         found = doc.find("\n\n" + block + "\n\n", at)
-        assert found >= 0, (f"docs/{page} does not hold this block of `{command}` (each block verbatim, "
-                            f"blank lines around it, in the command's order); replace its copy with:\n\n{block}")
+        assert found >= 0, (
+            f"docs/{page} does not hold this block of `{command}` (each block verbatim, "
+            f"blank lines around it, in the command's order); replace its copy with:\n\n{block}"
+        )
         at = found + len(block)
 
 
@@ -82,7 +93,8 @@ def test_the_docs_show_the_other_tables_of_committed_results(name):
     script, page = OTHER_TABLES[name]
     table = _from(script, RESULTS / name).strip()
     assert table in (REPO / "docs" / page).read_text(), (
-        f"docs/{page} does not hold `python bench/{script} --from docs/results/{name}` verbatim:\n\n{table}")
+        f"docs/{page} does not hold `python bench/{script} --from docs/results/{name}` verbatim:\n\n{table}"
+    )
 
 
 def test_every_ablation_has_results():
@@ -96,11 +108,27 @@ def test_every_ablation_has_results():
 
 def _toy(runs: dict[str, dict[str, list[float]]], seeds=(0, 1, 2)) -> dict:
     """A results file's content: row -> metric -> one value per seed."""
-    return {"schema": "vldist-ablation/1", "method": "toy", "seeds": list(seeds), "rows": {
-        key: {"label": key, "job": "toy", "overrides": [], "runs": {
-            str(s): {"metrics": {m: values[i] for m, values in metrics.items()}, "seconds": None, "commit": None}
-            for i, s in enumerate(seeds)}}
-        for key, metrics in runs.items()}}
+    return {
+        "schema": "vldist-ablation/1",
+        "method": "toy",
+        "seeds": list(seeds),
+        "rows": {
+            key: {
+                "label": key,
+                "job": "toy",
+                "overrides": [],
+                "runs": {
+                    str(s): {
+                        "metrics": {m: values[i] for m, values in metrics.items()},
+                        "seconds": None,
+                        "commit": None,
+                    }
+                    for i, s in enumerate(seeds)
+                },
+            }
+            for key, metrics in runs.items()
+        },
+    }
 
 
 def test_the_table_holds_mean_and_sample_std_each_seed_and_the_paper():
@@ -108,9 +136,15 @@ def test_the_table_holds_mean_and_sample_std_each_seed_and_the_paper():
     x_base, y_base, x_plus = [10.0, 12.5, 11.0], [0.1, 0.25, 0.4], [20.0, 21.0, 26.0]
     data = _toy({"base*": {"x": x_base, "y": y_base}, "plus": {"x": x_plus}})
     rows = [ar.Row("plus", "plus", "toy"), ar.Row("base*", "base*", "toy"), ar.Row("absent", "absent", "toy")]
-    text = ar.ablation_table(data, rows, [ar.Col("x", "x"), ar.Col("y", "y x 100", 2, scale=100)],
-                             per_seed=ar.Col("x", "x"), paper={"base*": {"x": "9.87", "y": 0.5}},
-                             paper_cols=[ar.Col("x", "paper x"), ar.Col("y", "paper y", 2)], first="model")
+    text = ar.ablation_table(
+        data,
+        rows,
+        [ar.Col("x", "x"), ar.Col("y", "y x 100", 2, scale=100)],
+        per_seed=ar.Col("x", "x"),
+        paper={"base*": {"x": "9.87", "y": 0.5}},
+        paper_cols=[ar.Col("x", "paper x"), ar.Col("y", "paper y", 2)],
+        first="model",
+    )
     mean, std = statistics.mean, statistics.stdev
     y100 = [100 * v for v in y_base]
     assert text.splitlines() == [
@@ -158,13 +192,32 @@ def test_results_files_hold_no_absolute_path_and_the_command_only_what_changes_r
     parser = ar.ablation_parser("doc", "toy", ["a", "b"])
     parser.add_argument("--steps", type=int)
     parser.add_argument("--shards")
-    args = parser.parse_args(["--seeds", "0", "1", "--rows", "b", "--steps", "2", "--root", str(tmp_path / "runs"),
-                              "--results", str(tmp_path / "r.json"), "--shards", "/data/shards"])
-    assert ar.command_line(parser, args, "toy_ablation.py") == \
-        "python bench/toy_ablation.py --seeds 0 1 --rows b --steps 2 --shards '<outside>/shards'"
+    args = parser.parse_args(
+        [
+            "--seeds",
+            "0",
+            "1",
+            "--rows",
+            "b",
+            "--steps",
+            "2",
+            "--root",
+            str(tmp_path / "runs"),
+            "--results",
+            str(tmp_path / "r.json"),
+            "--shards",
+            "/data/shards",
+        ]
+    )
+    assert (
+        ar.command_line(parser, args, "toy_ablation.py")
+        == "python bench/toy_ablation.py --seeds 0 1 --rows b --steps 2 --shards '<outside>/shards'"
+    )
     assert ar.bench_options(parser, args) == {"steps": 2, "shards": "<outside>/shards"}
-    assert ar.command_line(parser, parser.parse_args([]), "toy_ablation.py") == \
-        "python bench/toy_ablation.py --seeds 0 1 2"
+    assert (
+        ar.command_line(parser, parser.parse_args([]), "toy_ablation.py")
+        == "python bench/toy_ablation.py --seeds 0 1 2"
+    )
     assert parser.parse_args([]).results == REPO / "docs" / "results" / "toy_ablation.json"
 
 
@@ -180,8 +233,12 @@ def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
     assert run.kept and (run.seconds, run.commit, run.torch) == (12.5, "abc1234", "2.14.1")
     record = ar.Recorder([ar.Col("rsum", "rsum")])
     record(ar.Row("row", "Row", "vsrn"), 0, run, ar.pick(run.metrics, {"rsum": ("test", "rsum")}))
-    assert record.rows["row"]["runs"]["0"] == {"metrics": {"rsum": 101.5}, "seconds": 12.5, "commit": "abc1234",
-                                               "torch": "2.14.1"}
+    assert record.rows["row"]["runs"]["0"] == {
+        "metrics": {"rsum": 101.5},
+        "seconds": 12.5,
+        "commit": "abc1234",
+        "torch": "2.14.1",
+    }
     assert "Row, seed 0: rsum 101.5 (kept)" in capsys.readouterr().out
     (run_dir / ar.RUN_RECORD).unlink()  # trained before runs were recorded: all unknown
     assert (ar.train_once("vsrn", run_dir, []).torch, ar.train_once("vsrn", run_dir, []).commit) == (None, None)
@@ -190,8 +247,12 @@ def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
 def test_pick_keeps_the_named_numbers_a_run_reported():
     ar = _module("ablation_runs")
     metrics = {"test": {"full": {"rsum": 400.5}, "captions": {"meteor": float("nan")}}, "best_epoch": 15}
-    paths = {"rsum": ("test", "full", "rsum"), "meteor": ("test", "captions", "meteor"), "best_epoch": ("best_epoch",),
-             "s2s": ("test", "sentence_to_sentence", "r1")}
+    paths = {
+        "rsum": ("test", "full", "rsum"),
+        "meteor": ("test", "captions", "meteor"),
+        "best_epoch": ("best_epoch",),
+        "s2s": ("test", "sentence_to_sentence", "r1"),
+    }
     assert ar.pick(metrics, paths) == {"rsum": 400.5, "best_epoch": 15}
 
 
@@ -212,11 +273,18 @@ def test_from_prints_every_row_without_torch(method, tmp_path):
         data["rows"][row.key]["label"] = row.label
     path = tmp_path / f"{method}_ablation.json"
     path.write_text(json.dumps(data))
-    run_guarded = ("import runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; sys.path.insert(0, 'bench'); "
-                   "runpy.run_path(script, run_name='__main__'); "
-                   "assert 'torch' not in sys.modules, '--from imported torch'")
-    proc = subprocess.run([sys.executable, "-c", run_guarded, f"bench/{script}", "--from", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    run_guarded = (
+        "import runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; sys.path.insert(0, 'bench'); "
+        "runpy.run_path(script, run_name='__main__'); "
+        "assert 'torch' not in sys.modules, '--from imported torch'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", run_guarded, f"bench/{script}", "--from", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     for row in rows:
@@ -228,6 +296,11 @@ def test_from_prints_every_row_without_torch(method, tmp_path):
 def test_from_refuses_another_benchs_results(tmp_path):
     path = tmp_path / "l2c_ablation.json"
     path.write_text(json.dumps({**_toy({}), "method": "l2c"}))
-    proc = subprocess.run([sys.executable, "bench/vsrn_ablation.py", "--from", str(path)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "bench/vsrn_ablation.py", "--from", str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0 and "not of 'vsrn'" in proc.stderr

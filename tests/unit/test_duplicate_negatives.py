@@ -29,13 +29,15 @@ def planted_pairs(identity=IDENTITY, d=8, seed=0):
     first = {int(v): i for i, v in reversed(list(enumerate(identity.tolist())))}
     image = torch.randn(len(identity), d, generator=g, dtype=torch.float64)
     # a copy is the same image seen slightly differently: near, without exact ties
-    image = image[[first[int(v)] for v in identity]] + 1e-3 * torch.randn(len(identity), d, generator=g,
-                                                                           dtype=torch.float64)
+    image = image[[first[int(v)] for v in identity]] + 1e-3 * torch.randn(
+        len(identity), d, generator=g, dtype=torch.float64
+    )
     text = image + 0.8 * torch.randn(len(identity), d, generator=g, dtype=torch.float64)
     return F.normalize(image, dim=1).requires_grad_(), F.normalize(text, dim=1).requires_grad_()
 
 
 # --- VSE++ hinge ------------------------------------------------------------------------------------
+
 
 def hinge_without_copies(img, txt, identity, margin, max_violation):
     """Both directions, each row's negatives listed one by one: every column of another image."""
@@ -76,24 +78,31 @@ def test_hinge_not_negative_contract():
 
 # --- two-branch ranking loss (reference: test_two_branch_loss.direct_loss with identities) -------
 
+
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_two_branch_ranking_leaves_the_copy_out(top_k):
     image, _ = planted_pairs()
     g = torch.Generator().manual_seed(3)
     text_image = torch.arange(len(IDENTITY)).repeat_interleave(2)  # two sentences a sample: neighbours
-    text = F.normalize(image.detach()[text_image] + 0.7 * torch.randn(len(text_image), image.shape[1], generator=g,
-                                                                       dtype=torch.float64), dim=1).requires_grad_()
+    text = F.normalize(
+        image.detach()[text_image]
+        + 0.7 * torch.randn(len(text_image), image.shape[1], generator=g, dtype=torch.float64),
+        dim=1,
+    ).requires_grad_()
     args = (0.1, top_k, 1.0, 2.0, 0.2)
     loss = two_branch_ranking_loss(image, text, text_image, *args, identity=IDENTITY)
     ref = direct_loss(image, text, text_image, *args, identity=IDENTITY)
     # the loss keeps distances differentiable at 0 (sqrt(d^2 + 1e-8)): equal to ~1e-8
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
-    for g_loss, g_ref in zip(torch.autograd.grad(loss, (image, text)), torch.autograd.grad(ref, (image, text)), strict=True):
+    for g_loss, g_ref in zip(
+        torch.autograd.grad(loss, (image, text)), torch.autograd.grad(ref, (image, text)), strict=True
+    ):
         assert torch.allclose(g_loss, g_ref, atol=1e-6)
     assert abs(two_branch_ranking_loss(image, text, text_image, *args).item() - loss.item()) > 1e-3
 
 
 # --- DAMSM ------------------------------------------------------------------------------------------
+
 
 def cross_entropy_without_copies(logits, identity):
     """Mean over rows of -log softmax at the diagonal, the softmax over the diagonal and the columns
@@ -122,15 +131,20 @@ def test_damsm_leaves_the_copy_out_of_both_softmaxes():
     parts = damsm_parts(words, lengths, regions, sentence, image, 4.0, 5.0, 10.0, identity=IDENTITY)
     word_logits = 10.0 * word_region_scores(words, lengths, regions, 4.0, 5.0)  # tested against AttnGAN elsewhere
     sentence_logits = 10.0 * cosine_matrix(sentence, image)
-    ref = {"words_t2i": cross_entropy_without_copies(word_logits, IDENTITY),
-           "words_i2t": cross_entropy_without_copies(word_logits.T, IDENTITY),
-           "sentence_t2i": cross_entropy_without_copies(sentence_logits, IDENTITY),
-           "sentence_i2t": cross_entropy_without_copies(sentence_logits.T, IDENTITY)}
+    ref = {
+        "words_t2i": cross_entropy_without_copies(word_logits, IDENTITY),
+        "words_i2t": cross_entropy_without_copies(word_logits.T, IDENTITY),
+        "sentence_t2i": cross_entropy_without_copies(sentence_logits, IDENTITY),
+        "sentence_i2t": cross_entropy_without_copies(sentence_logits.T, IDENTITY),
+    }
     inputs = (words, regions, sentence, image)
     for name, value in parts.items():
         assert value.item() == pytest.approx(ref[name].item(), rel=1e-12), name
-        for g_loss, g_ref in zip(torch.autograd.grad(value, inputs, retain_graph=True, allow_unused=True),
-                                 torch.autograd.grad(ref[name], inputs, retain_graph=True, allow_unused=True), strict=True):
+        for g_loss, g_ref in zip(
+            torch.autograd.grad(value, inputs, retain_graph=True, allow_unused=True),
+            torch.autograd.grad(ref[name], inputs, retain_graph=True, allow_unused=True),
+            strict=True,
+        ):
             assert (g_loss is None) == (g_ref is None) or torch.count_nonzero(g_loss if g_ref is None else g_ref) == 0
             if g_loss is not None and g_ref is not None:
                 assert torch.allclose(g_loss, g_ref, atol=1e-12), name
@@ -139,6 +153,7 @@ def test_damsm_leaves_the_copy_out_of_both_softmaxes():
 
 
 # --- drawn negatives (CL, the similarity network) and mismatched captions (LAViTeR's GAN) ------------
+
 
 def test_drawn_negatives_never_take_a_caption_of_the_same_image():
     captions = IDENTITY.repeat_interleave(2)  # each caption's image identity, 2 captions a sample
@@ -161,9 +176,12 @@ def test_mismatched_rows_skip_copies_of_the_same_image():
 
 # --- identities -------------------------------------------------------------------------------------
 
+
 def test_identity_is_the_key_or_the_image_id_and_stable():
     assert sample_identity({"__key__": "train-0000001", "json": b'{"captions": ["a"]}'}) == identity_of("train-0000001")
-    shared = [sample_identity({"__key__": f"train-{i}", "json": b'{"image_id": 42, "captions": ["a"]}'}) for i in (1, 2)]
+    shared = [
+        sample_identity({"__key__": f"train-{i}", "json": b'{"image_id": 42, "captions": ["a"]}'}) for i in (1, 2)
+    ]
     assert shared[0] == shared[1] != identity_of("train-1")
     assert 0 <= identity_of("x") < 2**63
     # blake2b, not Python's salted hash: the same number in every process
@@ -173,9 +191,14 @@ def test_identity_is_the_key_or_the_image_id_and_stable():
 def test_training_batches_carry_the_identity_of_each_sample(planted_shards):
     from vldist.data.pipeline import StreamSpec, TrainStream
 
-    spec = StreamSpec(urls=sorted(str(p) for p in planted_shards.glob("train-*.tar")), keep=("json",),
-                      sample_fn=lambda raw, rng: {"key": raw["__key__"]},
-                      collate_fn=lambda samples: {"keys": [s["key"] for s in samples]}, batch_size=8, seed=3)
+    spec = StreamSpec(
+        urls=sorted(str(p) for p in planted_shards.glob("train-*.tar")),
+        keep=("json",),
+        sample_fn=lambda raw, rng: {"key": raw["__key__"]},
+        collate_fn=lambda samples: {"keys": [s["key"] for s in samples]},
+        batch_size=8,
+        seed=3,
+    )
     batches = list(TrainStream(spec, batches_per_rank=40, shuffle_buffer=4))
     keys = [k for b in batches for k in b["keys"]]
     identities = torch.cat([b["identity"] for b in batches]).tolist()
@@ -190,16 +213,26 @@ def test_recipes_pass_the_identity_to_their_losses():
     from vldist.recipes.vsrn import VSRNRecipe
 
     vocab = Vocab(["red", "blue", "circle", "square"])
-    config = load_config("vsrn", ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8",
-                                  "model.caption_loss=false", "model.max_violation_warmup_epochs=0",
-                                  "data.max_regions=3"])
+    config = load_config(
+        "vsrn",
+        [
+            "model.embed_size=8",
+            "model.word_dim=4",
+            "model.decoder_hidden=8",
+            "model.caption_loss=false",
+            "model.max_violation_warmup_epochs=0",
+            "data.max_regions=3",
+        ],
+    )
     recipe = VSRNRecipe(config, vocab, feature_dim=6)
     torch.manual_seed(0)
     model = recipe.build_model().eval()
     rng = random.Random(0)
     features = [torch.randn(3, 6).numpy() for _ in range(5)]
-    samples = [{"regions": features[i], "tokens": vocab.encode(rng.choice(["red circle", "blue square", "red"]))}
-               for i in (0, 1, 2, 3, 1)]  # sample 4 is a copy of sample 1
+    samples = [
+        {"regions": features[i], "tokens": vocab.encode(rng.choice(["red circle", "blue square", "red"]))}
+        for i in (0, 1, 2, 3, 1)
+    ]  # sample 4 is a copy of sample 1
     batch = recipe.collate_train(samples)
     batch["identity"] = torch.tensor([0, 1, 2, 3, 1])
     with torch.no_grad():
@@ -252,8 +285,17 @@ def test_embedding_network_and_cl_pass_the_identity(planted_shards, monkeypatch)
         loss = recipe.training_losses(model, batch)["loss"]
         out = model(batch["images"], batch["tokens"])
         cfg = recipe.cfg
-        ref = direct_loss(out["image"].double(), out["text"].double(), batch["text_image"], cfg.margin, cfg.top_k,
-                          cfg.lambda_image, cfg.lambda_text, cfg.lambda_text_neighbors, identity=batch["identity"])
+        ref = direct_loss(
+            out["image"].double(),
+            out["text"].double(),
+            batch["text_image"],
+            cfg.margin,
+            cfg.top_k,
+            cfg.lambda_image,
+            cfg.lambda_text,
+            cfg.lambda_text_neighbors,
+            identity=batch["identity"],
+        )
     assert loss.item() == pytest.approx(ref.item(), rel=1e-4)
 
 

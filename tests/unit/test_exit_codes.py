@@ -30,21 +30,38 @@ from vldist.store.retry import StoreLost
 from vldist.trainer import NonFiniteLossError
 
 
-@pytest.mark.parametrize("error", [ConfigError, ShardsNotFoundError, ShardsUnfitError, CheckpointError,
-                                   IncompatibleCheckpoint, OutputDirInUse, RunDirectoryTaken, JavaNotFoundError,
-                                   StoreSupportMissing, StoreUnreachable])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConfigError,
+        ShardsNotFoundError,
+        ShardsUnfitError,
+        CheckpointError,
+        IncompatibleCheckpoint,
+        OutputDirInUse,
+        RunDirectoryTaken,
+        JavaNotFoundError,
+        StoreSupportMissing,
+        StoreUnreachable,
+    ],
+)
 def test_refusals_exit_2_with_the_error_line(error):
     assert exit_status(error("what is wrong")) == (REFUSED, "error: what is wrong") == (2, "error: what is wrong")
 
 
-@pytest.mark.parametrize("error", [RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError,
-                                   NonFiniteLossError, StoreLost])
+@pytest.mark.parametrize(
+    "error", [RunFailed, CheckpointWriteError, EmptySplitError, CaptionMetricsError, NonFiniteLossError, StoreLost]
+)
 def test_failures_exit_1_with_the_error_line(error):
     assert exit_status(error("what failed")) == (FAILED, "error: what failed") == (1, "error: what failed")
 
 
 def test_diverged_replicas_exit_4_with_the_error_line():
-    assert exit_status(ReplicasDiverged("rank 1 differs")) == (DIVERGED, "error: rank 1 differs") == (4, "error: rank 1 differs")
+    assert (
+        exit_status(ReplicasDiverged("rank 1 differs"))
+        == (DIVERGED, "error: rank 1 differs")
+        == (4, "error: rank 1 differs")
+    )
 
 
 def test_a_missing_java_refuses_although_it_is_a_caption_metrics_error():

@@ -31,8 +31,11 @@ class ToyDecoder(nn.Module):
 
     def init_state(self, features, mask):
         image = masked_mean(features, mask) @ self.image
-        return {"image": image, "memory": torch.zeros_like(image),
-                "t": torch.zeros(features.shape[0], dtype=torch.long, device=features.device)}
+        return {
+            "image": image,
+            "memory": torch.zeros_like(image),
+            "t": torch.zeros(features.shape[0], dtype=torch.long, device=features.device),
+        }
 
     def step(self, words, state):
         self.steps += 1
@@ -100,10 +103,10 @@ def test_a_wide_beam_finds_the_exact_best_caption(seed):
     features, mask = _images(batch=3, seed=seed)
     found = beam_search(decoder, features, mask, START, END, max_len, beam_size=vocab**max_len)
     for i in range(3):
-        best, best_score = _brute_force(decoder, features[i:i + 1], mask[i:i + 1], vocab, max_len)
+        best, best_score = _brute_force(decoder, features[i : i + 1], mask[i : i + 1], vocab, max_len)
         got = found[i].tolist()[: len(best)]
-        assert got == best and all(w == PAD for w in found[i, len(best):].tolist())
-        assert _caption_logprob(decoder, features[i:i + 1], mask[i:i + 1], got) == pytest.approx(best_score)
+        assert got == best and all(w == PAD for w in found[i, len(best) :].tolist())
+        assert _caption_logprob(decoder, features[i : i + 1], mask[i : i + 1], got) == pytest.approx(best_score)
 
 
 def test_pad_and_start_are_never_generated():
@@ -113,7 +116,8 @@ def test_pad_and_start_are_never_generated():
     for beam in (1, 3):
         out = generate(decoder, features, mask, START, END, max_len=4, beam_size=beam)
         assert START not in out.tolist()[0] and all(
-            PAD not in row[: row.index(END) if END in row else len(row)] for row in out.tolist())
+            PAD not in row[: row.index(END) if END in row else len(row)] for row in out.tolist()
+        )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -151,9 +155,9 @@ def test_a_batch_decodes_as_each_image_alone(beam_size):
     features, mask = _images(batch=6, seed=3)
     together = generate(decoder, features, mask, START, END, max_len=6, beam_size=beam_size)
     for i in range(6):
-        alone = generate(decoder, features[i:i + 1], mask[i:i + 1], START, END, max_len=6, beam_size=beam_size)[0]
+        alone = generate(decoder, features[i : i + 1], mask[i : i + 1], START, END, max_len=6, beam_size=beam_size)[0]
         assert together[i, : len(alone)].tolist() == alone.tolist()
-        assert (together[i, len(alone):] == PAD).all()
+        assert (together[i, len(alone) :] == PAD).all()
 
 
 @pytest.mark.parametrize("beam_size", [1, 3])

@@ -31,9 +31,17 @@ def test_the_model_counts_the_bytes_of_a_ring_all_gather_and_all_reduce():
 
 
 def test_the_docs_show_the_tables_of_the_committed_results():
-    printed = subprocess.run([sys.executable, str(REPO / "bench" / "global_negatives.py"), "--from",
-                              str(REPO / "docs" / "results" / "global_negatives.json")],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    printed = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bench" / "global_negatives.py"),
+            "--from",
+            str(REPO / "docs" / "results" / "global_negatives.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     page = (REPO / "docs" / "distributed.md").read_text()
     measured, projected = printed.split("\n\n")
     assert measured in page and projected in page and page.index(measured) < page.index(projected)

@@ -25,9 +25,24 @@ print(json.dumps({"code": code, "help": out.getvalue(), "modules": sorted(sys.mo
 """
 # What training loads and --help must not; torch.distributed is not here: `import torch` loads it
 # itself (checked below against a bare `import torch`), and the default job's recipe needs torch.
-HEAVY = ["torchvision", "torch._dynamo", "sympy", "deepspeed", "accelerate", "ray", "prometheus_client",
-         "vldist.trainer", "vldist.runner", "vldist.checkpoint", "vldist.checkpointer", "vldist.exit_codes",
-         "vldist.launch.ray_train", "vldist.launch.resubmission", "vldist.telemetry", "vldist.distributed.engine"]
+HEAVY = [
+    "torchvision",
+    "torch._dynamo",
+    "sympy",
+    "deepspeed",
+    "accelerate",
+    "ray",
+    "prometheus_client",
+    "vldist.trainer",
+    "vldist.runner",
+    "vldist.checkpoint",
+    "vldist.checkpointer",
+    "vldist.exit_codes",
+    "vldist.launch.ray_train",
+    "vldist.launch.resubmission",
+    "vldist.telemetry",
+    "vldist.distributed.engine",
+]
 
 
 def python(*args: str) -> dict:

@@ -33,10 +33,8 @@ def bruteforce_vsepp(img, txt, margin, max_violation):
 def test_matches_bruteforce_loss_and_grads(margin, max_violation):
     img_raw, txt_raw = embeddings(8, 16, seed=int(margin * 10) + max_violation)
     # Separate graphs from the raw embeddings, so each autograd.grad call owns its own.
-    loss = vse_hinge_loss(F.normalize(img_raw, dim=1), F.normalize(txt_raw, dim=1),
-                          margin, max_violation)
-    ref = bruteforce_vsepp(F.normalize(img_raw, dim=1), F.normalize(txt_raw, dim=1),
-                           margin, max_violation)
+    loss = vse_hinge_loss(F.normalize(img_raw, dim=1), F.normalize(txt_raw, dim=1), margin, max_violation)
+    ref = bruteforce_vsepp(F.normalize(img_raw, dim=1), F.normalize(txt_raw, dim=1), margin, max_violation)
     assert loss.item() > 0  # random embeddings violate the margin, so the check is not 0 == 0
     torch.testing.assert_close(loss, ref)
     grads = torch.autograd.grad(loss, (img_raw, txt_raw))
@@ -54,16 +52,21 @@ def test_max_violation_is_smaller_than_sum_of_violations():
 
 
 # 3 local queries against 4 global candidates; positives are off the diagonal on purpose.
-SCORES = [[0.5, 0.9, 0.6, 0.10],   # pos 0: costs 0.6 (col 1), 0.3 (col 2), 0    -> hardest col 1
-          [0.0, 0.9, 0.1, 0.30],   # pos 1: every cost clamped to 0           -> inactive row
-          [0.4, 0.2, 0.3, 0.35]]   # pos 3: costs 0.25, 0.05, 0.15              -> hardest col 0
+SCORES = [
+    [0.5, 0.9, 0.6, 0.10],  # pos 0: costs 0.6 (col 1), 0.3 (col 2), 0    -> hardest col 1
+    [0.0, 0.9, 0.1, 0.30],  # pos 1: every cost clamped to 0           -> inactive row
+    [0.4, 0.2, 0.3, 0.35],
+]  # pos 3: costs 0.25, 0.05, 0.15              -> hardest col 0
 POS = [0, 1, 3]
 
 
-@pytest.mark.parametrize("max_violation,loss,grad", [
-    (True, 0.6 + 0.25, [[-1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, -1]]),
-    (False, 0.9 + 0.45, [[-2, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, -3]]),
-])
+@pytest.mark.parametrize(
+    "max_violation,loss,grad",
+    [
+        (True, 0.6 + 0.25, [[-1, 1, 0, 0], [0, 0, 0, 0], [1, 0, 0, -1]]),
+        (False, 0.9 + 0.45, [[-2, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, -3]]),
+    ],
+)
 def test_hand_computed_loss_and_gradient(max_violation, loss, grad):
     scores = torch.tensor(SCORES, dtype=torch.float64, requires_grad=True)
     out = hardest_negative_hinge(scores, torch.tensor(POS), margin=0.2, max_violation=max_violation)
@@ -108,8 +111,9 @@ def test_row_split_sums_to_full_loss(split, max_violation):
 
 def per_row(s, max_violation, margin=0.2):
     """Per-row hinge of a square matrix, via single-row calls (rows are independent)."""
-    return torch.stack([hardest_negative_hinge(s[i:i + 1], torch.tensor([i]), margin, max_violation)
-                        for i in range(len(s))])
+    return torch.stack(
+        [hardest_negative_hinge(s[i : i + 1], torch.tensor([i]), margin, max_violation) for i in range(len(s))]
+    )
 
 
 def test_per_row_losses_add_up():
@@ -122,12 +126,16 @@ def test_per_row_losses_add_up():
 
 # --- validation ---
 
-@pytest.mark.parametrize("img_shape,txt_shape,match", [
-    ((4, 8), (5, 8), "same"),
-    ((4, 8), (4, 9), "same"),
-    ((8,), (8,), "2-D"),
-    ((4, 8), (4, 8, 1), "2-D"),
-])
+
+@pytest.mark.parametrize(
+    "img_shape,txt_shape,match",
+    [
+        ((4, 8), (5, 8), "same"),
+        ((4, 8), (4, 9), "same"),
+        ((8,), (8,), "2-D"),
+        ((4, 8), (4, 8, 1), "2-D"),
+    ],
+)
 def test_vse_hinge_shape_errors(img_shape, txt_shape, match):
     with pytest.raises(ValueError, match=match):
         vse_hinge_loss(torch.zeros(img_shape), torch.zeros(txt_shape))

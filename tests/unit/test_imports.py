@@ -71,7 +71,7 @@ def find_cycle() -> list[str] | None:
         path.append(node)
         for nxt in sorted(GRAPH[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         path.pop()

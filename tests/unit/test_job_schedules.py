@@ -68,12 +68,20 @@ def trainer_steps_per_epoch(config, train_images: int, directory: Path, world_si
     stand-in: building the streams reads only the manifest's count."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "train-000000.tar").touch()
-    manifest = {"splits": {"train": {"samples": train_images,
-                                     "shards": [{"file": "train-000000.tar", "samples": train_images}]}}}
+    manifest = {
+        "splits": {
+            "train": {"samples": train_images, "shards": [{"file": "train-000000.tar", "samples": train_images}]}
+        }
+    }
     accumulation = config.train.grad_accumulation
-    streams = TrainingStreams(config, get_recipe(config.recipe)(config, vocab=None),
-                              JobShards(ShardSet(directory, manifest)), rank=0, world_size=world_size,
-                              accumulation=accumulation)
+    streams = TrainingStreams(
+        config,
+        get_recipe(config.recipe)(config, vocab=None),
+        JobShards(ShardSet(directory, manifest)),
+        rank=0,
+        world_size=world_size,
+        accumulation=accumulation,
+    )
     return math.ceil(streams.micro_per_epoch / accumulation)
 
 

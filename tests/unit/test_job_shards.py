@@ -35,7 +35,9 @@ def test_each_set_is_opened_once_and_found_by_directory(planted_shards, tmp_path
     TwoSets.other = str(other)
     opened = []
     real_open = ShardSet.open.__func__
-    monkeypatch.setattr(ShardSet, "open", classmethod(lambda cls, d, access=None: opened.append(str(d)) or real_open(cls, d, access)))
+    monkeypatch.setattr(
+        ShardSet, "open", classmethod(lambda cls, d, access=None: opened.append(str(d)) or real_open(cls, d, access))
+    )
     shards = open_job_shards(load_config("vsrn", [f"data.shards={planted_shards}"]), TwoSets)
     assert opened == [str(planted_shards), str(other)]
     assert shards.get(None) is shards.main and shards.get(str(other)).directory == other

@@ -94,8 +94,9 @@ def test_an_fcn_trunk_masks_with_its_own_segmentation_of_the_class(tmp_path):
     import torchvision
 
     torch.manual_seed(6)
-    reference = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None, num_classes=21,
-                                                             aux_loss=True)
+    reference = torchvision.models.segmentation.fcn_resnet50(
+        weights=None, weights_backbone=None, num_classes=21, aux_loss=True
+    )
     path = tmp_path / "fcn.pth"
     torch.save(reference.state_dict(), path)  # a local file of the torchvision model, its aux head too
     encoder = L2CEncoder("fcn_resnet50", str(path), classes=3, graph_dim=16, mask_class=3).eval()

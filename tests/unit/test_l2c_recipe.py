@@ -15,8 +15,16 @@ from vldist.recipes.jobs import load_config
 from vldist.recipes.l2c import L2CRecipe
 from vldist.shards.synthetic.pairs import swap_image_tokens
 
-TINY = ["model.image_size=64", "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3",
-        "model.captions_per_sample=2", "data.max_caption_len=20", "model.gcn_kernel=torch"]
+TINY = [
+    "model.image_size=64",
+    "model.graph_dim=32",
+    "model.hidden=32",
+    "model.embed=16",
+    "model.classes=3",
+    "model.captions_per_sample=2",
+    "data.max_caption_len=20",
+    "model.gcn_kernel=torch",
+]
 
 
 def _recipe(pair_shards, *overrides) -> L2CRecipe:
@@ -46,8 +54,9 @@ def test_a_flipped_pair_swaps_its_images_masks_and_image_tokens(pair_shards):
     assert torch.equal(kept["images"], flipped["second"]) and torch.equal(kept["second"], flipped["images"])
     assert torch.equal(kept["masks"][0], flipped["masks"][1]) and torch.equal(kept["masks"][1], flipped["masks"][0])
     decoded = {recipe.vocab.decode(ids) for ids in flipped["captions"]}
-    swapped = {recipe.vocab.decode(recipe.vocab.encode(swap_image_tokens(c), 20))
-               for c in json.loads(raw["json"])["captions"]}
+    swapped = {
+        recipe.vocab.decode(recipe.vocab.encode(swap_image_tokens(c), 20)) for c in json.loads(raw["json"])["captions"]
+    }
     assert decoded == swapped and any("image1" in d for d in decoded)
 
 
@@ -62,8 +71,10 @@ def test_pair_and_single_batches_give_their_losses_and_the_mask_loss_only_where_
     assert set(out) == {"loss", "diff", "tv", "mask"}
     assert float(out["loss"].detach()) == pytest.approx(float(out["diff"] + out["tv"] + out["mask"]), rel=1e-5)
     # a single-image batch without stored masks: L_single + λ L_TV, nothing for the mask head
-    singles = [{"images": p["images"], "second": None, "masks": [None], "captions": p["captions"]}
-               for p in (recipe.train_sample(r, rng) for r in _raw_pairs(pair_shards))]
+    singles = [
+        {"images": p["images"], "second": None, "masks": [None], "captions": p["captions"]}
+        for p in (recipe.train_sample(r, rng) for r in _raw_pairs(pair_shards))
+    ]
     out = recipe.training_losses(model, recipe.collate_train(singles))
     assert set(out) == {"loss", "single", "tv", "mask"} and float(out["mask"]) == 0.0  # same parts on every rank
     out["loss"].backward()
@@ -129,8 +140,9 @@ def test_the_job_trains_the_baseline_then_l2c_and_single_images_take_turns_one_f
     assert [name for name, _ in L2CRecipe.stages(updated(config, {"model": {"baseline_stage": False}}))] == ["l2c"]
     streams = (r := _recipe(pair_shards)).train_streams(r.config)
     assert streams["pairs"] == "train"
-    assert streams["single"] == StreamSource("train", shards="shards/synth", batch_size=32,
-                                             keys=("json",), steps_like="pairs")
+    assert streams["single"] == StreamSource(
+        "train", shards="shards/synth", batch_size=32, keys=("json",), steps_like="pairs"
+    )
     assert list((r := _recipe(pair_shards, "model.single_images=false")).train_streams(r.config)) == ["pairs"]
 
 
@@ -139,6 +151,7 @@ def test_the_issue_named_functions_import_from_their_packages():
     from vldist.models import semantic_pool
 
     features, mask, confidence = torch.rand(1, 2, 3, 3), torch.ones(1, 3, 3), torch.rand(1, 4, 3, 3)
-    assert torch.allclose(semantic_pool(features, mask, confidence)[0, 1],
-                          (features[0] * confidence[0, 1]).sum(dim=(1, 2)))
+    assert torch.allclose(
+        semantic_pool(features, mask, confidence)[0, 1], (features[0] * confidence[0, 1]).sum(dim=(1, 2))
+    )
     assert callable(tv)

@@ -12,12 +12,28 @@ from vldist.models.laviter import caption_words
 from vldist.recipes.jobs import load_config
 from vldist.recipes.laviter import LAViTeRRecipe, attribute_texts
 
-TINY = ["model.embed_dim=32", "model.text_heads=2", "model.gf_dim=4", "model.df_dim=4", "model.itm_dim=32",
-        "model.itm_heads=2", "model.itm_encoder_layers=1", "model.itm_decoder_layers=1", "model.itm_feedforward=32",
-        "model.z_dim=8", "model.condition_dim=8", "model.residual_blocks=1", "data.max_caption_len=12",
-        "model.max_words=8"]
-CAPTIONS = ["a small red circle left of a blue square", "a large green star", "two pink diamonds and a black star",
-            "a purple triangle above an orange hexagon"]
+TINY = [
+    "model.embed_dim=32",
+    "model.text_heads=2",
+    "model.gf_dim=4",
+    "model.df_dim=4",
+    "model.itm_dim=32",
+    "model.itm_heads=2",
+    "model.itm_encoder_layers=1",
+    "model.itm_decoder_layers=1",
+    "model.itm_feedforward=32",
+    "model.z_dim=8",
+    "model.condition_dim=8",
+    "model.residual_blocks=1",
+    "data.max_caption_len=12",
+    "model.max_words=8",
+]
+CAPTIONS = [
+    "a small red circle left of a blue square",
+    "a large green star",
+    "two pink diamonds and a black star",
+    "a purple triangle above an orange hexagon",
+]
 
 
 def recipe_for(phase: str, *overrides: str) -> LAViTeRRecipe:
@@ -31,8 +47,13 @@ def batch_for(recipe: LAViTeRRecipe, n: int = 4) -> dict:
     samples = []
     for i in range(n):
         caption = CAPTIONS[i % len(CAPTIONS)]
-        samples.append({"image": torch.rand(3, 64, 64) * 2 - 1, "words": recipe.words(caption),
-                        "tokens": recipe.vocab.encode(caption, recipe.config.data.max_caption_len)})
+        samples.append(
+            {
+                "image": torch.rand(3, 64, 64) * 2 - 1,
+                "words": recipe.words(caption),
+                "tokens": recipe.vocab.encode(caption, recipe.config.data.max_caption_len),
+            }
+        )
     rng.shuffle(samples)
     return recipe.collate_train(samples)
 
@@ -77,11 +98,23 @@ def test_trunk_pretraining_trains_the_trunk_and_its_label_head_only():
     batch["labels"] = torch.zeros(4, len(recipe.vocab))
     batch["labels"][:, recipe.labels({"objects": objects})] = 1.0
     assert sorted(recipe.vocab.itos[i] for i in recipe.labels({"objects": objects})) == [
-        "blue", "circle", "red", "small", "square"]
+        "blue",
+        "circle",
+        "red",
+        "small",
+        "square",
+    ]
     moved = moved_by_training(recipe, model, batch)
     assert under(moved, "image_encoder.blocks.0.") and under(moved, "label_head.")
-    assert not under(moved, "image_encoder.local_projection", "image_encoder.global_projection", "text_encoder",
-                     "generator", "discriminators", "captioner"), moved
+    assert not under(
+        moved,
+        "image_encoder.local_projection",
+        "image_encoder.global_projection",
+        "text_encoder",
+        "generator",
+        "discriminators",
+        "captioner",
+    ), moved
     # the next phase takes the trunk and leaves the head behind
     vta = recipe_for("vta").build_model()
     state = {k: v for k, v in model.state_dict().items()}
@@ -139,13 +172,16 @@ def test_discriminator_and_generator_updates_step_only_their_own_parameters(phas
     model = recipe.build_model()
     groups = recipe.optimizer_groups(model)
     optimizers = {name: torch.optim.Adam(params, lr=1e-2) for name, params in groups.items()}
-    own = {name: {id(p) for group in params for p in (group["params"] if isinstance(group, dict) else [group])}
-           for name, params in groups.items()}
+    own = {
+        name: {id(p) for group in params for p in (group["params"] if isinstance(group, dict) else [group])}
+        for name, params in groups.items()
+    }
     names = {id(p): n for n, p in model.named_parameters()}
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     assert own["discriminator"].isdisjoint(own["main"]) and own["discriminator"] | own["main"] == trainable
-    assert {names[i] for i in own["discriminator"]} == {n for n, _ in model.discriminators.named_parameters(
-        prefix="discriminators")}
+    assert {names[i] for i in own["discriminator"]} == {
+        n for n, _ in model.discriminators.named_parameters(prefix="discriminators")
+    }
     batch = batch_for(recipe)
     model.train()
     for update in recipe.updates(0):
@@ -160,8 +196,16 @@ def test_discriminator_and_generator_updates_step_only_their_own_parameters(phas
 
 
 def test_stages_chain_the_phases_from_each_best_checkpoint():
-    config = load_config("laviter", ["output.dir=runs/x", "model.pretrain_epochs=4", "model.vta_epochs=2",
-                                     "model.assist_epochs=1", "model.joint_epochs=3"])
+    config = load_config(
+        "laviter",
+        [
+            "output.dir=runs/x",
+            "model.pretrain_epochs=4",
+            "model.vta_epochs=2",
+            "model.assist_epochs=1",
+            "model.joint_epochs=3",
+        ],
+    )
     stages = LAViTeRRecipe.stages(config)
     assert [name for name, _ in stages] == ["pretrain", "vta", "assist", "joint"]
     pretrain, vta, assist, joint = (stage for _, stage in stages)
@@ -205,11 +249,24 @@ def test_generated_ids_become_the_text_encoders_words():
 
 
 def test_attribute_texts_of_a_scene_and_of_annotated_data():
-    meta = {"objects": [{"phrase": "a large black star", "size": "large", "color": "black", "shape": "star"},
-                        {"phrase": "a small black circle", "size": "small", "color": "black", "shape": "circle"}]}
-    assert attribute_texts(meta) == ["a large black star", "large", "black", "star", "a small black circle", "small",
-                                     "circle"]
-    assert attribute_texts({"attributes": ["has wing color blue"], "objects": meta["objects"]}) == ["has wing color blue"]
+    meta = {
+        "objects": [
+            {"phrase": "a large black star", "size": "large", "color": "black", "shape": "star"},
+            {"phrase": "a small black circle", "size": "small", "color": "black", "shape": "circle"},
+        ]
+    }
+    assert attribute_texts(meta) == [
+        "a large black star",
+        "large",
+        "black",
+        "star",
+        "a small black circle",
+        "small",
+        "circle",
+    ]
+    assert attribute_texts({"attributes": ["has wing color blue"], "objects": meta["objects"]}) == [
+        "has wing color blue"
+    ]
     assert attribute_texts({"captions": ["x"]}) == []
 
 
@@ -230,7 +287,7 @@ def test_generated_images_leave_the_image_encoders_batch_norm_statistics_alone()
 
 
 def test_one_phase_alone_takes_its_own_epochs_and_learning_rate():
-    (name, stage), = LAViTeRRecipe.stages(load_config("laviter", ["model.phase=joint", "model.joint_epochs=3"]))
+    ((name, stage),) = LAViTeRRecipe.stages(load_config("laviter", ["model.phase=joint", "model.joint_epochs=3"]))
     assert name == "joint" and stage.train.epochs == 3 and stage.train.lr == stage.model.joint_lr
 
 

@@ -27,8 +27,15 @@ def test_integer_tensors_and_lists_become_float64_too():
     assert to_numpy([[1, 2]], float64=True).dtype == np.float64
 
 
-@pytest.mark.parametrize("make", [lambda: torch.zeros(2, 3, dtype=torch.float64), lambda: np.zeros((2, 3)),
-                                  lambda: torch.zeros(2, 3, dtype=torch.int64)], ids=["f64 tensor", "array", "int tensor"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.zeros(2, 3, dtype=torch.float64),
+        lambda: np.zeros((2, 3)),
+        lambda: torch.zeros(2, 3, dtype=torch.int64),
+    ],
+    ids=["f64 tensor", "array", "int tensor"],
+)
 def test_copy_never_shares_the_callers_memory(make):
     x = make()
     out = to_numpy(x, float64=True, copy=True)

@@ -10,9 +10,11 @@ from vldist.distributed.peer_loss import PeerLost, is_peer_loss, peer_loss_repor
 from vldist.exit_codes import FAILED, exit_status
 
 # as torch 2.14.1's gloo raised it on the surviving node of tests/integration/test_slurm.py
-GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
-              "[198.18.0.2]:46255: Connection reset by peer. This is typically caused by a remote worker hanging or "
-              "bugs in the application. Check the logs of the remote worker before reporting an error.")
+GLOO_RESET = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+    "[198.18.0.2]:46255: Connection reset by peer. This is typically caused by a remote worker hanging or "
+    "bugs in the application. Check the logs of the remote worker before reporting an error."
+)
 
 
 def test_a_lost_peer_becomes_one_line_with_the_host_and_where_to_carry_on():
@@ -20,19 +22,24 @@ def test_a_lost_peer_becomes_one_line_with_the_host_and_where_to_carry_on():
         with peer_loss_reported(rank=1, world_size=2, checkpoints=Path("/shared/runs/vsrn/checkpoints")):
             raise RuntimeError(GLOO_RESET)
     message = str(caught.value)
-    assert message.startswith(f"rank 1 on {socket.gethostname()} lost another rank of the run "
-                              "(Read error [198.18.0.2]:46255: Connection reset by peer)")
+    assert message.startswith(
+        f"rank 1 on {socket.gethostname()} lost another rank of the run "
+        "(Read error [198.18.0.2]:46255: Connection reset by peer)"
+    )
     assert message.endswith("train.resume=auto carries on from the newest checkpoint in /shared/runs/vsrn/checkpoints")
     assert caught.value.__cause__ is None and caught.value.__suppress_context__  # no chained traceback
     code, line = exit_status(caught.value)
     assert code == FAILED and line == f"error: {message}"
 
 
-@pytest.mark.parametrize("error, world_size", [
-    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"), 2),  # a bug, not a lost rank
-    (RuntimeError(GLOO_RESET), 1),  # one process has no peers to lose
-    (ValueError("Connection reset by peer"), 2),  # not from a collective
-])
+@pytest.mark.parametrize(
+    "error, world_size",
+    [
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"), 2),  # a bug, not a lost rank
+        (RuntimeError(GLOO_RESET), 1),  # one process has no peers to lose
+        (ValueError("Connection reset by peer"), 2),  # not from a collective
+    ],
+)
 def test_other_errors_pass_unchanged(error, world_size):
     with pytest.raises(type(error)) as caught:
         with peer_loss_reported(rank=0, world_size=world_size, checkpoints=Path("c")):

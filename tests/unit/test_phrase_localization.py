@@ -29,7 +29,7 @@ def bruteforce(scores, proposal_boxes, gt_boxes, ks, iou=0.5):
             covered += 1
         order = sorted(range(len(s)), key=lambda j: (-s[j], covering[j]))
         for k in ks:
-            if any(covering[j] for j in order[:min(k, len(s))]):
+            if any(covering[j] for j in order[: min(k, len(s))]):
                 hits[k] += 1
     out = {f"r{k}": 100.0 * hits[k] / n for k in ks}
     out["upper_bound"] = 100.0 * covered / n
@@ -86,10 +86,16 @@ def test_random_variable_proposal_counts_match_bruteforce(seed):
 
 def test_tie_at_the_cut_counts_against_the_phrase():
     gt = [[0, 0, 10, 10]]
-    boxes = [np.array([[50, 50, 60, 60],     # non-covering
-                       [0, 0, 10, 10],       # covering
-                       [20, 20, 30, 30]])]   # non-covering, lower
-    scores = [np.array([0.7, 0.7, 0.1])]     # the covering proposal ties a non-covering one
+    boxes = [
+        np.array(
+            [
+                [50, 50, 60, 60],  # non-covering
+                [0, 0, 10, 10],  # covering
+                [20, 20, 30, 30],
+            ]
+        )
+    ]  # non-covering, lower
+    scores = [np.array([0.7, 0.7, 0.1])]  # the covering proposal ties a non-covering one
     got = check(scores, boxes, gt, ks=(1, 2, 3))
     assert got["r1"] == 0.0 and got["r2"] == 100.0
     # A model that scores every proposal alike ranks the covering one last.
@@ -106,10 +112,12 @@ def test_two_covering_proposals_tied_at_the_top_are_a_hit():
 
 def test_uncovered_phrases_stay_in_the_denominator():
     gts = [[0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 10, 10], [0, 0, 10, 10]]
-    boxes = [np.array([[0, 0, 10, 10]]),        # covered, top 1
-             np.array([[40, 40, 50, 50]]),      # no proposal covers it
-             np.zeros((0, 4)),                  # no proposals at all
-             np.array([[0, 0, 10, 4]])]         # IoU 0.4: not covered
+    boxes = [
+        np.array([[0, 0, 10, 10]]),  # covered, top 1
+        np.array([[40, 40, 50, 50]]),  # no proposal covers it
+        np.zeros((0, 4)),  # no proposals at all
+        np.array([[0, 0, 10, 4]]),
+    ]  # IoU 0.4: not covered
     scores = [np.array([1.0]), np.array([1.0]), np.array([]), np.array([1.0])]
     got = check(scores, boxes, gts, ks=(1, 5))
     assert got == {"r1": 25.0, "r5": 25.0, "upper_bound": 25.0, "n_phrases": 4}
@@ -117,7 +125,7 @@ def test_uncovered_phrases_stay_in_the_denominator():
 
 def test_iou_exactly_at_the_threshold_counts():
     gt = [[0, 0, 10, 10]]
-    half = [np.array([[0, 0, 10, 5]])]   # intersection 50, union 100: IoU exactly 0.5
+    half = [np.array([[0, 0, 10, 5]])]  # intersection 50, union 100: IoU exactly 0.5
     assert iou_by_hand([0, 0, 10, 5], gt[0]) == 0.5
     assert check([np.array([3.0])], half, gt, ks=(1,))["r1"] == 100.0
     assert phrase_localization_recall([np.array([3.0])], half, gt, ks=(1,), iou=0.5000001)["r1"] == 0.0
@@ -131,12 +139,17 @@ def test_padded_form_equals_list_form():
     padded_scores, padded_boxes = np.stack(scores), np.stack(boxes)
     assert padded_scores.shape == (20, 6) and padded_boxes.shape == (20, 6, 4)
     assert phrase_localization_recall(padded_scores, padded_boxes, gts) == ref
-    assert phrase_localization_recall(torch.from_numpy(padded_scores), torch.from_numpy(padded_boxes),
-                                      torch.from_numpy(gts)) == ref
+    assert (
+        phrase_localization_recall(
+            torch.from_numpy(padded_scores), torch.from_numpy(padded_boxes), torch.from_numpy(gts)
+        )
+        == ref
+    )
     assert phrase_localization_recall(padded_scores, padded_boxes, gts.tolist()) == ref
     # Per-phrase tensors and bf16 scores (0.0 .. 1.0 in steps of 0.1 stay ordered in bf16).
-    listed = phrase_localization_recall([torch.from_numpy(s).bfloat16() for s in scores],
-                                        [torch.from_numpy(b).float() for b in boxes], gts)
+    listed = phrase_localization_recall(
+        [torch.from_numpy(s).bfloat16() for s in scores], [torch.from_numpy(b).float() for b in boxes], gts
+    )
     assert listed == ref
 
 
@@ -153,34 +166,50 @@ BOXES = [np.array([[0, 0, 10, 10], [1, 1, 2, 2]]), np.array([[5, 5, 8, 9]])]
 SCORES = [np.array([0.5, 0.1]), np.array([0.3])]
 
 
-@pytest.mark.parametrize("scores,boxes,gt,match", [
-    (SCORES[:1], BOXES, GT, r"proposal_boxes has 2 entries but scores has 1"),
-    (SCORES, BOXES, GT[:1], r"gt_boxes must have shape \(n_phrases, 4\) = \(2, 4\)"),
-    (SCORES, BOXES, [[0, 0, 10], [5, 5, 8]], r"gt_boxes must have shape .*\[x0, y0, x1, y1\]"),
-    (SCORES, BOXES, [[0, 0, 10, 10], [5, 5, 8]], r"gt_boxes must be \(n_phrases, 4\)"),
-    (SCORES, BOXES, [[10, 0, 0, 10], [5, 5, 8, 9]], r"gt_boxes\[0\] .* x1 < x0 or y1 < y0"),
-    (SCORES, BOXES, [[0, 0, 10, 10], [5, 5, 8, np.nan]], r"gt_boxes\[1\] .* not finite"),
-    (SCORES, [BOXES[0], np.array([[5, 9, 8, 5]])], GT, r"proposal_boxes\[1\]\[0\] .* y1 < y0"),
-    (SCORES, [BOXES[0], np.array([[5, 5, 8]])], GT, r"proposal_boxes\[1\] must have shape \(P_i, 4\) = \(1, 4\)"),
-    (SCORES, [BOXES[0], BOXES[0]], GT,
-     r"proposal_boxes\[1\] must have shape \(P_i, 4\) = \(1, 4\) to match scores\[1\]"),
-    ([SCORES[0], np.array([np.nan])], BOXES, GT, r"scores\[1\] contains NaN"),
-    ([SCORES[0], np.array([[0.3]])], BOXES, GT, r"scores\[1\] must be 1-D"),
-    (np.array([0.5, 0.3]), BOXES, GT, r"list of 1-D arrays .* 2-D \(n_phrases, P\)"),
-    (np.zeros((2, 1, 1)), BOXES, GT, r"list of 1-D arrays .* 2-D \(n_phrases, P\)"),
-    (np.zeros((2, 2)), np.zeros((2, 3, 4)), GT, r"\(n_phrases, P, 4\) = \(2, 2, 4\)"),
-    ([], [], np.zeros((0, 4)), r"no phrases.*n_phrases >= 1"),
-])
+@pytest.mark.parametrize(
+    "scores,boxes,gt,match",
+    [
+        (SCORES[:1], BOXES, GT, r"proposal_boxes has 2 entries but scores has 1"),
+        (SCORES, BOXES, GT[:1], r"gt_boxes must have shape \(n_phrases, 4\) = \(2, 4\)"),
+        (SCORES, BOXES, [[0, 0, 10], [5, 5, 8]], r"gt_boxes must have shape .*\[x0, y0, x1, y1\]"),
+        (SCORES, BOXES, [[0, 0, 10, 10], [5, 5, 8]], r"gt_boxes must be \(n_phrases, 4\)"),
+        (SCORES, BOXES, [[10, 0, 0, 10], [5, 5, 8, 9]], r"gt_boxes\[0\] .* x1 < x0 or y1 < y0"),
+        (SCORES, BOXES, [[0, 0, 10, 10], [5, 5, 8, np.nan]], r"gt_boxes\[1\] .* not finite"),
+        (SCORES, [BOXES[0], np.array([[5, 9, 8, 5]])], GT, r"proposal_boxes\[1\]\[0\] .* y1 < y0"),
+        (SCORES, [BOXES[0], np.array([[5, 5, 8]])], GT, r"proposal_boxes\[1\] must have shape \(P_i, 4\) = \(1, 4\)"),
+        (
+            SCORES,
+            [BOXES[0], BOXES[0]],
+            GT,
+            r"proposal_boxes\[1\] must have shape \(P_i, 4\) = \(1, 4\) to match scores\[1\]",
+        ),
+        ([SCORES[0], np.array([np.nan])], BOXES, GT, r"scores\[1\] contains NaN"),
+        ([SCORES[0], np.array([[0.3]])], BOXES, GT, r"scores\[1\] must be 1-D"),
+        (np.array([0.5, 0.3]), BOXES, GT, r"list of 1-D arrays .* 2-D \(n_phrases, P\)"),
+        (np.zeros((2, 1, 1)), BOXES, GT, r"list of 1-D arrays .* 2-D \(n_phrases, P\)"),
+        (np.zeros((2, 2)), np.zeros((2, 3, 4)), GT, r"\(n_phrases, P, 4\) = \(2, 2, 4\)"),
+        ([], [], np.zeros((0, 4)), r"no phrases.*n_phrases >= 1"),
+    ],
+)
 def test_bad_inputs_say_what_is_wrong(scores, boxes, gt, match):
     with pytest.raises(ValueError, match=match):
         phrase_localization_recall(scores, boxes, gt)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"ks": (0,)}, "ks"), ({"ks": ()}, "ks"), ({"ks": (1.5,)}, "ks"), ({"ks": (True,)}, "ks"),
-    ({"iou": 0.0}, r"iou .*\(0, 1\]"), ({"iou": 1.5}, "iou"), ({"iou": float("nan")}, "iou"),
-    ({"iou": True}, "iou"), ({"iou": "0.5"}, "iou"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"ks": (0,)}, "ks"),
+        ({"ks": ()}, "ks"),
+        ({"ks": (1.5,)}, "ks"),
+        ({"ks": (True,)}, "ks"),
+        ({"iou": 0.0}, r"iou .*\(0, 1\]"),
+        ({"iou": 1.5}, "iou"),
+        ({"iou": float("nan")}, "iou"),
+        ({"iou": True}, "iou"),
+        ({"iou": "0.5"}, "iou"),
+    ],
+)
 def test_bad_ks_and_iou(kwargs, match):
     with pytest.raises(ValueError, match=match):
         phrase_localization_recall(SCORES, BOXES, GT, **kwargs)

@@ -50,11 +50,19 @@ def iou(a, b) -> float:
 # box; two entities annotated with one box), image 1 as the synthetic scenes (no entity: each
 # object its own chain), image 2 one entity boxed in two places (one chain, two boxes).
 SCENES = [
-    [("a child", [4, 2, 24, 40], "18"), ("a pink dress", [29, 9, 64, 45], "19"),
-     ("the little girl", [4, 2, 24, 40], "18"), ("the stairs", [0, 40, 64, 48], "21"),
-     ("the steps", [0, 40, 64, 48], "22"), ("the kid", [4, 2, 24, 40], "18")],
-    [("a red circle", [0, 0, 10, 10], None), ("a blue square", [20, 20, 30, 30], None),
-     ("a green star", [35, 5, 50, 20], None)],
+    [
+        ("a child", [4, 2, 24, 40], "18"),
+        ("a pink dress", [29, 9, 64, 45], "19"),
+        ("the little girl", [4, 2, 24, 40], "18"),
+        ("the stairs", [0, 40, 64, 48], "21"),
+        ("the steps", [0, 40, 64, 48], "22"),
+        ("the kid", [4, 2, 24, 40], "18"),
+    ],
+    [
+        ("a red circle", [0, 0, 10, 10], None),
+        ("a blue square", [20, 20, 30, 30], None),
+        ("a green star", [35, 5, 50, 20], None),
+    ],
     [("a man", [0, 0, 20, 30], "5"), ("he", [30, 0, 50, 30], "5"), ("a ball", [20, 35, 30, 45], "6")],
 ]
 WORDS = sorted({w for scene in SCENES for phrase, _, _ in scene for w in phrase.split()})
@@ -82,17 +90,23 @@ def scene_raw(index: int, scene: list, seed: int = 0) -> dict:
     for _ in range(8):
         x0, y0 = rng.uniform(0, 50, 2)
         proposals.append([x0, y0, x0 + rng.uniform(3, 20), y0 + rng.uniform(3, 20)])
-    proposals = [p for p in proposals
-                 if all(min(abs(iou(p, b) - t) for t in (0.3, 0.7)) > 1e-3 for b in boxes)]
-    meta = {"captions": [" ".join(phrase for phrase, _, _ in scene)], "objects": objects,
-            "proposal_boxes": [[float(v) for v in p] for p in proposals]}
-    return {"__key__": f"scene-{index}", "json": json.dumps(meta).encode(),
-            "regions.npy": npy(rng.standard_normal((1 + len(boxes), DIM))),
-            "proposals.npy": npy(rng.standard_normal((len(proposals), DIM)))}
+    proposals = [p for p in proposals if all(min(abs(iou(p, b) - t) for t in (0.3, 0.7)) > 1e-3 for b in boxes)]
+    meta = {
+        "captions": [" ".join(phrase for phrase, _, _ in scene)],
+        "objects": objects,
+        "proposal_boxes": [[float(v) for v in p] for p in proposals],
+    }
+    return {
+        "__key__": f"scene-{index}",
+        "json": json.dumps(meta).encode(),
+        "regions.npy": npy(rng.standard_normal((1 + len(boxes), DIM))),
+        "proposals.npy": npy(rng.standard_normal((len(proposals), DIM))),
+    }
 
 
 def npy(array) -> bytes:
     import io
+
     buf = io.BytesIO()
     np.save(buf, np.asarray(array, dtype=np.float32))
     return buf.getvalue()
@@ -100,12 +114,18 @@ def npy(array) -> bytes:
 
 def unpacked(raw: dict) -> dict:
     import io
+
     meta = json.loads(raw["json"])
-    return {"objects": meta["objects"], "proposal_boxes": meta["proposal_boxes"],
-            "regions": np.load(io.BytesIO(raw["regions.npy"])), "proposals": np.load(io.BytesIO(raw["proposals.npy"]))}
+    return {
+        "objects": meta["objects"],
+        "proposal_boxes": meta["proposal_boxes"],
+        "regions": np.load(io.BytesIO(raw["regions.npy"])),
+        "proposals": np.load(io.BytesIO(raw["proposals.npy"])),
+    }
 
 
 # ----------------------------------------------------------------------------- the reference
+
 
 def same_chain(objects: list[dict], o: int, k: int) -> bool:
     a, b = objects[o], objects[k]
@@ -119,8 +139,11 @@ def chain_boxes(objects: list[dict], o: int) -> list:
 def own_negatives(image: dict, o: int) -> list[int]:
     """3.b: the proposals of the image with IoU < 0.3 with the ground truth, that of every phrase
     of the chain (one box in Flickr30K Entities; two here in image 2)."""
-    return [p for p, box in enumerate(image["proposal_boxes"])
-            if all(iou(box, gt) < 0.3 for gt in chain_boxes(image["objects"], o))]
+    return [
+        p
+        for p, box in enumerate(image["proposal_boxes"])
+        if all(iou(box, gt) < 0.3 for gt in chain_boxes(image["objects"], o))
+    ]
 
 
 def algorithm_1(images, identity, region_embed, phrase_embed, margin, top_k, lambda_1, lambda_2, negatives_from):
@@ -128,6 +151,7 @@ def algorithm_1(images, identity, region_embed, phrase_embed, margin, top_k, lam
     positive); negatives "all": every proposal that qualifies. "batch" also takes every region row
     of another image: each of its phrases' positive, then each proposal that is a negative of one
     of its phrases."""
+
     def d(a, b):
         return torch.linalg.vector_norm(a - b)
 
@@ -146,8 +170,9 @@ def algorithm_1(images, identity, region_embed, phrase_embed, margin, top_k, lam
         negatives = []
         for j, k in phrases:
             other = images[j]["objects"][k]
-            if identity[j] != identity[i] or (j == i and not same_chain(image["objects"], o, k)
-                                              and iou(obj["box"], other["box"]) < 0.7):
+            if identity[j] != identity[i] or (
+                j == i and not same_chain(image["objects"], o, k) and iou(obj["box"], other["box"]) < 0.7
+            ):
                 negatives.append(phrase_embed(other["phrase"]))
         total = total + lambda_1 * top_k_sum([margin + d(x, y) - d(x, n) for n in negatives])
         # 3.b
@@ -165,9 +190,11 @@ def algorithm_1(images, identity, region_embed, phrase_embed, margin, top_k, lam
 
 # ------------------------------------------------------------------------------ the recipe's
 
+
 def embed_recipe(vocab, dim, *overrides):
-    config = load_config("two_branch_embed", ["model.tasks=[phrases]", "model.hidden=16", "model.embed=8",
-                                              "model.dropout=0", *overrides])
+    config = load_config(
+        "two_branch_embed", ["model.tasks=[phrases]", "model.hidden=16", "model.embed=8", "model.dropout=0", *overrides]
+    )
     return TwoBranchEmbedRecipe(config, vocab, dim)
 
 
@@ -207,16 +234,31 @@ BATCH = [*RAWS, RAWS[1]]
 @pytest.mark.parametrize("top_k", [2, 30])
 def test_loss_and_gradients_equal_algorithm_1(negatives_from, lambdas, top_k):
     vocab = Vocab(WORDS)
-    recipe = embed_recipe(vocab, DIM, "model.augmented_positives=false", "model.phrase_negatives=all",
-                          f"model.phrase_top_k={top_k}", "model.margin=0.5",
-                          f"model.phrase_lambda_image={lambdas[0]}", f"model.phrase_lambda_text={lambdas[1]}",
-                          f"model.phrase_negatives_from={negatives_from}")
+    recipe = embed_recipe(
+        vocab,
+        DIM,
+        "model.augmented_positives=false",
+        "model.phrase_negatives=all",
+        f"model.phrase_top_k={top_k}",
+        "model.margin=0.5",
+        f"model.phrase_lambda_image={lambdas[0]}",
+        f"model.phrase_lambda_text={lambdas[1]}",
+        f"model.phrase_negatives_from={negatives_from}",
+    )
     batch = batch_of(recipe, BATCH)
     ours, theirs = Embeddings(vocab), Embeddings(vocab)
     out = {"image": ours.regions(batch["images"]), "text": ours.tokens(batch["tokens"])}
     loss = recipe.phrase_loss(None, out, batch)
-    expected = algorithm_1([unpacked(r) for r in BATCH], batch["identity"].tolist(), theirs.regions, theirs.phrase,
-                           0.5, top_k, *lambdas, negatives_from)
+    expected = algorithm_1(
+        [unpacked(r) for r in BATCH],
+        batch["identity"].tolist(),
+        theirs.regions,
+        theirs.phrase,
+        0.5,
+        top_k,
+        *lambdas,
+        negatives_from,
+    )
     assert float(expected.detach()) > 1
     # rtol 1e-6: the loss keeps 1e-8 under each square root, the reference takes the exact norm
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=1e-6)
@@ -254,8 +296,11 @@ def test_drawn_negatives_are_the_phrase_own_and_each_phrase_ranks_every_one_of_i
             row = int(batch["text_image"][m])
             assert iou(batch["region_box"][row].tolist(), image["objects"][o]["box"]) >= 0.7
             mine = [r for r in pool if int(batch["region_sample"][r]) == i]
-            qualify = {r for r in mine if all(iou(batch["region_box"][r].tolist(), gt) < 0.3
-                                              for gt in chain_boxes(image["objects"], o))}
+            qualify = {
+                r
+                for r in mine
+                if all(iou(batch["region_box"][r].tolist(), gt) < 0.3 for gt in chain_boxes(image["objects"], o))
+            }
             assert {r for (p, r) in listed if p == m} == qualify
             assert len({r for (p, r) in drawn if p == m}) == min(negatives, len(own_negatives(image, o)))
 
@@ -268,8 +313,14 @@ def test_bad_pairs_are_named():
     with pytest.raises(ValueError, match=r"must be a \(2, Q\) long tensor"):
         phrase_ranking_loss(region, phrase, *args, torch.tensor([[0, 2]]), torch.zeros(2, 0, dtype=torch.long))
     with pytest.raises(ValueError, match="negatives_from"):
-        phrase_ranking_loss(region, phrase, *args, torch.tensor([[0], [2]]), torch.zeros(2, 0, dtype=torch.long),
-                            negatives_from="images")
+        phrase_ranking_loss(
+            region,
+            phrase,
+            *args,
+            torch.tensor([[0], [2]]),
+            torch.zeros(2, 0, dtype=torch.long),
+            negatives_from="images",
+        )
 
 
 # ------------------------------------------------------------ a Flickr30K Entities miniature
@@ -278,15 +329,21 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "flickr30k_entities"
 # One more image beside the fixture's: "A man" and "He" are one entity (a two-phrase chain), as are
 # "a red frisbee" and "The frisbee"; the hat is another entity on the man.
 EXTRA_ID = "2000000001"
-EXTRA_SENTENCES = ["[/EN#31/people A man] throws [/EN#32/other a red frisbee] .",
-                   "[/EN#31/people He] wears [/EN#33/clothing a hat] .", "[/EN#32/other The frisbee] flies ."]
+EXTRA_SENTENCES = [
+    "[/EN#31/people A man] throws [/EN#32/other a red frisbee] .",
+    "[/EN#31/people He] wears [/EN#33/clothing a hat] .",
+    "[/EN#32/other The frisbee] flies .",
+]
 EXTRA_BOXES = {"31": (11, 11, 40, 58), "32": (51, 6, 70, 20), "33": (16, 11, 30, 20)}  # 1-based, inclusive
 EXTRA_SIZE = (80, 60)
 
 
 def _annotation(size, boxes) -> str:
-    objects = "".join(f"<object><name>{name}</name><bndbox><xmin>{b[0]}</xmin><ymin>{b[1]}</ymin><xmax>{b[2]}</xmax>"
-                      f"<ymax>{b[3]}</ymax></bndbox></object>" for name, b in boxes.items())
+    objects = "".join(
+        f"<object><name>{name}</name><bndbox><xmin>{b[0]}</xmin><ymin>{b[1]}</ymin><xmax>{b[2]}</xmax>"
+        f"<ymax>{b[3]}</ymax></bndbox></object>"
+        for name, b in boxes.items()
+    )
     return f"<annotation><size><width>{size[0]}</width><height>{size[1]}</height></size>{objects}</annotation>"
 
 
@@ -325,9 +382,30 @@ def flickr(tmp_path_factory) -> Path:
         proposals[xml.stem] = _proposals_around(boxes, width, height)
     (root / "proposals.json").write_text(json.dumps(proposals))
     out = root.parent / "shards"
-    assert main(["convert", "flickr30k_entities", "--src", str(root), "--out", str(out), "--quiet", "--workers", "1",
-                 "--backbone", "resnet18", "--feature-size", "32", "--region-grid", "2",
-                 "--proposals", str(root / "proposals.json")]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "flickr30k_entities",
+                "--src",
+                str(root),
+                "--out",
+                str(out),
+                "--quiet",
+                "--workers",
+                "1",
+                "--backbone",
+                "resnet18",
+                "--feature-size",
+                "32",
+                "--region-grid",
+                "2",
+                "--proposals",
+                str(root / "proposals.json"),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -338,16 +416,27 @@ def flickr_raws(shards: Path) -> list[dict]:
 def flickr_recipe(cls, shards: Path, *overrides):
     set_ = ShardSet.open(shards)
     job = "two_branch_embed" if cls is TwoBranchEmbedRecipe else "two_branch_sim"
-    config = load_config(job, [f"data.shards={shards}", "model.tasks=[phrases]", "model.hidden=16", "model.embed=8",
-                               "model.dropout=0", *overrides])
+    config = load_config(
+        job,
+        [
+            f"data.shards={shards}",
+            "model.tasks=[phrases]",
+            "model.hidden=16",
+            "model.embed=8",
+            "model.dropout=0",
+            *overrides,
+        ],
+    )
     return cls(config, set_.vocab(shards), set_.feature_dim())
 
 
 def phrase_rows(recipe, batch, raws) -> dict[tuple[str, str], int]:
     """(image id, phrase text) -> the phrase's row in the batch."""
     ids = [json.loads(r["json"])["image_id"] for r in raws]
-    return {(ids[int(s)], recipe.vocab.decode(t)): m
-            for m, (s, t) in enumerate(zip(batch["phrase_sample"], batch["tokens"].tolist(), strict=True))}
+    return {
+        (ids[int(s)], recipe.vocab.decode(t)): m
+        for m, (s, t) in enumerate(zip(batch["phrase_sample"], batch["tokens"].tolist(), strict=True))
+    }
 
 
 def perfect_embeddings(batch, raws, seed=0) -> dict:
@@ -365,8 +454,12 @@ def perfect_embeddings(batch, raws, seed=0) -> dict:
 
     metas = [json.loads(r["json"]) for r in raws]
     identity = batch["identity"].tolist()
-    text = torch.stack([vector((identity[s], tuple(batch["phrase_box"][m].tolist())))
-                        for m, s in enumerate(batch["phrase_sample"].tolist())])
+    text = torch.stack(
+        [
+            vector((identity[s], tuple(batch["phrase_box"][m].tolist())))
+            for m, s in enumerate(batch["phrase_sample"].tolist())
+        ]
+    )
     rows = []
     for r, s in enumerate(batch["region_sample"].tolist()):
         box = batch["region_box"][r].tolist()
@@ -407,8 +500,9 @@ def test_a_chain_phrases_and_their_regions_are_never_each_other_negatives(flickr
     # through the loss: zero on embeddings where only such pairs could violate the margin ...
     out = perfect_embeddings(batch, raws)
     for negatives_from in ("image", "batch"):
-        scored = flickr_recipe(TwoBranchEmbedRecipe, flickr, "model.phrase_negatives=all",
-                               f"model.phrase_negatives_from={negatives_from}")
+        scored = flickr_recipe(
+            TwoBranchEmbedRecipe, flickr, "model.phrase_negatives=all", f"model.phrase_negatives_from={negatives_from}"
+        )
         assert float(scored.phrase_loss(None, out, batch)) == pytest.approx(0.0, abs=1e-12), negatives_from
     # ... where the former loss (every region and phrase of the batch but a phrase's own) is not
     former = cross_rank_two_branch_ranking_loss(out["image"], out["text"], batch["text_image"], 0.1, 30, 1.0, 4.0, 0.0)
@@ -438,8 +532,9 @@ def test_the_similarity_network_draws_negatives_by_algorithm_1_and_sums_their_lo
     for seed in range(3):
         batch = batch_of(recipe, raws, seed)
         drawn = batch["drawn_negatives"]
-        assert torch.equal(torch.bincount(drawn[0], minlength=len(batch["tokens"])),
-                           torch.ones(len(batch["tokens"]), dtype=torch.long))  # one each
+        assert torch.equal(
+            torch.bincount(drawn[0], minlength=len(batch["tokens"])), torch.ones(len(batch["tokens"]), dtype=torch.long)
+        )  # one each
         first = {int(s): m for m, s in reversed(list(enumerate(batch["phrase_sample"].tolist())))}
         for m, r in drawn.T.tolist():
             s = int(batch["phrase_sample"][m])
@@ -451,10 +546,13 @@ def test_the_similarity_network_draws_negatives_by_algorithm_1_and_sums_their_lo
         out = model(batch["images"], batch["tokens"])
         loss = recipe.phrase_loss(model, out, batch)
         with torch.no_grad():
-            expected = sum(F.softplus(-model.fusion(out["image"][int(batch["text_image"][m])] * out["text"][m])).sum()
-                           for m in range(len(batch["tokens"])))
-            expected += sum(F.softplus(model.fusion(out["image"][r] * out["text"][m])).sum()
-                            for m, r in drawn.T.tolist())
+            expected = sum(
+                F.softplus(-model.fusion(out["image"][int(batch["text_image"][m])] * out["text"][m])).sum()
+                for m in range(len(batch["tokens"]))
+            )
+            expected += sum(
+                F.softplus(model.fusion(out["image"][r] * out["text"][m])).sum() for m, r in drawn.T.tolist()
+            )
         assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-5)
 
     # a chain with two boxes: the draws avoid both

@@ -13,18 +13,23 @@ from vldist.data.shardset import ShardSet, ShardsUnfitError
 from vldist.recipes.jobs import load_config
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe
 
-OBJECTS = [{"phrase": "a red circle", "box": [0, 0, 10, 10], "region": 1},
-           {"phrase": "a blue square", "box": [20, 20, 30, 30], "region": 2}]
-PROPOSALS = np.array([
-    [0, 0, 10, 10],     # 0: object 0 itself (IoU 1)
-    [0, 0, 10, 9],      # 1: object 0, IoU 0.9
-    [0, 0, 10, 6],      # 2: object 0, IoU 0.6: neither positive nor negative of it
-    [20, 20, 30, 29],   # 3: object 1, IoU 0.9
-    [40, 40, 50, 50],   # 4: no overlap: a negative of both
-    [5, 5, 25, 25],     # 5: IoU 0.0625 with each: a negative of both
-    [8, 0, 30, 10],     # 6: IoU 2/22 with object 0: a negative of both
-    [22, 22, 40, 40],   # 7: IoU 64/360 with object 1: a negative of both
-], dtype=np.float32)
+OBJECTS = [
+    {"phrase": "a red circle", "box": [0, 0, 10, 10], "region": 1},
+    {"phrase": "a blue square", "box": [20, 20, 30, 30], "region": 2},
+]
+PROPOSALS = np.array(
+    [
+        [0, 0, 10, 10],  # 0: object 0 itself (IoU 1)
+        [0, 0, 10, 9],  # 1: object 0, IoU 0.9
+        [0, 0, 10, 6],  # 2: object 0, IoU 0.6: neither positive nor negative of it
+        [20, 20, 30, 29],  # 3: object 1, IoU 0.9
+        [40, 40, 50, 50],  # 4: no overlap: a negative of both
+        [5, 5, 25, 25],  # 5: IoU 0.0625 with each: a negative of both
+        [8, 0, 30, 10],  # 6: IoU 2/22 with object 0: a negative of both
+        [22, 22, 40, 40],  # 7: IoU 64/360 with object 1: a negative of both
+    ],
+    dtype=np.float32,
+)
 FEATURES = np.arange(len(PROPOSALS), dtype=np.float32)[:, None].repeat(3, 1)
 REGIONS = np.array([[-1.0] * 3, [-2.0] * 3, [-3.0] * 3], dtype=np.float32)
 # Algorithm 1, 3.b: a phrase's negatives are the proposals of IoU < 0.3 with its own box; the
@@ -34,8 +39,7 @@ OWN_NEGATIVES = {0: {3, 4, 5, 6, 7}, 1: {0, 1, 2, 4, 5, 6, 7}}
 
 def image(objects=OBJECTS, seed=0, augmented=True, negatives=3, proposals=PROPOSALS):
     features = np.arange(len(proposals), dtype=np.float32)[:, None].repeat(3, 1)
-    return training_image({"objects": objects}, REGIONS, features, proposals, random.Random(seed), augmented,
-                          negatives)
+    return training_image({"objects": objects}, REGIONS, features, proposals, random.Random(seed), augmented, negatives)
 
 
 def drawn_for(rows: dict, phrase: int) -> set[int]:
@@ -77,8 +81,11 @@ def test_all_takes_every_negative_of_each_phrase():
 def test_a_region_positive_for_a_phrase_of_the_same_chain_is_no_negative():
     """One entity, two phrases with two boxes (an entity Flickr30K Entities would box twice, kept
     apart here): a proposal on either box is a negative of neither phrase; another entity's are."""
-    objects = [{**OBJECTS[0], "entity": "7"}, {**OBJECTS[1], "entity": "7"},
-               {"phrase": "a green star", "box": [40, 40, 50, 50], "entity": "8"}]
+    objects = [
+        {**OBJECTS[0], "entity": "7"},
+        {**OBJECTS[1], "entity": "7"},
+        {"phrase": "a green star", "box": [40, 40, 50, 50], "entity": "8"},
+    ]
     assert chains(objects) == [0, 0, 1]
     rows = image(objects, negatives="all")
     assert rows["entity"].tolist() == [0, 0, 1]
@@ -95,8 +102,11 @@ def test_two_entities_of_one_box_are_not_each_other_negatives():
     positive for one is positive for the other, so the other phrase is no negative of it (3.a:
     "not both associated with the same ground truth region"). Their regions are negatives of
     neither either: IoU 1 with the box."""
-    objects = [{"phrase": "the stairs", "box": [0, 0, 10, 10], "entity": "21"},
-               {"phrase": "the steps", "box": [0, 0, 10, 10], "entity": "22"}, {**OBJECTS[1], "entity": "9"}]
+    objects = [
+        {"phrase": "the stairs", "box": [0, 0, 10, 10], "entity": "21"},
+        {"phrase": "the steps", "box": [0, 0, 10, 10], "entity": "22"},
+        {**OBJECTS[1], "entity": "9"},
+    ]
     rows = image(objects, negatives="all")
     assert rows["entity"].tolist() == [0, 1, 2]
     assert sorted(map(tuple, rows["phrase_negatives"].tolist())) == [(0, 2), (1, 2), (2, 0), (2, 1)]
@@ -104,8 +114,15 @@ def test_two_entities_of_one_box_are_not_each_other_negatives():
 
 
 def test_objects_without_an_entity_are_chains_of_their_own():
-    assert chains([{"phrase": "a"}, {"phrase": "b"}, {"phrase": "c", "entity": "3"}, {"phrase": "d", "entity": 3},
-                   {"phrase": "e"}]) == [0, 1, 2, 2, 3]
+    assert chains(
+        [
+            {"phrase": "a"},
+            {"phrase": "b"},
+            {"phrase": "c", "entity": "3"},
+            {"phrase": "d", "entity": 3},
+            {"phrase": "e"},
+        ]
+    ) == [0, 1, 2, 2, 3]
 
 
 def test_without_augmentation_the_positive_is_the_box_own_region():

@@ -23,8 +23,16 @@ def _collate(samples):
 
 
 def _spec(urls, batch_size=16, rank=0, world=1, seed=0):
-    return StreamSpec(urls=urls, keep=("json", "regions.npy"), sample_fn=_sample, collate_fn=_collate,
-                      batch_size=batch_size, seed=seed, rank=rank, world_size=world)
+    return StreamSpec(
+        urls=urls,
+        keep=("json", "regions.npy"),
+        sample_fn=_sample,
+        collate_fn=_collate,
+        batch_size=batch_size,
+        seed=seed,
+        rank=rank,
+        world_size=world,
+    )
 
 
 def _read_tar_directly(path):
@@ -105,10 +113,14 @@ def test_truncated_tar_and_corrupt_member_are_skipped_and_counted(planted_shards
     members = _read_tar_directly(damaged)
     bad_key = sorted(members)[3]
     corrupt = tmp_path / "test-000001.tar"
-    write_tar(corrupt, {
-        f"{key}.{ext}": b"not an npy file" if (key, ext) == (bad_key, "regions.npy") else data
-        for key in sorted(members) for ext, data in sorted(members[key].items())
-    })
+    write_tar(
+        corrupt,
+        {
+            f"{key}.{ext}": b"not an npy file" if (key, ext) == (bad_key, "regions.npy") else data
+            for key in sorted(members)
+            for ext, data in sorted(members[key].items())
+        },
+    )
     # a tar cut off in the middle of a member
     truncated = tmp_path / "test-000000.tar"
     data = open(good, "rb").read()
@@ -237,8 +249,13 @@ def test_corrupt_image_is_skipped_and_counted(tmp_path):
         image.load()  # decoding happens here; a damaged JPEG raises
         return {"key": raw["__key__"], "size": image.size}
 
-    spec = StreamSpec(urls=ShardSet.open(tmp_path / "imgs").urls("train"), keep=("jpg", "json"),
-                      sample_fn=decode_image, collate_fn=_collate, batch_size=10)
+    spec = StreamSpec(
+        urls=ShardSet.open(tmp_path / "imgs").urls("train"),
+        keep=("jpg", "json"),
+        sample_fn=decode_image,
+        collate_fn=_collate,
+        batch_size=10,
+    )
     batches = list(make_loader(EvalStream(spec), 0))
     keys = [k for b in batches for k in b["keys"]]
     assert keys == ["img0", "img1", "img3", "img4", "img5"]

@@ -10,11 +10,19 @@ from prometheus_client.parser import text_string_to_metric_families
 from vldist.telemetry.prometheus import MetricsPortInUse, RankMetrics
 
 DOCUMENTED = {
-    "vldist_samples": "counter", "vldist_steps": "counter", "vldist_skipped_samples": "counter",
-    "vldist_samples_per_second": "gauge", "vldist_step_seconds": "histogram", "vldist_data_wait_seconds": "histogram",
-    "vldist_loss": "gauge", "vldist_learning_rate": "gauge", "vldist_grad_norm": "gauge",
-    "vldist_checkpoint_save_seconds": "histogram", "vldist_restarts": "gauge",
-    "vldist_cuda_memory_allocated_bytes": "gauge", "vldist_model_flops_utilization": "gauge",
+    "vldist_samples": "counter",
+    "vldist_steps": "counter",
+    "vldist_skipped_samples": "counter",
+    "vldist_samples_per_second": "gauge",
+    "vldist_step_seconds": "histogram",
+    "vldist_data_wait_seconds": "histogram",
+    "vldist_loss": "gauge",
+    "vldist_learning_rate": "gauge",
+    "vldist_grad_norm": "gauge",
+    "vldist_checkpoint_save_seconds": "histogram",
+    "vldist_restarts": "gauge",
+    "vldist_cuda_memory_allocated_bytes": "gauge",
+    "vldist_model_flops_utilization": "gauge",
     "vldist_step_own_seconds": "gauge",
 }
 
@@ -32,8 +40,16 @@ def _scrape(port: int) -> dict:
 
 
 def test_names_types_and_labels(exporter):
-    exporter.observe_step(samples=16, step_seconds=0.2, wait_seconds=0.05, lr=1e-3, grad_norm=2.5, skipped=2,
-                          losses={"loss": 3.0, "matching": 2.0, "caption": 1.0, "grad_norm": 2.5}, own_seconds=0.15)
+    exporter.observe_step(
+        samples=16,
+        step_seconds=0.2,
+        wait_seconds=0.05,
+        lr=1e-3,
+        grad_norm=2.5,
+        skipped=2,
+        losses={"loss": 3.0, "matching": 2.0, "caption": 1.0, "grad_norm": 2.5},
+        own_seconds=0.15,
+    )
     exporter.observe_checkpoint(0.7)
     exporter.set_restarts(1)
     exporter.set_device(cuda_memory_bytes=1024, mfu=0.4)
@@ -41,8 +57,12 @@ def test_names_types_and_labels(exporter):
     assert {name: f.type for name, f in families.items()} == DOCUMENTED
     for family in families.values():
         for sample in family.samples:
-            assert {"job": "demo", "recipe": "vsrn", "rank": "1", "host": socket.gethostname()}.items() \
-                <= sample.labels.items(), sample
+            assert {
+                "job": "demo",
+                "recipe": "vsrn",
+                "rank": "1",
+                "host": socket.gethostname(),
+            }.items() <= sample.labels.items(), sample
     values = {(s.name, s.labels.get("component")): s.value for f in families.values() for s in f.samples}
     assert values[("vldist_samples_total", None)] == 16
     assert values[("vldist_steps_total", None)] == 1
@@ -67,8 +87,10 @@ def test_the_file_sd_file_lists_every_rank(exporter, tmp_path):
     from vldist.telemetry.prometheus import target_entry, write_targets
 
     entry = target_entry(exporter, "127.0.0.1")
-    assert entry == {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"job": "demo", "recipe": "vsrn", "rank": "1",
-                                                                           "host": socket.gethostname()}}
+    assert entry == {
+        "targets": [f"127.0.0.1:{exporter.port}"],
+        "labels": {"job": "demo", "recipe": "vsrn", "rank": "1", "host": socket.gethostname()},
+    }
     other = {"targets": ["198.18.0.2:9400"], "labels": {**entry["labels"], "rank": "0", "host": "node1"}}
     path = write_targets(tmp_path / "targets", [other, entry])
     assert path.name == "targets.json" and json.loads(path.read_text()) == [other, entry]
@@ -95,6 +117,12 @@ def test_the_grafana_dashboard_and_scrape_config_use_only_exported_names():
     exported = {f"{name}_total" if kind == "counter" else name for name, kind in DOCUMENTED.items()}
     used = {re.sub(r"_(sum|count|bucket)$", "", n) for e in exprs for n in re.findall(r"vldist_\w+", e)}
     assert used <= exported, used - exported
-    assert {"vldist_samples_total", "vldist_data_wait_seconds", "vldist_loss", "vldist_learning_rate",
-            "vldist_model_flops_utilization", "vldist_cuda_memory_allocated_bytes"} <= used
+    assert {
+        "vldist_samples_total",
+        "vldist_data_wait_seconds",
+        "vldist_loss",
+        "vldist_learning_rate",
+        "vldist_model_flops_utilization",
+        "vldist_cuda_memory_allocated_bytes",
+    } <= used
     assert "honor_labels: true" in (root / "cluster" / "prometheus" / "prometheus.yml").read_text()

@@ -13,8 +13,9 @@ from vldist.metrics.r_precision import _pools
 
 
 def cos(a, b):
-    return sum(x * y for x, y in zip(a, b, strict=True)) / (math.sqrt(sum(x * x for x in a)) *
-                                               math.sqrt(sum(y * y for y in b)))
+    return sum(x * y for x, y in zip(a, b, strict=True)) / (
+        math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    )
 
 
 def bruteforce(image, text, pools, k):
@@ -45,6 +46,7 @@ def random_case(n, d, seed, duplicates=0, noise=1.5):
 
 
 # --- pools ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n,candidates", [(1, 1), (5, 1), (5, 2), (7, 7), (30, 10), (600, 100)])
 def test_pools_hold_own_caption_once_and_distinct_others(n, candidates):
@@ -96,6 +98,7 @@ def test_pools_are_drawn_per_image_and_roughly_uniform():
 
 # --- r_precision against brute force --------------------------------------------------------------
 
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("k", [1, 3])
 def test_all_candidates_equals_bruteforce_over_every_caption(seed, k):
@@ -129,6 +132,7 @@ def test_perfect_and_chance_free_cases():
 
 
 # --- ties -----------------------------------------------------------------------------------------
+
 
 def test_tie_with_one_distractor_counts_against_the_query():
     image = np.eye(4)
@@ -180,6 +184,7 @@ def test_candidates_one_is_trivially_hundred():
 
 # --- seeds, inputs --------------------------------------------------------------------------------
 
+
 def test_seed_determinism_and_different_seeds_differ():
     image, text = random_case(400, 6, seed=1, noise=2.5)
     a = r_precision(image, text, candidates=20, seed=11)
@@ -207,17 +212,20 @@ def test_coco_sized_input_runs():
     assert 0.0 < r1 <= r_precision(image, text, k=3) <= 100.0
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"candidates": 11}, r"candidates=11.*only 10 images.*fewer candidates"),
-    ({"candidates": 0}, "candidates must be a positive int"),
-    ({"candidates": 5.0}, "candidates must be a positive int"),
-    ({"candidates": True}, "candidates must be a positive int"),
-    ({"candidates": 5, "k": 0}, r"k must be an int in 1\.\.candidates = 1\.\.5, got 0"),
-    ({"candidates": 5, "k": 6}, r"k must be an int in 1\.\.candidates = 1\.\.5, got 6"),
-    ({"candidates": 5, "k": 1.0}, "k must be an int"),
-    ({"candidates": 5, "seed": 0.5}, "seed must be an int"),
-    ({"candidates": 5, "seed": 2**64}, "seed must be an int"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"candidates": 11}, r"candidates=11.*only 10 images.*fewer candidates"),
+        ({"candidates": 0}, "candidates must be a positive int"),
+        ({"candidates": 5.0}, "candidates must be a positive int"),
+        ({"candidates": True}, "candidates must be a positive int"),
+        ({"candidates": 5, "k": 0}, r"k must be an int in 1\.\.candidates = 1\.\.5, got 0"),
+        ({"candidates": 5, "k": 6}, r"k must be an int in 1\.\.candidates = 1\.\.5, got 6"),
+        ({"candidates": 5, "k": 1.0}, "k must be an int"),
+        ({"candidates": 5, "seed": 0.5}, "seed must be an int"),
+        ({"candidates": 5, "seed": 2**64}, "seed must be an int"),
+    ],
+)
 def test_r_precision_argument_errors(kwargs, match):
     image, text = random_case(10, 3, 0)
     with pytest.raises(ValueError, match=match):
@@ -243,6 +251,7 @@ def test_r_precision_input_errors():
 
 
 # --- AIMCoS ---------------------------------------------------------------------------------------
+
 
 def aimcos_bruteforce(image, attributes, owners):
     image = np.asarray(image, dtype=np.float64).tolist()
@@ -275,8 +284,7 @@ def test_aimcos_equals_double_loop_with_uneven_counts(seed):
     owners = np.repeat(np.arange(n), counts)
     rng.shuffle(owners)  # any order
     attributes = 0.5 * image[owners] + rng.standard_normal((owners.size, d))
-    out = aimcos(torch.from_numpy(image).float(), torch.from_numpy(attributes).float(),
-                 torch.from_numpy(owners))
+    out = aimcos(torch.from_numpy(image).float(), torch.from_numpy(attributes).float(), torch.from_numpy(owners))
     assert type(out) is float
     expected = aimcos_bruteforce(image, attributes, owners)
     assert out == pytest.approx(expected, abs=1e-6)  # float32 inputs

@@ -28,7 +28,9 @@ def test_ray_is_used_inside_a_ray_job_or_when_asked(monkeypatch, launcher, env, 
 
 def test_workers_get_absolute_paths_and_the_run_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    config = load_config("vsrn", ["launcher=ray", "data.shards=data/coco", "ray.storage_path=runs", "ray.name={recipe}-a"])
+    config = load_config(
+        "vsrn", ["launcher=ray", "data.shards=data/coco", "ray.storage_path=runs", "ray.name={recipe}-a"]
+    )
     worker = ray_train.worker_config(config)
     assert worker.data.shards == str(tmp_path / "data" / "coco")
     assert worker.output_dir == tmp_path / "runs" / "vsrn-a"
@@ -74,7 +76,14 @@ def test_colon_values_are_strings_not_yaml_base_60_numbers():
     from vldist.config import load_yaml, parse_overrides
 
     assert parse_overrides(["ray.num_workers=1:2"]) == {"ray": {"num_workers": "1:2"}}  # YAML 1.1 says 62
-    assert [load_yaml(v) for v in ["0.5", "-3", "0x10", ".inf", "1_000", "true"]] == [0.5, -3, 16, float("inf"), 1000, True]
+    assert [load_yaml(v) for v in ["0.5", "-3", "0x10", ".inf", "1_000", "true"]] == [
+        0.5,
+        -3,
+        16,
+        float("inf"),
+        1000,
+        True,
+    ]
 
 
 def test_a_stop_signal_to_the_driver_is_posted_on_the_board_and_the_handler_restored():

@@ -23,8 +23,16 @@ F_DIM, D = 6, 8
 
 
 def _vsrn(rrr_layers=2):
-    config = load_config("vsrn", ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8",
-                                  f"model.rrr_layers={rrr_layers}", "model.gcn_kernel=torch"])
+    config = load_config(
+        "vsrn",
+        [
+            "model.embed_size=8",
+            "model.word_dim=4",
+            "model.decoder_hidden=8",
+            f"model.rrr_layers={rrr_layers}",
+            "model.gcn_kernel=torch",
+        ],
+    )
     torch.manual_seed(0)
     return VSRNModel(config.model, F_DIM, len(VOCAB))
 

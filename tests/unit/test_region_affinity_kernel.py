@@ -50,15 +50,18 @@ def test_vsrn_trains_the_same_with_either_kernel(interpreted):
     assert run["max_param_diff"] < 1e-4
 
 
-@pytest.mark.parametrize("device, dtype, regions, installed, expected", [
-    ("cpu", torch.bfloat16, 36, True, "torch"),         # Triton compiles for CUDA only
-    ("cuda", torch.bfloat16, 36, True, "triton"),       # measured 1.8-2.0x eager on an H100
-    ("cuda", torch.float16, 9, True, "triton"),
-    ("cuda", torch.float32, 36, True, "torch"),         # measured 0.6-0.8x eager: cuBLAS wins in fp32
-    ("cuda", torch.float32, 9, True, "triton"),         # measured 1.5-2.2x eager
-    ("cuda", torch.bfloat16, 129, True, "torch"),       # one program per image holds K x K
-    ("cuda", torch.bfloat16, 36, False, "torch"),
-])
+@pytest.mark.parametrize(
+    "device, dtype, regions, installed, expected",
+    [
+        ("cpu", torch.bfloat16, 36, True, "torch"),  # Triton compiles for CUDA only
+        ("cuda", torch.bfloat16, 36, True, "triton"),  # measured 1.8-2.0x eager on an H100
+        ("cuda", torch.float16, 9, True, "triton"),
+        ("cuda", torch.float32, 36, True, "torch"),  # measured 0.6-0.8x eager: cuBLAS wins in fp32
+        ("cuda", torch.float32, 9, True, "triton"),  # measured 1.5-2.2x eager
+        ("cuda", torch.bfloat16, 129, True, "torch"),  # one program per image holds K x K
+        ("cuda", torch.bfloat16, 36, False, "torch"),
+    ],
+)
 def test_auto_takes_the_kernel_where_it_was_measured_faster(device, dtype, regions, installed, expected):
     from vldist.kernels.region_affinity import auto_kernel
 

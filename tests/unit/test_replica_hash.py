@@ -30,7 +30,8 @@ def test_the_hash_sees_order_and_reads_a_view_as_its_values():
     assert tensor_hash(matrix.flip(0)) != tensor_hash(matrix)
     assert tensor_hash(matrix.T) == tensor_hash(matrix.T.contiguous())  # a strided view: its values, in order
     assert tensor_hash(torch.empty(0)) == 0 and tensor_hash(torch.tensor([True, False])) != tensor_hash(
-        torch.tensor([False, True]))
+        torch.tensor([False, True])
+    )
 
 
 class Net(nn.Module):
@@ -44,8 +45,14 @@ def test_batchnorm_statistics_count_only_where_they_are_global():
     """Without engine.sync_batchnorm each rank keeps its own running statistics (the engine does
     not broadcast buffers): not compared. With it they are the global batch's on every rank."""
     names = [name for name, _ in replicated_tensors(Net(), sync_batchnorm=False)]
-    assert names == ["parameter linear.weight", "parameter linear.bias", "parameter norm.weight", "parameter norm.bias",
-                     "buffer table", "buffer norm.num_batches_tracked"]
+    assert names == [
+        "parameter linear.weight",
+        "parameter linear.bias",
+        "parameter norm.weight",
+        "parameter norm.bias",
+        "buffer table",
+        "buffer norm.num_batches_tracked",
+    ]
     synced = [name for name, _ in replicated_tensors(convert_global_batchnorm(Net()), sync_batchnorm=True)]
     assert "buffer norm.running_mean" in synced and "buffer norm.running_var" in synced
 

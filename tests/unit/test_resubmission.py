@@ -22,9 +22,14 @@ def job(tmp_path: Path, *overrides: str):
 
 
 def checkpoint(directory: Path, config, step: int, final: bool = False) -> Path:
-    return save_checkpoint(directory / step_name(step), model_state=None, train_state=None,
-                           config_yaml=to_yaml(config), vocab=Vocab(["a", "b"]),
-                           meta={"step": step, "epoch": 0, "final": final})
+    return save_checkpoint(
+        directory / step_name(step),
+        model_state=None,
+        train_state=None,
+        config_yaml=to_yaml(config),
+        vocab=Vocab(["a", "b"]),
+        meta={"step": step, "epoch": 0, "final": final},
+    )
 
 
 def test_a_run_directory_without_a_checkpoint_is_a_new_run(tmp_path):
@@ -37,10 +42,21 @@ def test_the_same_job_resumes_the_stopped_run_whatever_says_how_it_runs(tmp_path
     checkpoint(config.output_dir / "checkpoints", config, 8)
     newest = checkpoint(config.output_dir / "checkpoints", config, 16)
     # fewer workers, other logging, evaluation and timeouts: the same run
-    again = job(tmp_path, "ray.num_workers=1", "train.log_every=5", "metrics.port=9500", "eval.beam_size=1",
-                "train.hang_timeout_s=60", "engine.timeout_s=60", "data.workers=0", "train.save_every_steps=4")
-    assert check_run_directory(again, None) == \
-        f"Ray run directory {config.output_dir}: resuming the stopped run from step 16 ({newest})"
+    again = job(
+        tmp_path,
+        "ray.num_workers=1",
+        "train.log_every=5",
+        "metrics.port=9500",
+        "eval.beam_size=1",
+        "train.hang_timeout_s=60",
+        "engine.timeout_s=60",
+        "data.workers=0",
+        "train.save_every_steps=4",
+    )
+    assert (
+        check_run_directory(again, None)
+        == f"Ray run directory {config.output_dir}: resuming the stopped run from step 16 ({newest})"
+    )
 
 
 def test_a_job_of_other_settings_is_refused_naming_each_key_and_what_to_do(tmp_path):
@@ -49,9 +65,11 @@ def test_a_job_of_other_settings_is_refused_naming_each_key_and_what_to_do(tmp_p
     with pytest.raises(RunDirectoryTaken) as refused:
         check_run_directory(job(tmp_path, "train.lr=0.0005", "model.embed_size=64", "seed=3"), None)
     message = str(refused.value)
-    assert message.startswith(f"the Ray run directory {config.output_dir} holds a run, with other settings than this job "
-                              "(3 differ: seed: the run's 0, this job's 3; train.lr: the run's 0.001, this job's 0.0005; "
-                              "model.embed_size: the run's 256, this job's 64)"), message
+    assert message.startswith(
+        f"the Ray run directory {config.output_dir} holds a run, with other settings than this job "
+        "(3 differ: seed: the run's 0, this job's 3; train.lr: the run's 0.001, this job's 0.0005; "
+        "model.embed_size: the run's 256, this job's 64)"
+    ), message
     assert "Start afresh with another ray.name (e.g. ray.name=vsrn-2)" in message
     assert "pass train.resume=latest to carry on from its step-16 checkpoint with this job's settings" in message
 
@@ -62,8 +80,10 @@ def test_a_finished_run_is_neither_resumed_nor_started_over(tmp_path):
     with pytest.raises(RunDirectoryTaken) as refused:
         check_run_directory(config, None)
     message = str(refused.value)
-    assert message.startswith(f"the run in the Ray run directory {config.output_dir} finished: its newest checkpoint "
-                              f"is its last step's, 40 ({last})"), message
+    assert message.startswith(
+        f"the run in the Ray run directory {config.output_dir} finished: its newest checkpoint "
+        f"is its last step's, 40 ({last})"
+    ), message
     assert "ray.name=vsrn-2" in message and f"python -m vldist.evaluate {config.output_dir}" in message
     assert "raise train.max_steps (or train.epochs) and pass train.resume=latest" in message
     with pytest.raises(RunDirectoryTaken, match="finished"):  # train.resume=auto given: the default's rules
@@ -85,8 +105,10 @@ def test_an_explicit_train_resume_carries_on_whatever_the_settings(tmp_path):
     config = job(tmp_path)
     newest = checkpoint(config.output_dir / "checkpoints", config, 40, final=True)
     other = job(tmp_path, "train.lr=0.0005", "train.max_steps=80", "train.resume=latest")
-    assert check_run_directory(other, "latest") == (f"Ray run directory {config.output_dir}: train.resume=latest as "
-                                                    f"given; its newest checkpoint is step 40 ({newest})")
+    assert check_run_directory(other, "latest") == (
+        f"Ray run directory {config.output_dir}: train.resume=latest as "
+        f"given; its newest checkpoint is step 40 ({newest})"
+    )
 
 
 def test_the_checkpoints_in_the_store_count_too(tmp_path):
@@ -110,12 +132,18 @@ def test_shard_sets_compare_by_what_they_name(tmp_path, monkeypatch):
     assert settings_differences(shards("shards/synth"), shards("shards/synth")) == []
     assert settings_differences(shards("data/coco"), shards(str(tmp_path / "data" / "coco"))) == []
     assert settings_differences(shards("s3://b/coco"), shards("s3://b/coco")) == []
-    assert settings_differences(shards("shards/synth"), shards("s3://b/coco")) == \
-        ["data.shards: the run's 'shards/synth', this job's 's3://b/coco'"]
+    assert settings_differences(shards("shards/synth"), shards("s3://b/coco")) == [
+        "data.shards: the run's 'shards/synth', this job's 's3://b/coco'"
+    ]
     # a run's own embedded set, unpacked elsewhere by each submission, is the same set by name; a
     # set that is not built where read is a path like any other
-    assert settings_differences(shards("shards/synth", build_if_missing=False), shards(str(tmp_path / "shards/synth"),
-                                                                                         build_if_missing=False)) == []
+    assert (
+        settings_differences(
+            shards("shards/synth", build_if_missing=False),
+            shards(str(tmp_path / "shards/synth"), build_if_missing=False),
+        )
+        == []
+    )
 
 
 def test_a_key_the_run_did_not_record_is_not_compared():

@@ -55,6 +55,7 @@ def flaky(monkeypatch):
             @staticmethod
             def open(p, mode, **kw):
                 return FlakyFile(fs.open(p, mode), cuts.pop(0) if cuts else None, seeks)
+
         return Flaky, path
 
     monkeypatch.setattr(reader_module, "filesystem", filesystem)
@@ -83,8 +84,11 @@ def test_a_read_that_keeps_failing_gives_up_after_the_retries_naming_the_url(fla
     url, data, cuts, seeks = flaky
     cuts += [50] + [0] * 10
     reader = ResumableReader(url, StoreAccess(retry=RetryPolicy(retries=3)), sleep=lambda s: None)
-    with pytest.raises(ShardUnavailable, match=r"memory:///flaky/shard.tar: 4 tries failed at byte 50 of 300000; "
-                                               r"last: ConnectionResetError"):
+    with pytest.raises(
+        ShardUnavailable,
+        match=r"memory:///flaky/shard.tar: 4 tries failed at byte 50 of 300000; "
+        r"last: ConnectionResetError",
+    ):
         read_all(reader)
 
 
@@ -118,12 +122,25 @@ class ClientPayloadError(Exception):  # aiohttp's name: a body cut short
     pass
 
 
-@pytest.mark.parametrize("error, expected", [
-    (ConnectionResetError(), True), (TimeoutError(), True), (ReadInterrupted("early end"), True),
-    (ClientPayloadError(), True), (StatusError(503), True), (StatusError(429), True), (ClientError("SlowDown"), True),
-    (FileNotFoundError(), False), (PermissionError(), False), (StatusError(404), False), (StatusError(403), False),
-    (ClientError("AccessDenied"), False), (ClientError("NoSuchBucket"), False), (ValueError("a bug"), False),
-])
+@pytest.mark.parametrize(
+    "error, expected",
+    [
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (ReadInterrupted("early end"), True),
+        (ClientPayloadError(), True),
+        (StatusError(503), True),
+        (StatusError(429), True),
+        (ClientError("SlowDown"), True),
+        (FileNotFoundError(), False),
+        (PermissionError(), False),
+        (StatusError(404), False),
+        (StatusError(403), False),
+        (ClientError("AccessDenied"), False),
+        (ClientError("NoSuchBucket"), False),
+        (ValueError("a bug"), False),
+    ],
+)
 def test_transient_errors_are_told_from_lasting_ones(error, expected):
     assert transient(error) is expected
 
@@ -135,9 +152,11 @@ def test_a_lost_store_ends_the_stream_and_reaches_the_user_without_the_workers_t
     with pytest.raises(StoreLost):
         SkipCounter()(StoreLost("the store of s3://b/set stopped answering"))  # not counted and skipped
     # what torch's DataLoader makes of a worker's exception: exc_type("Caught ... Original Traceback ...")
-    relayed = StoreLost("Caught StoreLost in DataLoader worker process 0.\nOriginal Traceback (most recent call "
-                        "last):\n  File \"x.py\", line 1, in f\nvldist.store.retry.StoreLost: the store of s3://b/set "
-                        "stopped answering\n")
+    relayed = StoreLost(
+        "Caught StoreLost in DataLoader worker process 0.\nOriginal Traceback (most recent call "
+        'last):\n  File "x.py", line 1, in f\nvldist.store.retry.StoreLost: the store of s3://b/set '
+        "stopped answering\n"
+    )
     assert str(relayed) == "the store of s3://b/set stopped answering"
     webdataset_args = StoreLost("the store stopped answering")
     webdataset_args.args = webdataset_args.args + ("<stream>", "s3://b/set/x.tar")

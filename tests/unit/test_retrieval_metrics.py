@@ -10,8 +10,19 @@ import torch
 from vldist.metrics import retrieval_protocols, retrieval_recall
 from vldist.report import chance_recall
 
-KEYS = {"i2t_r1", "i2t_r5", "i2t_r10", "i2t_medr", "i2t_meanr",
-        "t2i_r1", "t2i_r5", "t2i_r10", "t2i_medr", "t2i_meanr", "rsum"}
+KEYS = {
+    "i2t_r1",
+    "i2t_r5",
+    "i2t_r10",
+    "i2t_medr",
+    "i2t_meanr",
+    "t2i_r1",
+    "t2i_r5",
+    "t2i_r10",
+    "t2i_medr",
+    "t2i_meanr",
+    "rsum",
+}
 
 
 def perfect(n_images, cpi):
@@ -88,8 +99,8 @@ def test_tie_with_one_negative_counts_as_rank_two():
 def test_one_of_five_captions_ranked_first_is_enough_for_i2t():
     sims = np.zeros((3, 15))
     for i in range(3):
-        sims[i, i * 5:(i + 1) * 5] = -1.0  # four weak captions, below every negative
-        sims[i, i * 5 + 2] = 1.0           # one caption ranked first
+        sims[i, i * 5 : (i + 1) * 5] = -1.0  # four weak captions, below every negative
+        sims[i, i * 5 + 2] = 1.0  # one caption ranked first
     out = retrieval_recall(sims, 5)
     assert out["i2t_r1"] == 100.0 and out["i2t_medr"] == 1.0
     # t2i: the 3 strong captions rank 1; the 12 weak ones (true -1, others 0) rank 3.
@@ -99,6 +110,7 @@ def test_one_of_five_captions_ranked_first_is_enough_for_i2t():
 
 
 # --- brute-force VSE++ evaluation (evaluation.py i2t/t2i), written per query with argsort ---
+
 
 def vsepp_i2t(sims, cpi):
     ranks = np.zeros(sims.shape[0])
@@ -117,9 +129,13 @@ def vsepp_t2i(sims, cpi):
 
 
 def vsepp_metrics(ranks, prefix):
-    return {f"{prefix}_r1": 100.0 * np.mean(ranks < 1), f"{prefix}_r5": 100.0 * np.mean(ranks < 5),
-            f"{prefix}_r10": 100.0 * np.mean(ranks < 10),
-            f"{prefix}_medr": np.floor(np.median(ranks)) + 1, f"{prefix}_meanr": ranks.mean() + 1}
+    return {
+        f"{prefix}_r1": 100.0 * np.mean(ranks < 1),
+        f"{prefix}_r5": 100.0 * np.mean(ranks < 5),
+        f"{prefix}_r10": 100.0 * np.mean(ranks < 10),
+        f"{prefix}_medr": np.floor(np.median(ranks)) + 1,
+        f"{prefix}_meanr": ranks.mean() + 1,
+    }
 
 
 @pytest.mark.parametrize("n_images,cpi,seed", [(40, 5, 0), (300, 2, 1), (25, 1, 2)])
@@ -147,6 +163,7 @@ def test_torch_input_any_dtype():
 
 
 # --- MS-COCO 1K protocol ---
+
 
 def test_1k_five_fold_average_of_known_fold_recalls():
     n, fold = 5000, 1000
@@ -199,14 +216,18 @@ def test_no_1k_protocol_below_five_folds():
 
 # --- validation ---
 
-@pytest.mark.parametrize("sims,cpi,match", [
-    (np.zeros(10), 5, "2-D"),
-    (np.zeros((2, 3, 4)), 5, "2-D"),
-    (np.zeros((4, 19)), 5, r"\(4, 20\)"),
-    (np.zeros((4, 4)), 5, r"expected \(n_images, n_images\*5\)"),
-    (np.zeros((0, 0)), 5, "n_images >= 1"),
-    (np.zeros((3, 3)), 0, "captions_per_image"),
-])
+
+@pytest.mark.parametrize(
+    "sims,cpi,match",
+    [
+        (np.zeros(10), 5, "2-D"),
+        (np.zeros((2, 3, 4)), 5, "2-D"),
+        (np.zeros((4, 19)), 5, r"\(4, 20\)"),
+        (np.zeros((4, 4)), 5, r"expected \(n_images, n_images\*5\)"),
+        (np.zeros((0, 0)), 5, "n_images >= 1"),
+        (np.zeros((3, 3)), 0, "captions_per_image"),
+    ],
+)
 def test_shape_errors_name_expected_shape(sims, cpi, match):
     with pytest.raises(ValueError, match=match):
         retrieval_recall(sims, cpi)
@@ -228,6 +249,7 @@ def test_bad_fold_size():
 
 
 # --- any number of captions per image (`caption_images`) ---
+
 
 def brute_ranks(sims, caption_images):
     """1-based i2t and t2i ranks by sorting every query's candidates; ties go against the query."""
@@ -289,8 +311,7 @@ def test_mixed_caption_counts_match_bruteforce(n_images, seed):
         assert out[k] == pytest.approx(expected[k], abs=1e-9), k
     # Both directions are sensitive to the tie rule: breaking ties for the query scores better.
     best_own = [sims[i, caption_images == i].max() for i in range(n_images)]
-    optimistic_i2t = [1 + np.sum((sims[i] > best_own[i]) & (caption_images != i))
-                      for i in range(n_images)]
+    optimistic_i2t = [1 + np.sum((sims[i] > best_own[i]) & (caption_images != i)) for i in range(n_images)]
     assert np.mean(optimistic_i2t) < out["i2t_meanr"]
 
 
@@ -349,16 +370,19 @@ def test_1k_folds_by_images_with_variable_caption_counts():
     assert out["1k_5fold"]["rsum"] > out["full"]["rsum"]
 
 
-@pytest.mark.parametrize("caption_images,match", [
-    ([0, 0, 2, 2], r"image 1 has no caption"),
-    ([0, 1, 1, 1], r"image 2 has no caption.*i2t is undefined"),
-    ([0, 1, 3, 2], r"caption_images\[2\] = 3 is out of range.*0\.\.2"),
-    ([0, -1, 1, 2], r"caption_images\[1\] = -1 is out of range"),
-    ([0, 1, 2], r"one image index per caption \(sims.shape\[1\] = 4\), got shape \(3,\)"),
-    ([[0, 1, 2, 2]], r"1-D"),
-    ([0.0, 1.0, 2.0, 2.0], r"integer image indices"),
-    ([True, False, True, True], r"integer image indices"),
-])
+@pytest.mark.parametrize(
+    "caption_images,match",
+    [
+        ([0, 0, 2, 2], r"image 1 has no caption"),
+        ([0, 1, 1, 1], r"image 2 has no caption.*i2t is undefined"),
+        ([0, 1, 3, 2], r"caption_images\[2\] = 3 is out of range.*0\.\.2"),
+        ([0, -1, 1, 2], r"caption_images\[1\] = -1 is out of range"),
+        ([0, 1, 2], r"one image index per caption \(sims.shape\[1\] = 4\), got shape \(3,\)"),
+        ([[0, 1, 2, 2]], r"1-D"),
+        ([0.0, 1.0, 2.0, 2.0], r"integer image indices"),
+        ([True, False, True, True], r"integer image indices"),
+    ],
+)
 def test_bad_caption_images_say_what_is_wrong(caption_images, match):
     sims = np.zeros((3, 4))
     with pytest.raises(ValueError, match=match):
@@ -380,13 +404,15 @@ def test_caption_images_sims_checks():
 
 # --- chance level ---
 
+
 def exact_chance_by_enumeration(caption_counts, k):
     """i2t/t2i R@K of a uniformly random ranking, by enumerating every top-K set / image order."""
     owner = [i for i, c in enumerate(caption_counts) for _ in range(c)]
     n_images, n_caps = len(caption_counts), len(owner)
     tops = list(itertools.combinations(range(n_caps), min(k, n_caps)))
-    i2t = Fraction(sum(sum(any(owner[j] == i for j in top) for top in tops)
-                       for i in range(n_images)), n_images * len(tops))
+    i2t = Fraction(
+        sum(sum(any(owner[j] == i for j in top) for top in tops) for i in range(n_images)), n_images * len(tops)
+    )
     orders = list(itertools.permutations(range(n_images)))
     t2i = Fraction(sum(order.index(0) < k for order in orders), len(orders))
     return 100 * i2t, 100 * t2i

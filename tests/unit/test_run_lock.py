@@ -11,13 +11,20 @@ from vldist.run_lock import OutputDirInUse, RunLock, check_free
 
 def test_the_lock_refuses_a_second_holder_naming_it_and_dies_with_its_process(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
             import sys, time
             from vldist.run_lock import RunLock
             RunLock({str(tmp_path)!r}).acquire()
             print("held", flush=True)
             time.sleep(60)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(OutputDirInUse) as refused:

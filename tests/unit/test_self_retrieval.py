@@ -63,11 +63,19 @@ def test_deliberate_ties_count_against_the_query(n):
 
 
 def test_hand_computed_ranks():
-    logp = np.array([[-1.0, -2.0, -3.0],   # caption 0: image 0 first           -> rank 1
-                     [-1.0, -1.0, -5.0],   # caption 1: tied with image 0       -> rank 2
-                     [-4.0, -2.0, -3.0]])  # caption 2: image 1 above it        -> rank 2
-    assert self_retrieval_recall(logp, ks=(1, 2, 3)) == {"r1": pytest.approx(100 / 3), "r2": 100.0, "r3": 100.0,
-                                                         "n_images": 3}
+    logp = np.array(
+        [
+            [-1.0, -2.0, -3.0],  # caption 0: image 0 first           -> rank 1
+            [-1.0, -1.0, -5.0],  # caption 1: tied with image 0       -> rank 2
+            [-4.0, -2.0, -3.0],
+        ]
+    )  # caption 2: image 1 above it        -> rank 2
+    assert self_retrieval_recall(logp, ks=(1, 2, 3)) == {
+        "r1": pytest.approx(100 / 3),
+        "r2": 100.0,
+        "r3": 100.0,
+        "n_images": 3,
+    }
     constant = np.full((4, 4), -2.0)  # a model that cannot tell images apart: every caption ranks last
     assert self_retrieval_recall(constant, ks=(1, 3, 4)) == {"r1": 0.0, "r3": 0.0, "r4": 100.0, "n_images": 4}
 

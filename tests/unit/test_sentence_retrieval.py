@@ -37,7 +37,7 @@ def random_case(n_images, seed, counts=(1, 2, 5)):
     """Images with 1, 2 or 5 sentences (arbitrary, non-contiguous ids), shuffled; weakly informative
     embeddings, dot products rounded to one decimal so that ties are frequent."""
     rng = np.random.default_rng(seed)
-    ids = rng.choice(np.arange(-10**9, 10**9, 7919), size=n_images, replace=False)
+    ids = rng.choice(np.arange(-(10**9), 10**9, 7919), size=n_images, replace=False)
     per_image = rng.choice(counts, size=n_images)
     sentence_images = rng.permutation(np.repeat(ids, per_image))
     centres = {i: rng.normal(size=8) for i in ids}
@@ -90,15 +90,14 @@ def test_self_is_excluded_whatever_the_diagonal_holds():
 def test_ties_count_against_the_query():
     images = [0, 0, 1, 2, 2]
     s = np.full((5, 5), -1.0)
-    s[0, 1], s[0, 2] = 0.5, 0.5        # sentence 0: its neighbour ties a sentence of image 1 -> rank 2
+    s[0, 1], s[0, 2] = 0.5, 0.5  # sentence 0: its neighbour ties a sentence of image 1 -> rank 2
     s[3, 4], s[3, 0], s[3, 1] = 0.2, 0.2, 0.9  # sentence 3: one above, one tied -> rank 3
     got = check(s, images, ks=(1, 2, 3))
     # Query ranks: 0 -> 2; 1 -> 4 (all three others tie at -1); 3 -> 3; 4 -> 4; image 1 has no neighbour.
-    assert got == {"r1": 0.0, "r2": 25.0, "r3": 50.0, "median_rank": 3.0, "n_queries": 4,
-                   "n_without_neighbour": 1}
+    assert got == {"r1": 0.0, "r2": 25.0, "r3": 50.0, "median_rank": 3.0, "n_queries": 4, "n_without_neighbour": 1}
     # Same-image sentences tied with the best do not count against it.
     s = np.full((4, 4), 0.0)
-    s[0, 1] = s[0, 2] = 0.7            # both neighbours of sentence 0 tied at the top
+    s[0, 1] = s[0, 2] = 0.7  # both neighbours of sentence 0 tied at the top
     assert check(s, [3, 3, 3, 4], ks=(1,))["r1"] == pytest.approx(100 / 3)
 
 
@@ -131,17 +130,21 @@ def test_memory_stays_at_a_few_chunks():
 
 # --- validation ---
 
-@pytest.mark.parametrize("sims,images,match", [
-    (np.zeros((3, 4)), [0, 0, 1], r"square \(M x M\)"),
-    (np.zeros(3), [0, 0, 1], r"square \(M x M\)"),
-    (np.zeros((0, 0)), [], r"M >= 1"),
-    (np.zeros((3, 3)), [0, 0], r"one image id per sentence \(sims.shape\[0\] = 3\), got shape \(2,\)"),
-    (np.zeros((3, 3)), [[0, 0, 1]], r"1-D"),
-    (np.zeros((3, 3)), [0.0, 0.0, 1.0], r"integer image ids"),
-    (np.zeros((3, 3)), [True, True, False], r"integer image ids"),
-    (np.array([[0, 1, np.nan], [0, 0, 0], [0, 0, 0]]), [0, 0, 1], r"sims\[0, 2\] is NaN"),
-    (np.zeros((3, 3)), [0, 1, 2], r"none of the 3 sentences shares its image"),
-])
+
+@pytest.mark.parametrize(
+    "sims,images,match",
+    [
+        (np.zeros((3, 4)), [0, 0, 1], r"square \(M x M\)"),
+        (np.zeros(3), [0, 0, 1], r"square \(M x M\)"),
+        (np.zeros((0, 0)), [], r"M >= 1"),
+        (np.zeros((3, 3)), [0, 0], r"one image id per sentence \(sims.shape\[0\] = 3\), got shape \(2,\)"),
+        (np.zeros((3, 3)), [[0, 0, 1]], r"1-D"),
+        (np.zeros((3, 3)), [0.0, 0.0, 1.0], r"integer image ids"),
+        (np.zeros((3, 3)), [True, True, False], r"integer image ids"),
+        (np.array([[0, 1, np.nan], [0, 0, 0], [0, 0, 0]]), [0, 0, 1], r"sims\[0, 2\] is NaN"),
+        (np.zeros((3, 3)), [0, 1, 2], r"none of the 3 sentences shares its image"),
+    ],
+)
 def test_bad_inputs_say_what_is_wrong(sims, images, match):
     with pytest.raises(ValueError, match=match):
         sentence_to_sentence_recall(sims, images)

@@ -36,7 +36,10 @@ def test_a_node_of_its_own_goes_on_only_with_plain_checkpoints_in_a_store(tmp_pa
     refusals = {
         (): "without output.checkpoint_dir a rank there would resume from nothing",
         ("output.checkpoint_dir=s3://bucket/run", "engine.backend=deepspeed"): "engine.backend=deepspeed writes a part",
-        ("output.checkpoint_dir=s3://bucket/run", "train.checkpoint_format=sharded"): "checkpoint_format=sharded writes",
+        (
+            "output.checkpoint_dir=s3://bucket/run",
+            "train.checkpoint_format=sharded",
+        ): "checkpoint_format=sharded writes",
     }
     for overrides, why in refusals.items():
         with pytest.raises(ConfigError, match=f"rank 1 on node1 does not see .*{why}.*set output.checkpoint_dir"):

@@ -8,7 +8,11 @@ def test_no_launcher_becomes_a_world_of_one_on_a_free_loopback_port():
     env = {}
     assert adopt_single_process_environment(env)
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")} == {
-        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+    }
     assert 0 < int(env["MASTER_PORT"]) < 65536
 
 

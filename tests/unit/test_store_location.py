@@ -64,15 +64,20 @@ def test_a_job_on_a_url_without_its_filesystem_exits_2_with_one_line(monkeypatch
     _without_s3fs(monkeypatch)
     assert train_main(["vsrn", "data.shards=s3://bucket/set", f"output.dir={tmp_path}", "metrics.enabled=false"]) == 2
     err = capsys.readouterr().err
-    assert 'error: reading s3://bucket/set needs s3:// support' in err and 'pip install "vldist[s3]"' in err
+    assert "error: reading s3://bucket/set needs s3:// support" in err and 'pip install "vldist[s3]"' in err
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("override", ["data.storage_options={secret: abc}",
-                                      "data.storage_options={client_kwargs: {aws_secret_access_key: abc}}",
-                                      "data.storage_options={headers: {Authorization: Bearer abc}}",
-                                      "data.shards=https://user:abc@host/set",
-                                      "data.shards=https://host/set?X-Amz-Signature=abc"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "data.storage_options={secret: abc}",
+        "data.storage_options={client_kwargs: {aws_secret_access_key: abc}}",
+        "data.storage_options={headers: {Authorization: Bearer abc}}",
+        "data.shards=https://user:abc@host/set",
+        "data.shards=https://host/set?X-Amz-Signature=abc",
+    ],
+)
 def test_credentials_in_the_configuration_are_refused(override):
     from vldist.config import ConfigError
     from vldist.recipes.jobs import load_config

@@ -24,8 +24,10 @@ class Streams:
 
 
 def streams(planted_shards, sources, *overrides, rank=0, world_size=1, accumulation=1):
-    config = load_config("vsrn", [f"data.shards={planted_shards}", "data.batch_size=32", "data.shuffle_buffer=10",
-                                  "data.workers=0", *overrides])
+    config = load_config(
+        "vsrn",
+        [f"data.shards={planted_shards}", "data.batch_size=32", "data.shuffle_buffer=10", "data.workers=0", *overrides],
+    )
     Streams.streams = sources
     return TrainingStreams(config, Streams(), JobShards(ShardSet.open(planted_shards)), rank, world_size, accumulation)
 
@@ -58,11 +60,14 @@ def test_the_epoch_decides_the_draws(planted_shards):
     assert first == again != second
 
 
-@pytest.mark.parametrize("sources, overrides, match", [
-    ({"a": "train", "b": "val"}, ["data.resampled=false"], "data.resampled=false reads one stream"),
-    ({"a": StreamSource("train", batch_size=30)}, [], "its batch of 30 must be divisible"),
-    ({"a": StreamSource("train", steps_like="b")}, [], "takes its steps like 'b'"),
-])
+@pytest.mark.parametrize(
+    "sources, overrides, match",
+    [
+        ({"a": "train", "b": "val"}, ["data.resampled=false"], "data.resampled=false reads one stream"),
+        ({"a": StreamSource("train", batch_size=30)}, [], "its batch of 30 must be divisible"),
+        ({"a": StreamSource("train", steps_like="b")}, [], "takes its steps like 'b'"),
+    ],
+)
 def test_streams_that_cannot_be_read_say_why(planted_shards, sources, overrides, match):
     with pytest.raises(ValueError, match=match):
         streams(planted_shards, sources, *overrides, world_size=4)

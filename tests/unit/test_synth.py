@@ -24,6 +24,7 @@ TINY = dict(n_train=8, n_val=4, n_test=4, shard_size=5, feature_size=32, progres
 
 # --- a built tiny set, shared by the tests below ---------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("synth")
@@ -40,14 +41,25 @@ def test_layout_and_manifest(tiny):
     out = root / "a"
     assert not (root / "a.partial").exists()
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["feature_standardization.safetensors", "manifest.json", "test-000000.tar", "train-000000.tar",
-                     "train-000001.tar", "val-000000.tar", "vocab.json"]
+    assert names == [
+        "feature_standardization.safetensors",
+        "manifest.json",
+        "test-000000.tar",
+        "train-000000.tar",
+        "train-000001.tar",
+        "val-000000.tar",
+        "vocab.json",
+    ]
     assert manifest["source"] == "synth" and manifest["version"] == 1
     assert {k: v["samples"] for k, v in manifest["splits"].items()} == {"train": 8, "val": 4, "test": 4}
     assert [s["samples"] for s in manifest["splits"]["train"]["shards"]] == [5, 3]
     features = manifest["features"]
-    assert (features["extractor"], features["dim"], features["max_regions"], features["input_size"]) == \
-        ("resnet50", 2048, 5, 32)
+    assert (features["extractor"], features["dim"], features["max_regions"], features["input_size"]) == (
+        "resnet50",
+        2048,
+        5,
+        32,
+    )
     assert manifest["config"]["n_train"] == 8 and manifest["config"]["seed"] == 0
 
 
@@ -167,6 +179,7 @@ def test_cli(tmp_path, capsys):
 
 # --- scenes --------------------------------------------------------------------------------
 
+
 def test_scenes_are_valid_and_reproducible():
     rng = random.Random(3)
     counts = set()
@@ -177,7 +190,7 @@ def test_scenes_are_valid_and_reproducible():
         assert len({(o.shape, o.color) for o in objs}) == len(objs)
         for i, a in enumerate(objs):
             assert 0 <= a.box[0] < a.box[2] <= 128 and 0 <= a.box[1] < a.box[3] <= 128
-            for b in objs[i + 1:]:  # boxes do not overlap
+            for b in objs[i + 1 :]:  # boxes do not overlap
                 assert a.box[2] <= b.box[0] or b.box[2] <= a.box[0] or a.box[3] <= b.box[1] or b.box[3] <= a.box[1]
     assert counts == {1, 2, 3, 4}
     one = generate_scene(random.Random(7))
@@ -250,7 +263,7 @@ def check_caption(caption: str, scene) -> None:
         objs.append(obj)
     for i, m in enumerate(mentions):
         end = mentions[i + 1].start() if i + 1 < len(mentions) else len(caption)
-        between = re.sub(r"\b(?:a|an)$", "", caption[m.end():end].strip()).strip()
+        between = re.sub(r"\b(?:a|an)$", "", caption[m.end() : end].strip()).strip()
         relation = re.fullmatch(r"(?:is )?(.*)", between).group(1)
         if i + 1 < len(mentions) and relation in RELATION_OF:
             assert _relation_holds(RELATION_OF[relation], objs[i], objs[i + 1]), caption
@@ -258,7 +271,7 @@ def check_caption(caption: str, scene) -> None:
         for phrase in POSITION_PHRASES:
             if between.startswith(phrase):
                 assert _position_holds(phrase, objs[i], scene.width), caption
-                between = between[len(phrase):]
+                between = between[len(phrase) :]
                 break
         assert not any(re.search(rf"\b{p}\b", between) for p in RELATION_OF), f"unchecked relation in {caption!r}"
     for number in COUNTS.findall(caption.replace("one of them", "")):
@@ -288,10 +301,17 @@ def test_caption_checker_catches_false_captions():
     right = SceneObject("square", "blue", "large", [70, 40, 110, 80])
     scene = type("S", (), {"objects": [left, right], "width": 128, "height": 128})()
     check_caption("a red circle to the left of a large blue square", scene)
-    for false in ("a blue square to the left of a red circle", "a green circle", "a large red circle",
-                  "a red circle bigger than a blue square", "three shapes: a red circle and a blue square",
-                  "a red circle above a blue square", "a blue square in the top left corner",
-                  "a red circle near the right edge", "a single red circle"):
+    for false in (
+        "a blue square to the left of a red circle",
+        "a green circle",
+        "a large red circle",
+        "a red circle bigger than a blue square",
+        "three shapes: a red circle and a blue square",
+        "a red circle above a blue square",
+        "a blue square in the top left corner",
+        "a red circle near the right edge",
+        "a single red circle",
+    ):
         with pytest.raises(AssertionError):
             check_caption(false, scene)
 
@@ -305,6 +325,7 @@ def test_captions_are_deterministic():
 
 # --- region features -----------------------------------------------------------------------
 
+
 def _square_image(color: str, side: int, cx: int = 64, cy: int = 64):
     r = side // 2
     box = [cx - r, cy - r, cx + r, cy + r]
@@ -315,8 +336,7 @@ def _square_image(color: str, side: int, cx: int = 64, cy: int = 64):
 
 def test_region_features_carry_colour_information():
     extractor = RegionFeatureExtractor(input_size=64)
-    items = [_square_image("red", 40), _square_image("red", 38), _square_image("blue", 40),
-             _square_image("green", 40)]
+    items = [_square_image("red", 40), _square_image("red", 38), _square_image("blue", 40), _square_image("green", 40)]
     feats = extractor.extract([im for im, _ in items], [[[0, 0, 128, 128], box] for _, box in items])
     assert all(f.shape == (2, 2048) and f.dtype == np.float16 and np.isfinite(f).all() for f in feats)
     obj = [f[1].astype(np.float32) for f in feats]

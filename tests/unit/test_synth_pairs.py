@@ -59,13 +59,15 @@ PLACEHOLDERS = {
     "{NAME}": rf"(?P<color>{C}) (?P<shape>{S})",
     "{CMP}": r"(?P<cmp>larger|bigger|smaller)",
     "{DIR}": r"(?P<dir>(?:further|more) (?:to the )?(?:left|right)|higher(?: up)?|lower(?: down)?"
-             r"|nearer the (?:top|bottom))",
+    r"|nearer the (?:top|bottom))",
     "{NOUN}": r"(?:shape|object|figure)s?",
     "{N1}": r"(?P<n1>one|two|three|four)",
     "{N2}": r"(?P<n2>one|two|three|four)",
 }
-ZONE = (r"(?:at|in|on|near) the (?:top left|top right|bottom left|bottom right|top|bottom|left|right|middle|center)"
-        r"(?: corner| edge)?")
+ZONE = (
+    r"(?:at|in|on|near) the (?:top left|top right|bottom left|bottom right|top|bottom|left|right|middle|center)"
+    r"(?: corner| edge)?"
+)
 
 
 def _find(objs, color, shape):
@@ -169,8 +171,14 @@ def _in_zone(phrase, obj, w):
     words = set(phrase.split())
     vertical = "top" if "top" in words else "bottom" if "bottom" in words else "middle"
     horizontal = "left" if "left" in words else "right" if "right" in words else "center"
-    thirds = {"top": cy < w / 3, "bottom": cy > 2 * w / 3, "middle": w / 3 <= cy <= 2 * w / 3,
-              "left": cx < w / 3, "right": cx > 2 * w / 3, "center": w / 3 <= cx <= 2 * w / 3}
+    thirds = {
+        "top": cy < w / 3,
+        "bottom": cy > 2 * w / 3,
+        "middle": w / 3 <= cy <= 2 * w / 3,
+        "left": cx < w / 3,
+        "right": cx > 2 * w / 3,
+        "center": w / 3 <= cx <= 2 * w / 3,
+    }
     assert thirds[vertical] and thirds[horizontal], f"{obj} is not {phrase}"
 
 
@@ -212,53 +220,59 @@ def _both_count(m, im, w):
     assert len(im["image1"]) == len(im["image2"]) == NUMBERS[m["n1"]]
 
 
-CLAIMS = [(template, check) for template, check in [
-    # colour
-    ("{X} shows an? (?P<c1>C) (?P<s>S) where {Y} shows an? (?P<c2>C) (?P=s)", _recoloured),
-    ("{X} has an? (?P<c1>C) (?P<s>S) but {Y} has an? (?P<c2>C) one", _recoloured),
-    ("{X} has an? (?P<c1>C) (?P<s>S) instead of the (?P<c2>C) (?P=s) in {Y}", _recoloured),
-    ("the (?:(?P<size>small|large) )?(?P<c1>C) (?P<s>S) (?:of|in) {X} is (?P<c2>C) in {Y}", _recoloured),
-    ("the (?P<s>S) is (?P<c1>C) in {X} and (?P<c2>C) in {Y}", _recoloured_unique),
-    ("the (?P<s>S) has a different colour in {X} and {Y}", _colour_differs),
-    # size
-    ("{X} has a {CMP} {NAME} than {Y}", _compared),
-    ("the {NAME} is {CMP} in {X} than in {Y}", _compared),
-    ("the {NAME} in {X} is {CMP} than the one in {Y}", _compared),
-    ("{X} shows the {NAME} {CMP} than {Y} does", _compared),
-    ("the {NAME} is (?P<s1>small|large) in {X} (?:and|but) (?P<s2>small|large) in {Y}", _sizes),
-    ("{X} has a (?P<s1>small|large) {NAME} where {Y} has a (?P<s2>small|large) one", _sizes),
-    # position
-    ("the {NAME} is in a different place in {X} and {Y}", _moved),
-    ("{X} and {Y} show the {NAME} in different places", _moved),
-    ("the {NAME} is {DIR} in {X}(?: than in {Y})?", _direction),
-    ("in {X} the {NAME} is {DIR} than in {Y}", _direction),
-    ("the {NAME} moves (?P<move>left|right|up|down) from {X} to {Y}", _moves),
-    (f"the {{NAME}} is (?P<z1>{ZONE}) in {{X}} and (?P<z2>{ZONE}) in {{Y}}", _zones),
-    # one object more or fewer
-    ("{X} has an? {OBJ} that {Y} does not have", _only_in),
-    ("there is an? {OBJ} in {X} but not in {Y}", _only_in),
-    ("the {OBJ} of {X} is missing from {Y}", _only_in),
-    ("{Y} does not have the {OBJ} that {X} has", _only_in),
-    ("only {X} contains an? {OBJ}", _only_in),
-    ("{Y} lacks the {OBJ} of {X}", _only_in),
-    ("{X} has {N1} {NOUN} and {Y} has {N2}", _counts),
-    ("{X} has one more {NOUN} than {Y}", _one_more),
-    ("{Y} has one {NOUN} fewer than {X}", _one_more),
-    ("{X} has (?P<more>more|fewer) {NOUN} than {Y}", _more_or_fewer),
-    # what both share
-    ("both images (?:have|show) an? {OBJ}", _in_both),
-    ("{X} and {Y} both have an? {OBJ}", _in_both),
-    ("there is an? {OBJ} in both images", _in_both),
-    ("the {NAME} is the same in both images", _same),
-    ("both images have {N1} {NOUN}", _both_count),
-]]
+CLAIMS = [
+    (template, check)
+    for template, check in [
+        # colour
+        ("{X} shows an? (?P<c1>C) (?P<s>S) where {Y} shows an? (?P<c2>C) (?P=s)", _recoloured),
+        ("{X} has an? (?P<c1>C) (?P<s>S) but {Y} has an? (?P<c2>C) one", _recoloured),
+        ("{X} has an? (?P<c1>C) (?P<s>S) instead of the (?P<c2>C) (?P=s) in {Y}", _recoloured),
+        ("the (?:(?P<size>small|large) )?(?P<c1>C) (?P<s>S) (?:of|in) {X} is (?P<c2>C) in {Y}", _recoloured),
+        ("the (?P<s>S) is (?P<c1>C) in {X} and (?P<c2>C) in {Y}", _recoloured_unique),
+        ("the (?P<s>S) has a different colour in {X} and {Y}", _colour_differs),
+        # size
+        ("{X} has a {CMP} {NAME} than {Y}", _compared),
+        ("the {NAME} is {CMP} in {X} than in {Y}", _compared),
+        ("the {NAME} in {X} is {CMP} than the one in {Y}", _compared),
+        ("{X} shows the {NAME} {CMP} than {Y} does", _compared),
+        ("the {NAME} is (?P<s1>small|large) in {X} (?:and|but) (?P<s2>small|large) in {Y}", _sizes),
+        ("{X} has a (?P<s1>small|large) {NAME} where {Y} has a (?P<s2>small|large) one", _sizes),
+        # position
+        ("the {NAME} is in a different place in {X} and {Y}", _moved),
+        ("{X} and {Y} show the {NAME} in different places", _moved),
+        ("the {NAME} is {DIR} in {X}(?: than in {Y})?", _direction),
+        ("in {X} the {NAME} is {DIR} than in {Y}", _direction),
+        ("the {NAME} moves (?P<move>left|right|up|down) from {X} to {Y}", _moves),
+        (f"the {{NAME}} is (?P<z1>{ZONE}) in {{X}} and (?P<z2>{ZONE}) in {{Y}}", _zones),
+        # one object more or fewer
+        ("{X} has an? {OBJ} that {Y} does not have", _only_in),
+        ("there is an? {OBJ} in {X} but not in {Y}", _only_in),
+        ("the {OBJ} of {X} is missing from {Y}", _only_in),
+        ("{Y} does not have the {OBJ} that {X} has", _only_in),
+        ("only {X} contains an? {OBJ}", _only_in),
+        ("{Y} lacks the {OBJ} of {X}", _only_in),
+        ("{X} has {N1} {NOUN} and {Y} has {N2}", _counts),
+        ("{X} has one more {NOUN} than {Y}", _one_more),
+        ("{Y} has one {NOUN} fewer than {X}", _one_more),
+        ("{X} has (?P<more>more|fewer) {NOUN} than {Y}", _more_or_fewer),
+        # what both share
+        ("both images (?:have|show) an? {OBJ}", _in_both),
+        ("{X} and {Y} both have an? {OBJ}", _in_both),
+        ("there is an? {OBJ} in both images", _in_both),
+        ("the {NAME} is the same in both images", _same),
+        ("both images have {N1} {NOUN}", _both_count),
+    ]
+]
 
 
 def _compile(template: str) -> re.Pattern:
     for name, regex in PLACEHOLDERS.items():
         template = template.replace(name, regex)
-    return re.compile(template.replace("(?P<c1>C)", f"(?P<c1>{C})").replace("(?P<c2>C)", f"(?P<c2>{C})")
-                      .replace("(?P<s>S)", f"(?P<s>{S})"))
+    return re.compile(
+        template.replace("(?P<c1>C)", f"(?P<c1>{C})")
+        .replace("(?P<c2>C)", f"(?P<c2>{C})")
+        .replace("(?P<s>S)", f"(?P<s>{S})")
+    )
 
 
 COMPILED = [(_compile(t), check) for t, check in CLAIMS]
@@ -286,14 +300,19 @@ def check_description(text: str, first, second, width: int = SIZE) -> str:
 
 # --- descriptions and changes ---------------------------------------------------------------
 
+
 def _check_scene(objects, width=SIZE):
     assert 1 <= len(objects) <= 4
     assert len({(o.shape, o.color) for o in objects}) == len(objects)
     for i, a in enumerate(objects):
         assert 0 <= a.box[0] < a.box[2] <= width and 0 <= a.box[1] < a.box[3] <= width
-        for b in objects[i + 1:]:  # at least GAP (3) free pixels between boxes
-            assert a.box[2] + 3 <= b.box[0] or b.box[2] + 3 <= a.box[0] or a.box[3] + 3 <= b.box[1] \
+        for b in objects[i + 1 :]:  # at least GAP (3) free pixels between boxes
+            assert (
+                a.box[2] + 3 <= b.box[0]
+                or b.box[2] + 3 <= a.box[0]
+                or a.box[3] + 3 <= b.box[1]
                 or b.box[3] + 3 <= a.box[1]
+            )
 
 
 def _check_one_change(pair):
@@ -347,29 +366,42 @@ def test_every_description_is_true_and_each_pair_has_one_change():
     assert set(kinds) == set(CHANGE_KINDS) and min(kinds.values()) > 40
     assert larger_in["image1"] > 10 and larger_in["image2"] > 10
     assert subjects["image1"] > 50 and subjects["image2"] > 50  # both orders of speaking
-    assert len(claims) == len(CLAIMS), f"never seen: {({p.pattern for p, _ in COMPILED} - set(claims))}"
+    assert len(claims) == len(CLAIMS), f"never seen: { ({p.pattern for p, _ in COMPILED} - set(claims)) }"
 
 
 def test_checker_catches_false_descriptions():
     def obj(shape, color, size, box):
         return SceneObject(shape, color, size, box)
 
-    one = SimpleNamespace(objects=[obj("circle", "red", "small", [10, 10, 30, 30]),
-                                   obj("square", "blue", "large", [60, 60, 100, 100])])
-    two = SimpleNamespace(objects=[obj("circle", "red", "large", [10, 10, 50, 50]),
-                                   obj("square", "blue", "large", [60, 60, 100, 100])])
-    for true in ("image2 has a larger red circle than image1", "both images have a large blue square",
-                 "the red circle is small in image1 and large in image2", "both images have two shapes",
-                 "the difference is that the red circle in image1 is smaller than the one in image2"):
+    one = SimpleNamespace(
+        objects=[obj("circle", "red", "small", [10, 10, 30, 30]), obj("square", "blue", "large", [60, 60, 100, 100])]
+    )
+    two = SimpleNamespace(
+        objects=[obj("circle", "red", "large", [10, 10, 50, 50]), obj("square", "blue", "large", [60, 60, 100, 100])]
+    )
+    for true in (
+        "image2 has a larger red circle than image1",
+        "both images have a large blue square",
+        "the red circle is small in image1 and large in image2",
+        "both images have two shapes",
+        "the difference is that the red circle in image1 is smaller than the one in image2",
+    ):
         check_description(true, one, two)
-    for false in ("image1 has a larger red circle than image2", "both images have a green square",
-                  "both images have a small blue square", "image1 has a blue star that image2 does not have",
-                  "the red circle is further left in image1", "image1 has three shapes and image2 has two",
-                  "the red circle is the same in both images",
-                  "image1 shows a red circle where image2 shows a blue circle",
-                  "the circle is red in image1 and yellow in image2", "the red circle moves down from image1 to image2",
-                  "image1 has a red circle that image1 does not have", "a red circle somewhere",
-                  "image1 has a larger red circle than image2."):
+    for false in (
+        "image1 has a larger red circle than image2",
+        "both images have a green square",
+        "both images have a small blue square",
+        "image1 has a blue star that image2 does not have",
+        "the red circle is further left in image1",
+        "image1 has three shapes and image2 has two",
+        "the red circle is the same in both images",
+        "image1 shows a red circle where image2 shows a blue circle",
+        "the circle is red in image1 and yellow in image2",
+        "the red circle moves down from image1 to image2",
+        "image1 has a red circle that image1 does not have",
+        "a red circle somewhere",
+        "image1 has a larger red circle than image2.",
+    ):
         with pytest.raises(AssertionError):
             check_description(false, one, two)
 
@@ -383,6 +415,7 @@ def test_pairs_are_deterministic_and_varied():
 
 
 # --- masks ------------------------------------------------------------------------------------
+
 
 def test_mask_covers_exactly_the_drawn_objects():
     rng = random.Random(12)
@@ -407,11 +440,15 @@ def test_mask_covers_exactly_the_drawn_objects():
 
 # --- flipping a pair --------------------------------------------------------------------------
 
+
 def test_swap_image_tokens():
-    assert swap_image_tokens("image1 has a larger red circle than image2") == \
-        "image2 has a larger red circle than image1"
-    assert swap_image_tokens("animal1 has a longer beak than animal2, animal2's wings") == \
-        "animal2 has a longer beak than animal1, animal1's wings"
+    assert (
+        swap_image_tokens("image1 has a larger red circle than image2") == "image2 has a larger red circle than image1"
+    )
+    assert (
+        swap_image_tokens("animal1 has a longer beak than animal2, animal2's wings")
+        == "animal2 has a longer beak than animal1, animal1's wings"
+    )
     assert swap_image_tokens("Animal1 is darker") == "Animal2 is darker"
     for untouched in ("image10 and image1s", "myimage1 animal12", "image 1", "image_1"):
         assert swap_image_tokens(untouched) == untouched
@@ -422,6 +459,7 @@ def test_swap_image_tokens():
 
 
 # --- the built set ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -438,9 +476,15 @@ def test_built_set_round_trips(tiny):
     root, manifest = tiny
     out = root / "a"
     assert not (root / "a.partial").exists()
-    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "test-000000.tar", "train-000000.tar",
-                                                     "train-000001.tar", "train-000002.tar", "val-000000.tar",
-                                                     "vocab.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "test-000000.tar",
+        "train-000000.tar",
+        "train-000001.tar",
+        "train-000002.tar",
+        "val-000000.tar",
+        "vocab.json",
+    ]
     assert manifest["source"] == "synth-pairs"
     assert manifest["pairs"] == {"masks": True, "image_tokens": ["image1", "image2"]}
     assert manifest["config"] == {"n_train": 12, "n_val": 4, "n_test": 4, "seed": 0, "shard_size": 5, "image_size": 128}
@@ -459,7 +503,8 @@ def test_built_set_round_trips(tiny):
                 assert meta[name]["width"] == meta[name]["height"] == 128
                 assert meta[name]["objects"] == [
                     {"box": o.box, "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size}
-                    for o in scene.objects]
+                    for o in scene.objects
+                ]
                 image = Image.open(io.BytesIO(members[f"{name}.jpg"]))
                 assert image.format == "JPEG" and image.mode == "RGB" and image.size == (128, 128)
                 mask = Image.open(io.BytesIO(members[f"{name}.mask.png"]))
@@ -468,8 +513,9 @@ def test_built_set_round_trips(tiny):
                 assert set(np.unique(pixels)) <= {0, 255}
                 assert np.array_equal(pixels, foreground_mask(scene) * 255)
             for text in meta["captions"]:
-                check_description(text, SimpleNamespace(objects=pair.first.objects),
-                                  SimpleNamespace(objects=pair.second.objects))
+                check_description(
+                    text, SimpleNamespace(objects=pair.first.objects), SimpleNamespace(objects=pair.second.objects)
+                )
 
 
 def test_vocab_covers_descriptions_and_single_captions(tiny):

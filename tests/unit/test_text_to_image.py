@@ -126,9 +126,11 @@ def test_losses_match_direct_formula():
     wrong = sentence.roll(1, dims=0)
     with torch.no_grad():
         cr, cf = D(real), D(fake)
-        expected_d = ((_nll_real(D.uncond_logits(cr)) + _nll_real(D.cond_logits(cr, sentence))) / 2
-                      + (_nll_fake(D.uncond_logits(cf)) + _nll_fake(D.cond_logits(cf, sentence))
-                         + _nll_fake(D.cond_logits(cr, wrong))) / 3)
+        expected_d = (_nll_real(D.uncond_logits(cr)) + _nll_real(D.cond_logits(cr, sentence))) / 2 + (
+            _nll_fake(D.uncond_logits(cf))
+            + _nll_fake(D.cond_logits(cf, sentence))
+            + _nll_fake(D.cond_logits(cr, wrong))
+        ) / 3
         expected_g = _nll_real(D.uncond_logits(cf)) + _nll_real(D.cond_logits(cf, sentence))
         loss_d = discriminator_loss(D, real, fake, sentence, wrong)
         loss_g = generator_adversarial_loss(D, fake, sentence)

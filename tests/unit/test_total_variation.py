@@ -31,7 +31,7 @@ def test_a_constant_map_has_no_variation():
 def test_a_vertical_step_edge_counts_one_per_row():
     B, K, H, W = 2, 3, 4, 6
     maps = torch.zeros(B, K, H, W)
-    maps[..., W // 2:] = 1.0  # a left/right step: one horizontal jump of 1 in each row, no vertical one
+    maps[..., W // 2 :] = 1.0  # a left/right step: one horizontal jump of 1 in each row, no vertical one
     expected = B * K * H / (B * K * H * W)
     assert abs(total_variation_loss(maps).item() - expected) < 1e-7
     assert abs(total_variation_loss(maps.transpose(2, 3)).item() - expected) < 1e-7  # and the top/bottom step

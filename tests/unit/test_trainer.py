@@ -45,7 +45,9 @@ def test_a_world_that_cannot_split_the_global_batch_is_refused_by_name():
     from vldist.trainer import Trainer
 
     config = load_config("vsrn", ["data.batch_size=32"])
-    with pytest.raises(ConfigError, match="data.batch_size=32 must be divisible by 3 ranks x train.grad_accumulation=1"):
+    with pytest.raises(
+        ConfigError, match="data.batch_size=32 must be divisible by 3 ranks x train.grad_accumulation=1"
+    ):
         Trainer(config, recipe=None, engine=SimpleNamespace(world_size=3), shards=SimpleNamespace(main=None))
     config = load_config("vsrn", ["data.batch_size=30", "train.grad_accumulation=2"])
     with pytest.raises(ConfigError, match="by 2 ranks x train.grad_accumulation=2"):

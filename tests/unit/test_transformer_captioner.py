@@ -13,8 +13,17 @@ VOCAB, FEATURES = 12, 6
 
 
 def _model(dropout=0.0, max_len=16):
-    return TransformerCaptioner(VOCAB, FEATURES, d_model=32, heads=2, encoder_layers=1, decoder_layers=1,
-                                feedforward=64, dropout=dropout, max_len=max_len)
+    return TransformerCaptioner(
+        VOCAB,
+        FEATURES,
+        d_model=32,
+        heads=2,
+        encoder_layers=1,
+        decoder_layers=1,
+        feedforward=64,
+        dropout=dropout,
+        max_len=max_len,
+    )
 
 
 def _batch(batch=3, regions=4, seed=0):
@@ -36,8 +45,9 @@ def test_sinusoidal_positions():
 @pytest.mark.parametrize("layers", [1, 2])
 def test_teacher_forcing_equals_stepping(layers):
     torch.manual_seed(0)
-    decoder = TransformerCaptioner(VOCAB, FEATURES, d_model=32, heads=2, encoder_layers=layers,
-                                   decoder_layers=layers, feedforward=64, dropout=0.5).eval()
+    decoder = TransformerCaptioner(
+        VOCAB, FEATURES, d_model=32, heads=2, encoder_layers=layers, decoder_layers=layers, feedforward=64, dropout=0.5
+    ).eval()
     features, mask, tokens = _batch()
     forward = decoder(features, mask, tokens)
     assert forward.shape == (3, 5, VOCAB)
@@ -94,8 +104,8 @@ def test_generate_runs_greedy_and_beam(beam_size):
     assert ((out >= 0) & (out < VOCAB)).all() and START not in out.tolist()
     # A batch decodes as each image alone (the state is reordered correctly along dim 0).
     for i in range(3):
-        single = generate(decoder, features[i:i + 1], mask[i:i + 1], START, END, max_len=7, beam_size=beam_size)[0]
-        assert out[i, : len(single)].tolist() == single.tolist() and (out[i, len(single):] == PAD).all()
+        single = generate(decoder, features[i : i + 1], mask[i : i + 1], START, END, max_len=7, beam_size=beam_size)[0]
+        assert out[i, : len(single)].tolist() == single.tolist() and (out[i, len(single) :] == PAD).all()
 
 
 def test_a_tiny_model_learns_captions_and_generates_them_back():
@@ -103,10 +113,12 @@ def test_a_tiny_model_learns_captions_and_generates_them_back():
     decoder = _model(dropout=0.1)
     features = torch.randn(2, 3, FEATURES)
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    tokens = torch.tensor([
-        [START, 3, 4, 5, 6, END],
-        [START, 7, 8, END, PAD, PAD],
-    ])
+    tokens = torch.tensor(
+        [
+            [START, 3, 4, 5, 6, END],
+            [START, 7, 8, END, PAD, PAD],
+        ]
+    )
     loss = fit_captions(decoder, features, mask, tokens, lr=3e-3, steps=100)
     assert loss < 0.05, loss
     for beam_size in (1, 3):

@@ -30,7 +30,8 @@ def direct_loss(image, text, text_image, margin, top_k, l_image, l_text, l_neigh
         for p, ip in enumerate(owner):  # neighbours: another sentence p of image i is the positive
             if ip == i and p != j:
                 total = total + l_neighbors * top_k_sum(
-                    [margin + d(text[j], text[p]) - d(text[j], text[k]) for k in other_text])
+                    [margin + d(text[j], text[p]) - d(text[j], text[k]) for k in other_text]
+                )
     return total
 
 
@@ -41,8 +42,9 @@ def batch(n_images=5, seed=0, dim=6):
     text_image = text_image[torch.randperm(len(text_image), generator=g)]  # any order
     image = F.normalize(torch.randn(n_images, dim, generator=g, dtype=torch.float64), dim=1)
     # sentences near their image, so that some hinges are active and some are not
-    text = F.normalize(image[text_image] + 0.9 * torch.randn(len(text_image), dim, generator=g,
-                                                              dtype=torch.float64), dim=1)
+    text = F.normalize(
+        image[text_image] + 0.9 * torch.randn(len(text_image), dim, generator=g, dtype=torch.float64), dim=1
+    )
     return image, text, text_image
 
 
@@ -51,8 +53,16 @@ def batch(n_images=5, seed=0, dim=6):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_loss_equals_the_direct_formula(top_k, lambdas, seed):
     image, text, text_image = batch(seed=seed)
-    got = two_branch_ranking_loss(image, text, text_image, margin=0.3, top_k=top_k, lambda_image=lambdas[0],
-                                  lambda_text=lambdas[1], lambda_text_neighbors=lambdas[2])
+    got = two_branch_ranking_loss(
+        image,
+        text,
+        text_image,
+        margin=0.3,
+        top_k=top_k,
+        lambda_image=lambdas[0],
+        lambda_text=lambdas[1],
+        lambda_text_neighbors=lambdas[2],
+    )
     expected = direct_loss(image, text, text_image, 0.3, top_k, *lambdas)
     assert float(expected) > 0
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -29,8 +29,7 @@ def _recipe(cls, shards, *overrides):
 
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("per_image", [1, 2, 3])
-def test_each_image_brings_its_sentences_on_every_rank_and_worker_with_equal_steps(planted_shards, workers,
-                                                                                  per_image):
+def test_each_image_brings_its_sentences_on_every_rank_and_worker_with_equal_steps(planted_shards, workers, per_image):
     """Neighbourhood sampling: every image of every batch has `per_image` distinct captions of its
     own (planted images have 5) beside it, streamed, on 2 ranks x `workers` loader workers."""
     recipe = _recipe(TwoBranchEmbedRecipe, planted_shards, f"model.sentences_per_image={per_image}")
@@ -39,8 +38,16 @@ def test_each_image_brings_its_sentences_on_every_rank_and_worker_with_equal_ste
     steps = batches_per_rank(samples_per_epoch=200, global_batch=2 * 10)
     counts = []
     for rank in range(2):
-        spec = StreamSpec(urls=urls, keep=recipe.sample_keys, sample_fn=recipe.train_sample,
-                          collate_fn=recipe.collate_train, batch_size=10, seed=0, rank=rank, world_size=2)
+        spec = StreamSpec(
+            urls=urls,
+            keep=recipe.sample_keys,
+            sample_fn=recipe.train_sample,
+            collate_fn=recipe.collate_train,
+            batch_size=10,
+            seed=0,
+            rank=rank,
+            world_size=2,
+        )
         batches = list(make_loader(TrainStream(spec, steps, shuffle_buffer=20), workers))
         counts.append(len(batches))
         for batch in batches:
@@ -98,6 +105,7 @@ def test_tfidf_is_fitted_on_the_train_captions_at_initialize(planted_shards):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     from vldist.data.vocab import tokenize
+
     recipe = _recipe(TwoBranchEmbedRecipe, planted_shards)
     model = recipe.build_model()
     assert not model.text_features.fitted
@@ -150,6 +158,7 @@ def test_sentence_chance_is_the_expected_recall_of_a_random_ranking():
 
 def _raw_samples(shards, n):
     import webdataset as wds
+
     urls = ShardSet.open(shards).urls("test")
     for i, sample in enumerate(wds.tarfile_samples({"url": u} for u in urls)):
         if i == n:

@@ -16,8 +16,9 @@ VOCAB = Vocab(["a", "red", "circle", "blue", "square"])
 
 
 def _recipe(*overrides, feature_dim=6):
-    config = load_config("vsrn", ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8",
-                                  "data.max_regions=4", *overrides])
+    config = load_config(
+        "vsrn", ["model.embed_size=8", "model.word_dim=4", "model.decoder_hidden=8", "data.max_regions=4", *overrides]
+    )
     return VSRNRecipe(config, VOCAB, feature_dim)
 
 
@@ -35,8 +36,10 @@ def test_region_order_stored_size_and_random():
     assert stored.tolist() == [0, 1, 2]
     by_size = _recipe("model.region_order=size").train_sample(_raw(), random.Random(0))["regions"][:, 0]
     assert by_size.tolist() == [1, 2, 0]  # areas 9, 4, 1: largest first
-    orders = {tuple(_recipe("model.region_order=random").train_sample(_raw(), random.Random(s))["regions"][:, 0])
-              for s in range(20)}
+    orders = {
+        tuple(_recipe("model.region_order=random").train_sample(_raw(), random.Random(s))["regions"][:, 0])
+        for s in range(20)
+    }
     assert len(orders) > 1 and all(sorted(o) == [0, 1, 2] for o in orders)
 
 
@@ -61,10 +64,18 @@ def test_eval_samples_keep_up_to_five_captions_and_a_fixed_region_order():
     assert batch["tokens"].shape[0] == 10 and batch["mask"].shape == (2, 4)
 
 
-@pytest.mark.parametrize("overrides", [
-    [], ["model.rrr_layers=0"], ["model.rrr_layers=1"], ["model.global_reasoning=mean"],
-    ["model.caption_loss=false"], ["model.affinity_norm=softmax"], ["model.max_violation=false"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["model.rrr_layers=0"],
+        ["model.rrr_layers=1"],
+        ["model.global_reasoning=mean"],
+        ["model.caption_loss=false"],
+        ["model.affinity_norm=softmax"],
+        ["model.max_violation=false"],
+    ],
+)
 def test_every_ablation_trains_one_step(overrides):
     torch.manual_seed(0)
     recipe = _recipe(*overrides)
@@ -74,7 +85,9 @@ def test_every_ablation_trains_one_step(overrides):
     batch["regions"] += torch.randn_like(batch["regions"])  # distinct images
     losses = recipe.training_losses(model, batch)
     assert ("caption" in losses) == ("model.caption_loss=false" not in overrides)
-    assert len(model.image.rrr) == (0 if "model.rrr_layers=0" in overrides else 1 if "model.rrr_layers=1" in overrides else 4)
+    assert len(model.image.rrr) == (
+        0 if "model.rrr_layers=0" in overrides else 1 if "model.rrr_layers=1" in overrides else 4
+    )
     before = [p.detach().clone() for p in model.parameters()]
     losses["loss"].backward()
     torch.optim.SGD(model.parameters(), lr=0.1).step()
@@ -88,7 +101,9 @@ def test_hardest_negatives_start_after_the_warmup():
     assert not recipe.hardest_negatives
     recipe.start_epoch(2)
     assert recipe.hardest_negatives
-    assert _recipe("model.max_violation_warmup_epochs=0").hardest_negatives  # no warm-up: the paper's loss from the first step
+    assert _recipe(
+        "model.max_violation_warmup_epochs=0"
+    ).hardest_negatives  # no warm-up: the paper's loss from the first step
 
 
 def _raw_with(key, captions, seed):
@@ -108,8 +123,10 @@ def test_evaluation_takes_every_caption_an_image_has_and_ranks_as_a_brute_force_
     words = ["a", "red", "circle", "blue", "square"]
     counts = [1, 2, 5, 1, 7, 2, 1, 5]
     rng = random.Random(0)
-    samples = [recipe.eval_sample(_raw_with(f"k{i}", [" ".join(rng.choices(words, k=3)) for _ in range(n)], i), rng)
-               for i, n in enumerate(counts)]
+    samples = [
+        recipe.eval_sample(_raw_with(f"k{i}", [" ".join(rng.choices(words, k=3)) for _ in range(n)], i), rng)
+        for i, n in enumerate(counts)
+    ]
     kept = [min(n, 5) for n in counts]  # eval.max_captions_per_image
     assert [len(s["captions"]) for s in samples] == kept
     batches = [recipe.collate_eval(samples[:3]), recipe.collate_eval(samples[3:])]

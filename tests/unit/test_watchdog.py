@@ -9,16 +9,27 @@ from vldist.distributed.watchdog import Watchdog, describe_hang, find_straggler
 
 
 def record(rank, step=7, phase="collective all_reduce (loss)", seq=1, own=None, data_wait=0.0, reporting=False):
-    return {"rank": rank, "host": f"node{rank}", "pid": 100 + rank, "step": step, "phase": phase, "seq": seq,
-            "own": own, "data_wait": data_wait, "reporting": reporting}
+    return {
+        "rank": rank,
+        "host": f"node{rank}",
+        "pid": 100 + rank,
+        "step": step,
+        "phase": phase,
+        "seq": seq,
+        "own": own,
+        "data_wait": data_wait,
+        "reporting": reporting,
+    }
 
 
 def test_a_rank_whose_heartbeat_stopped_is_named_and_the_waiting_ones_listed():
     before = {0: record(0, seq=10), 1: record(1, phase="forward (main)", seq=4)}
     after = {0: record(0, seq=12, reporting=True), 1: record(1, phase="forward (main)", seq=4)}
     said = describe_hang(before, after, 2)
-    assert said.startswith("rank 1 on node1 (pid 101) stopped responding, last at step 7 in forward (main); "
-                           "waiting for it: rank 0 on node0 (pid 100) at step 7 in collective all_reduce (loss)")
+    assert said.startswith(
+        "rank 1 on node1 (pid 101) stopped responding, last at step 7 in forward (main); "
+        "waiting for it: rank 0 on node0 (pid 100) at step 7 in collective all_reduce (loss)"
+    )
 
 
 def test_a_reporting_rank_is_alive_even_if_its_heartbeat_did_not_move():
@@ -46,12 +57,17 @@ def test_all_in_collectives_names_the_lowest_step_and_a_silent_rank_is_listed():
 
 
 def test_the_straggler_is_the_rank_far_above_the_others_median():
-    records = {0: record(0, own=0.10), 1: record(1, own=0.11), 2: record(2, own=0.35, data_wait=0.2),
-               3: record(3, own=0.09)}
+    records = {
+        0: record(0, own=0.10),
+        1: record(1, own=0.11),
+        2: record(2, own=0.35, data_wait=0.2),
+        3: record(3, own=0.09),
+    }
     rank, said = find_straggler(records, 1.5)
     assert rank == 2
-    assert said == ("rank 2 on node2 takes 3.5x the other ranks' median step (0.35 s against 0.10 s, "
-                    "0.20 s of it data wait)")
+    assert said == (
+        "rank 2 on node2 takes 3.5x the other ranks' median step (0.35 s against 0.10 s, 0.20 s of it data wait)"
+    )
     assert find_straggler(records, 3.6) is None  # under the ratio
     assert find_straggler({0: record(0, own=0.1), 1: record(1, own=None)}, 1.5) is None  # no time yet
 
@@ -77,8 +93,9 @@ def test_own_time_is_the_forward_outside_its_collectives_plus_the_data_wait():
 def test_a_single_process_watchdog_reports_its_own_phase_when_nothing_advances():
     hb, said = Heartbeat(), []
     hb.phase = "data"
-    dog = Watchdog(hb, None, 0, 1, hang_timeout_s=0.5, straggler_ratio=None, resume_hint="resume hint.",
-                   on_hang=said.append).start()
+    dog = Watchdog(
+        hb, None, 0, 1, hang_timeout_s=0.5, straggler_ratio=None, resume_hint="resume hint.", on_hang=said.append
+    ).start()
     deadline = time.monotonic() + 10
     while not said and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -89,8 +106,9 @@ def test_a_single_process_watchdog_reports_its_own_phase_when_nothing_advances()
 
 def test_progress_keeps_the_watchdog_quiet():
     hb, said = Heartbeat(), []
-    dog = Watchdog(hb, None, 0, 1, hang_timeout_s=0.5, straggler_ratio=None, resume_hint="",
-                   on_hang=said.append).start()
+    dog = Watchdog(
+        hb, None, 0, 1, hang_timeout_s=0.5, straggler_ratio=None, resume_hint="", on_hang=said.append
+    ).start()
     for step in range(1, 25):  # a step every 0.05 s for 1.2 s: longer than the timeout
         time.sleep(0.05)
         hb.step_done(step, 0.05, 0.0)

@@ -18,7 +18,9 @@ def pad_regions(features: list[np.ndarray], max_regions: int) -> tuple[torch.Ten
     return regions, mask
 
 
-def pad_tokens(sequences: list[list[int]], pad_id: int = 0, length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_tokens(
+    sequences: list[list[int]], pad_id: int = 0, length: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Id lists -> tokens (B, T) padded with pad_id, lengths (B,). T is the longest sequence, or
     `length` when every batch must have the same shape."""
     lengths = torch.tensor([len(s) for s in sequences])

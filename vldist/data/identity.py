@@ -35,4 +35,3 @@ def sample_identity(raw: dict) -> int:
         if image_id is not None:
             return identity_of(f"image_id:{image_id}")
     return identity_of(str(raw["__key__"]))
-

@@ -74,5 +74,7 @@ class JobShards:
 def open_job_shards(config, recipe_cls) -> JobShards:
     """Open the job's shard sets, once each (build the embedded ones first with build_missing)."""
     access = StoreAccess.of(config.data)
-    return JobShards(ShardSet.open(config.data.shards, access),
-                     {d: ShardSet.open(d, access) for d in stream_sets(config, recipe_cls)})
+    return JobShards(
+        ShardSet.open(config.data.shards, access),
+        {d: ShardSet.open(d, access) for d in stream_sets(config, recipe_cls)},
+    )

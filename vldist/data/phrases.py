@@ -31,8 +31,9 @@ def read_proposals(raw: dict, meta: dict, feature_dim: int | None) -> tuple[np.n
     features = np.load(io.BytesIO(raw["proposals.npy"]), allow_pickle=False)
     boxes = np.asarray(meta["proposal_boxes"], dtype=np.float32).reshape(-1, 4)
     if features.ndim != 2 or features.shape[0] != boxes.shape[0] or features.shape[0] == 0:
-        raise ValueError(f"proposals.npy of {key} has shape {features.shape}, expected ({len(boxes)}, F): one row "
-                         "per proposal box")
+        raise ValueError(
+            f"proposals.npy of {key} has shape {features.shape}, expected ({len(boxes)}, F): one row per proposal box"
+        )
     if feature_dim is not None and features.shape[1] != feature_dim:
         raise ValueError(f"proposals.npy of {key} has {features.shape[1]} features, expected {feature_dim}")
     if not np.isfinite(features).all():
@@ -58,12 +59,21 @@ def chains(objects: list[dict]) -> list[int]:
     objects of one `entity` share a chain; an object without an `entity` (synth scenes: one
     phrase per object) is a chain of its own."""
     numbers: dict[tuple, int] = {}
-    return [numbers.setdefault(("entity", str(o["entity"])) if o.get("entity") is not None else ("object", i),
-                               len(numbers)) for i, o in enumerate(objects)]
+    return [
+        numbers.setdefault(("entity", str(o["entity"])) if o.get("entity") is not None else ("object", i), len(numbers))
+        for i, o in enumerate(objects)
+    ]
 
 
-def training_image(meta: dict, regions: np.ndarray, proposals: np.ndarray, proposal_boxes: np.ndarray,
-                   rng: random.Random, augmented: bool, negatives: int | str) -> dict:
+def training_image(
+    meta: dict,
+    regions: np.ndarray,
+    proposals: np.ndarray,
+    proposal_boxes: np.ndarray,
+    rng: random.Random,
+    augmented: bool,
+    negatives: int | str,
+) -> dict:
     """One image's training rows for phrase localisation (the paper's Algorithm 1):
 
     phrases           the M phrases that have a positive, in object order (str)
@@ -132,8 +142,9 @@ def training_image(meta: dict, regions: np.ndarray, proposals: np.ndarray, propo
         "negatives": proposals[pool] if pool else np.zeros((0, dim), proposals.dtype),
         "negative_box": np.asarray(proposal_boxes, dtype=np.float32)[pool].reshape(-1, 4),
         "drawn": _pairs([(m, at[p]) for m, drawn in enumerate(draws) for p in drawn]),
-        "region_negatives": _pairs(np.argwhere(negative[np.ix_(np.asarray(kept, dtype=np.int64),
-                                                               np.asarray(pool, dtype=np.int64))])),
+        "region_negatives": _pairs(
+            np.argwhere(negative[np.ix_(np.asarray(kept, dtype=np.int64), np.asarray(pool, dtype=np.int64))])
+        ),
         "phrase_negatives": _pairs(np.argwhere(~same_chain & ~covers).tolist()),
     }
 

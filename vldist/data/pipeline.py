@@ -74,7 +74,8 @@ def _skipped_unless_a_shard_is_lost(exn: BaseException) -> bool:
             f"{exn.args[0]}. An exact epoch (data.resampled=false) reads every shard on every rank in one order, "
             "and skipping this one would put the ranks' batches out of step, so the run ends here; the checkpoints "
             "written before are whole. Check the store, then carry on with train.resume=latest, or train with "
-            "data.resampled=true, which skips a lost shard and goes on") from None
+            "data.resampled=true, which skips a lost shard and goes on"
+        ) from None
     return skipped(exn)
 
 
@@ -263,19 +264,21 @@ def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> L
     start = _worker_start(stream, tuple(shielded_signals)) if workers else None
     # a fork server's children have the environment of the server's start: hand them this one
     environment = dict(os.environ) if start is not None else None
-    return Loader(DataLoader(
-        stream,
-        batch_size=None,  # the stream batches itself
-        num_workers=workers,
-        # Its own generator: drawing worker seeds from the global RNG would shift the model's
-        # random stream (dropout) depending on when loaders are created, breaking exact resume.
-        generator=torch.Generator().manual_seed(0),
-        persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
-        worker_init_fn=functools.partial(_init_worker, tuple(shielded_signals), environment) if workers else None,
-        pin_memory=torch.cuda.is_available(),
-        prefetch_factor=4 if workers else None,
-        multiprocessing_context=start,
-    ))
+    return Loader(
+        DataLoader(
+            stream,
+            batch_size=None,  # the stream batches itself
+            num_workers=workers,
+            # Its own generator: drawing worker seeds from the global RNG would shift the model's
+            # random stream (dropout) depending on when loaders are created, breaking exact resume.
+            generator=torch.Generator().manual_seed(0),
+            persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
+            worker_init_fn=functools.partial(_init_worker, tuple(shielded_signals), environment) if workers else None,
+            pin_memory=torch.cuda.is_available(),
+            prefetch_factor=4 if workers else None,
+            multiprocessing_context=start,
+        )
+    )
 
 
 def _init_worker(signals: tuple, environment: dict | None, worker_id: int) -> None:
@@ -305,8 +308,14 @@ def _worker_start(stream: IterableDataset, shielded_signals: tuple = ()):
     # Imported once, in the server, not again in every epoch's workers: what the stream calls, and
     # the main module, which each worker runs again (`python -m vldist.train`; Ray's worker script)
     main = getattr(sys.modules["__main__"], "__spec__", None)
-    preload = ["torch", "webdataset", __name__, *([f.__module__ for f in (spec.sample_fn, spec.collate_fn)] if spec else []),
-               *(["ray"] if "ray" in sys.modules else []), *([main.name] if main is not None else ["__main__"])]
+    preload = [
+        "torch",
+        "webdataset",
+        __name__,
+        *([f.__module__ for f in (spec.sample_fn, spec.collate_fn)] if spec else []),
+        *(["ray"] if "ray" in sys.modules else []),
+        *([main.name] if main is not None else ["__main__"]),
+    ]
     context.set_forkserver_preload(preload)
     # A stop signal sent to the whole process group (torchrun, Slurm) must not end the server or
     # its workers before they ignore it themselves: the server starts with them ignored, and its

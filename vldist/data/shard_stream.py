@@ -13,8 +13,7 @@ from vldist.store.location import redact
 from vldist.store.reader import open_shard
 
 
-def _opened(urls: Iterable[str], access: StoreAccess | None,
-            handler: Callable[[Exception], bool]) -> Iterator[dict]:
+def _opened(urls: Iterable[str], access: StoreAccess | None, handler: Callable[[Exception], bool]) -> Iterator[dict]:
     for url in urls:
         try:
             stream = open_shard(url, access)
@@ -26,9 +25,12 @@ def _opened(urls: Iterable[str], access: StoreAccess | None,
         yield {"url": url, "stream": stream}
 
 
-def shard_samples(urls: Iterable[str], handler: Callable[[Exception], bool],
-                  select_files: Callable[[str], bool] | None = None,
-                  access: StoreAccess | None = None) -> Iterator[dict]:
+def shard_samples(
+    urls: Iterable[str],
+    handler: Callable[[Exception], bool],
+    select_files: Callable[[str], bool] | None = None,
+    access: StoreAccess | None = None,
+) -> Iterator[dict]:
     """Raw samples ({"__key__", "__url__", member name: bytes}) of the shards, in order."""
     files = tar_file_expander(_opened(urls, access, handler), handler=handler, select_files=select_files)
     return group_by_keys(files, handler=handler)

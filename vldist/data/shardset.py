@@ -62,8 +62,10 @@ class ShardSet:
             except Exception as err:  # noqa: BLE001 - any failure to answer: refused or down, said as one
                 raise unreachable(directory, err) from None
             if names is not None and INCOMPLETE in names:
-                raise ShardsNotFoundError(f"the shard set at {redact(directory)} is being written, or its upload was "
-                                          "interrupted: wait for it, or rerun the command that writes it")
+                raise ShardsNotFoundError(
+                    f"the shard set at {redact(directory)} is being written, or its upload was "
+                    "interrupted: wait for it, or rerun the command that writes it"
+                )
             present = names is not None
         else:
             directory = Path(directory)
@@ -71,20 +73,28 @@ class ShardSet:
         if not present:
             # a local path names the host: on a cluster, the set may be on some nodes' disks only
             where = "" if is_url(directory) else f" on {socket.gethostname()}"
-            raise ShardsNotFoundError(f"shard directory '{redact(directory)}' does not exist{where}. "
-                                      f"{_how_to_build(directory)}")
+            raise ShardsNotFoundError(
+                f"shard directory '{redact(directory)}' does not exist{where}. {_how_to_build(directory)}"
+            )
         shards = cls(directory, {}, access, _names=None if names is None else set(names))
         text = shards._read_text(MANIFEST_NAME)
         if text is not None:
             try:
                 shards.manifest = json.loads(text)
             except ValueError as err:
-                raise ShardsUnfitError(f"{redact(join(directory, MANIFEST_NAME))} is not valid JSON ({err}); rebuild or "
-                                       "fix the shard set") from err
+                raise ShardsUnfitError(
+                    f"{redact(join(directory, MANIFEST_NAME))} is not valid JSON ({err}); rebuild or fix the shard set"
+                ) from err
         if is_url(directory):  # what a cached download is checked against
-            shards.access = dataclasses.replace(access, checksums={
-                str(join(directory, s["file"])): s["sha256"] for split in shards.manifest.get("splits", {}).values()
-                for s in split.get("shards", []) if s.get("sha256")})
+            shards.access = dataclasses.replace(
+                access,
+                checksums={
+                    str(join(directory, s["file"])): s["sha256"]
+                    for split in shards.manifest.get("splits", {}).values()
+                    for s in split.get("shards", [])
+                    if s.get("sha256")
+                },
+            )
         return shards
 
     def _read_text(self, name: str) -> str | None:
@@ -121,8 +131,11 @@ class ShardSet:
         """Shard files of a split: from the manifest, else every `<split>-*.tar` in the directory."""
         listed = self.manifest.get("splits", {}).get(split, {}).get("shards")
         present = self._listing()
-        names = [s["file"] for s in listed] if listed else \
-            sorted(n for n in present if n.startswith(f"{split}-") and n.endswith(".tar"))
+        names = (
+            [s["file"] for s in listed]
+            if listed
+            else sorted(n for n in present if n.startswith(f"{split}-") and n.endswith(".tar"))
+        )
         if not names:
             raise ShardsNotFoundError(
                 f"no shards for split '{split}' in '{redact(self.directory)}' (expected files {split}-000000.tar ...). "
@@ -171,8 +184,9 @@ class ShardSet:
             return self._vocab_of(own, join(self.directory, VOCAB_NAME))
         if cached.is_file():
             return self._vocab_of(cached.read_text(), cached)
-        vocab = Vocab.build(itertools.chain(self.train_captions(), *(other.train_captions() for other in also)),
-                            min_count)
+        vocab = Vocab.build(
+            itertools.chain(self.train_captions(), *(other.train_captions() for other in also)), min_count
+        )
         cache_dir.mkdir(parents=True, exist_ok=True)
         vocab.save(cached)
         return vocab

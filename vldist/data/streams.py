@@ -48,8 +48,7 @@ class TrainingStreams:
     stream_functions() and sample_keys; accumulation: micro-batches per optimizer step.
     """
 
-    def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1,
-                 shielded_signals=()):
+    def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1, shielded_signals=()):
         self.config, self.accumulation, self.shielded = config, accumulation, tuple(shielded_signals)
         self.streams, self.micro_per_epoch = self._build(recipe, shards, rank, world_size)
 
@@ -57,24 +56,36 @@ class TrainingStreams:
         config, t = self.config, self.config.train
         sources = stream_sources(recipe.train_streams(config))
         if len(sources) > 1 and not config.data.resampled:
-            raise ValueError(f"data.resampled=false reads one stream; this recipe has {len(sources)} ({', '.join(sources)})")
+            raise ValueError(
+                f"data.resampled=false reads one stream; this recipe has {len(sources)} ({', '.join(sources)})"
+            )
         specs, counts = {}, {}
         for index, (name, src) in enumerate(sources.items()):
             shard_set = shards.get(src.shards)
             batch = src.batch_size or config.data.batch_size
             if batch % (world_size * self.accumulation):
-                raise ValueError(f"stream '{name}': its batch of {batch} must be divisible by {world_size} "
-                                 f"ranks x train.grad_accumulation={self.accumulation}")
+                raise ValueError(
+                    f"stream '{name}': its batch of {batch} must be divisible by {world_size} "
+                    f"ranks x train.grad_accumulation={self.accumulation}"
+                )
             micro_global = batch // self.accumulation
             samples = t.samples_per_epoch or shard_set.num_samples(src.split)
             if samples is None:
-                raise ValueError(f"the shard set has no manifest count for split '{src.split}'; set train.samples_per_epoch")
+                raise ValueError(
+                    f"the shard set has no manifest count for split '{src.split}'; set train.samples_per_epoch"
+                )
             sample_fn, collate_fn = recipe.stream_functions(name)
             specs[name] = StreamSpec(
-                urls=shard_set.urls(src.split), keep=src.keys or recipe.sample_keys, sample_fn=sample_fn,
-                collate_fn=collate_fn, batch_size=micro_global // world_size,
-                seed=config.seed + 1_000_003 * index, rank=rank, world_size=world_size,
-                optional=recipe.optional_keys, access=shard_set.access,
+                urls=shard_set.urls(src.split),
+                keep=src.keys or recipe.sample_keys,
+                sample_fn=sample_fn,
+                collate_fn=collate_fn,
+                batch_size=micro_global // world_size,
+                seed=config.seed + 1_000_003 * index,
+                rank=rank,
+                world_size=world_size,
+                optional=recipe.optional_keys,
+                access=shard_set.access,
             )
             if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
                 steps = exact_epoch_steps(samples, micro_global, world_size)
@@ -84,8 +95,10 @@ class TrainingStreams:
         for name, src in sources.items():
             if src.steps_like is not None:  # e.g. one single-image batch per pair batch, as L2C trains
                 if src.steps_like not in own or src.steps_like == name:
-                    raise ValueError(f"stream '{name}' takes its steps like '{src.steps_like}', which is not another "
-                                     f"of this recipe's streams ({', '.join(sources)})")
+                    raise ValueError(
+                        f"stream '{name}' takes its steps like '{src.steps_like}', which is not another "
+                        f"of this recipe's streams ({', '.join(sources)})"
+                    )
                 counts[name] = own[src.steps_like]
         streams = {name: TrainStream(specs[name], counts[name], config.data.shuffle_buffer) for name in specs}
         return streams, sum(counts.values())

@@ -56,15 +56,16 @@ class Vocab:
         return cls(kept)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"words": self.itos[len(SPECIALS):]}, indent=0) + "\n")
+        Path(path).write_text(json.dumps({"words": self.itos[len(SPECIALS) :]}, indent=0) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> Vocab:
         try:
             text = Path(path).read_text()
         except OSError as err:
-            raise ValueError(f"cannot read the vocabulary {path}: {err}. Delete it and it is rebuilt from the "
-                             "train captions.") from err
+            raise ValueError(
+                f"cannot read the vocabulary {path}: {err}. Delete it and it is rebuilt from the train captions."
+            ) from err
         return cls.from_json(text, str(path))
 
     @classmethod
@@ -74,7 +75,6 @@ class Vocab:
             words = json.loads(text)["words"]
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(
-                f"cannot read the vocabulary {where}: {err}. Delete it and it is rebuilt from the "
-                "train captions."
+                f"cannot read the vocabulary {where}: {err}. Delete it and it is rebuilt from the train captions."
             ) from err
         return cls(words)

@@ -33,8 +33,10 @@ def set_negatives_group_size(size: int | None) -> None:
     if world_size % size:
         from vldist.config import ConfigError
 
-        raise ConfigError(f"train.negatives_group_size={size} must divide the {world_size} ranks of the job into equal "
-                         "blocks (e.g. the ranks of a node), or be left unset for the whole global batch")
+        raise ConfigError(
+            f"train.negatives_group_size={size} must divide the {world_size} ranks of the job into equal "
+            "blocks (e.g. the ranks of a node), or be left unset for the whole global batch"
+        )
     _negatives_group, _ = dist.new_subgroups(group_size=size)
 
 
@@ -169,11 +171,13 @@ def all_gather_rows(x: Tensor) -> tuple[Tensor, int]:
         shapes = [torch.zeros_like(shape) for _ in range(size)]
         dist.all_gather(shapes, shape, group=group)
         if any(not torch.equal(s[1:], shape[1:]) for s in shapes):
-            raise ValueError(f"all_gather_rows: every dimension but the first must agree across ranks; "
-                             f"got shapes {[tuple(s.tolist()) for s in shapes]}")
+            raise ValueError(
+                f"all_gather_rows: every dimension but the first must agree across ranks; "
+                f"got shapes {[tuple(s.tolist()) for s in shapes]}"
+            )
         rows = [int(s[0]) for s in shapes]
         padded = torch.zeros((max(rows), *x.shape[1:]), dtype=x.dtype, device=x.device)
-        padded[:x.shape[0]] = x
+        padded[: x.shape[0]] = x
         parts = [torch.empty_like(padded) for _ in range(size)]
         dist.all_gather(parts, padded, group=group)
         out = torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)], dim=0)

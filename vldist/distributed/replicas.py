@@ -56,24 +56,28 @@ def tensor_hash(tensor: torch.Tensor) -> int:
     weights = torch.arange(1, ROW + 1, dtype=torch.int64, device=words.device)
     row_sums = []
     for first in range(0, rows, BLOCK_ROWS):
-        block = words[first * ROW:(first + BLOCK_ROWS) * ROW].to(torch.int64) % PRIME
+        block = words[first * ROW : (first + BLOCK_ROWS) * ROW].to(torch.int64) % PRIME
         padded = torch.nn.functional.pad(block, (0, -block.numel() % ROW)).view(-1, ROW)
         row_sums.append((padded * weights).sum(dim=1) % PRIME)  # < 2^31 * 2^16 * 2^16: no overflow
     sums = torch.cat(row_sums)
     total = 0
     for first in range(0, sums.numel(), ROW):  # more than ROW rows only past 2^32 words
-        part = sums[first:first + ROW]
-        total = (total + int((part * weights[:part.numel()]).sum()) % PRIME * (first // ROW + 1)) % PRIME
+        part = sums[first : first + ROW]
+        total = (total + int((part * weights[: part.numel()]).sum()) % PRIME * (first // ROW + 1)) % PRIME
     return total
 
 
 def replicated_tensors(model: nn.Module, sync_batchnorm: bool) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) of what every rank holds the same, in the model's order (see the module
     docstring for what is left out)."""
-    local = {id(buffer) for module in model.modules()
-             if isinstance(module, nn.modules.batchnorm._BatchNorm) and not (
-                 sync_batchnorm and isinstance(module, GlobalBatchNorm1d))
-             for name, buffer in module.named_buffers(recurse=False) if name in ("running_mean", "running_var")}
+    local = {
+        id(buffer)
+        for module in model.modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        and not (sync_batchnorm and isinstance(module, GlobalBatchNorm1d))
+        for name, buffer in module.named_buffers(recurse=False)
+        if name in ("running_mean", "running_var")
+    }
     parameters = [(f"parameter {n}", p) for n, p in model.named_parameters() if p.numel() > 0]
     buffers = [(f"buffer {n}", b) for n, b in model.named_buffers() if id(b) not in local and b.numel() > 0]
     return parameters + buffers
@@ -98,11 +102,24 @@ class ReplicaCheck:
         hashes = gather_objects([tensor_hash(t) for _, t in tensors])  # one all-gather of a few ints
         differing = [i for i in range(len(tensors)) if len({rank[i] for rank in hashes}) > 1]
         if differing:
-            raise ReplicasDiverged(_diverged(step, tensors[differing[0]][0], [rank[differing[0]] for rank in hashes],
-                                             len(differing), len(tensors), self.passed_at))
+            raise ReplicasDiverged(
+                _diverged(
+                    step,
+                    tensors[differing[0]][0],
+                    [rank[differing[0]] for rank in hashes],
+                    len(differing),
+                    len(tensors),
+                    self.passed_at,
+                )
+            )
         if self.passed_at is None:
-            log.info("replica check at step %d: the %d ranks hold the same %d parameters and buffers (again every "
-                     "%d steps)", step, self.world_size, len(tensors), self.every)
+            log.info(
+                "replica check at step %d: the %d ranks hold the same %d parameters and buffers (again every %d steps)",
+                step,
+                self.world_size,
+                len(tensors),
+                self.every,
+            )
         self.passed_at = step
 
 
@@ -110,12 +127,19 @@ def _diverged(step: int, name: str, values: list[int], count: int, checked: int,
     groups: dict[int, list[int]] = {}
     for rank, value in enumerate(values):
         groups.setdefault(value, []).append(rank)
-    held = "; ".join(("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-                     for ranks in sorted(groups.values(), key=lambda r: (-len(r), r)))
-    since = (f"they agreed at step {passed_at}, so checkpoints after it hold rank 0's copy of a diverged run"
-             if passed_at is not None else "this is the process's first check")
-    return (f"the ranks' replicas of the model diverged by step {step}: {name} differs ({len(groups)} values: {held}; "
-            f"{count} of {checked} checked tensors differ); {since}. Something updated one rank's copy alone: a "
-            "recipe whose forward skips the engine's wrapper (an override of Recipe.training_losses that calls the "
-            "module itself: no gradient all-reduce), a nondeterministic kernel, or a faulty device. Fix the cause, then resume from a "
-            "checkpoint written before the divergence (train.resume=<its path>).")
+    held = "; ".join(
+        ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+        for ranks in sorted(groups.values(), key=lambda r: (-len(r), r))
+    )
+    since = (
+        f"they agreed at step {passed_at}, so checkpoints after it hold rank 0's copy of a diverged run"
+        if passed_at is not None
+        else "this is the process's first check"
+    )
+    return (
+        f"the ranks' replicas of the model diverged by step {step}: {name} differs ({len(groups)} values: {held}; "
+        f"{count} of {checked} checked tensors differ); {since}. Something updated one rank's copy alone: a "
+        "recipe whose forward skips the engine's wrapper (an override of Recipe.training_losses that calls the "
+        "module itself: no gradient all-reduce), a nondeterministic kernel, or a faulty device. Fix the cause, then resume from a "
+        "checkpoint written before the divergence (train.resume=<its path>)."
+    )

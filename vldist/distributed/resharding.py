@@ -61,25 +61,36 @@ def weights_only_torch_load(safe_classes: list):
         torch.load = original
 
 
-def load_resharded(engine, path: Path, tag: str, safe_classes: list, checkpoint: Path, saved_world: int,
-                   world: int) -> None:
+def load_resharded(
+    engine, path: Path, tag: str, safe_classes: list, checkpoint: Path, saved_world: int, world: int
+) -> None:
     """Collective. Load the ZeRO state in `path`/`tag`, written by `saved_world` ranks, into the
     DeepSpeed `engine` of `world` ranks. A conversion that fails is refused with the reason."""
     from deepspeed.checkpoint import ds_to_universal
 
     with tempfile.TemporaryDirectory(prefix="vldist-universal-") as scratch:
         output = io.StringIO()  # the converter prints a banner and progress bars on every rank
-        args = SimpleNamespace(input_folder=str(Path(path) / tag), output_folder=str(Path(scratch) / tag),
-                               num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
-                               inject_missing_state=True)  # vldist's module declares no tensor-parallel layout
+        args = SimpleNamespace(
+            input_folder=str(Path(path) / tag),
+            output_folder=str(Path(scratch) / tag),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,
+        )  # vldist's module declares no tensor-parallel layout
         try:
-            with weights_only_torch_load(safe_classes), contextlib.redirect_stdout(output), \
-                    contextlib.redirect_stderr(output):
+            with (
+                weights_only_torch_load(safe_classes),
+                contextlib.redirect_stdout(output),
+                contextlib.redirect_stderr(output),
+            ):
                 ds_to_universal.main(args)
                 # The flag is read from the engine's config at load time; set for this load only.
                 engine._config.load_universal_checkpoint = True
-                loaded, _ = engine.load_checkpoint(scratch, tag=tag, load_module_strict=False,
-                                                   load_lr_scheduler_states=False)
+                loaded, _ = engine.load_checkpoint(
+                    scratch, tag=tag, load_module_strict=False, load_lr_scheduler_states=False
+                )
         except Exception as err:  # noqa: BLE001 - the converter raises many types (AssertionError among them)
             detail = f"{type(err).__name__}: {err}".strip().rstrip(":")
             raise IncompatibleCheckpoint(

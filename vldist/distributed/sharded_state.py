@@ -67,8 +67,11 @@ def _tensor_entries(directory: Path) -> dict:
 
     metadata = _dcp().FileSystemReader(str(directory)).read_metadata()
     prefix = MODEL_KEY + "."
-    return {key: md for key, md in metadata.state_dict_metadata.items()
-            if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+    return {
+        key: md
+        for key, md in metadata.state_dict_metadata.items()
+        if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)
+    }
 
 
 def _distributed() -> bool:
@@ -89,12 +92,20 @@ def state_of(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(ignore_frozen_params=False)
-    return {MODEL_KEY: get_model_state_dict(model, options=options),
-            "optimizers": {name: get_optimizer_state_dict(model, opt, options=options) for name, opt in optimizers.items()}}
+    return {
+        MODEL_KEY: get_model_state_dict(model, options=options),
+        "optimizers": {name: get_optimizer_state_dict(model, opt, options=options) for name, opt in optimizers.items()},
+    }
 
 
-def save(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directory: Path,
-         asynchronous: bool = False, process_group=None, extra: dict | None = None) -> Future | None:
+def save(
+    model: nn.Module,
+    optimizers: dict[str, torch.optim.Optimizer],
+    directory: Path,
+    asynchronous: bool = False,
+    process_group=None,
+    extra: dict | None = None,
+) -> Future | None:
     """Collective. Write the state into `directory` (each rank its part). Asynchronous: the state is
     copied to CPU memory now and written by a background thread; the returned future completes
     when every rank's files and the metadata are written. `process_group`: the group DCP's own
@@ -110,8 +121,9 @@ def save(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directo
     return None
 
 
-def load(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directory: Path,
-         extra: dict | None = None) -> dict:
+def load(
+    model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directory: Path, extra: dict | None = None
+) -> dict:
     """Collective. Load the state saved by `save`, on any number of ranks; returns the `extra`
     state, loaded into the template given (its keys say what to read)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
@@ -128,7 +140,7 @@ def load(model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], directo
 def tensor_shapes(directory: Path) -> dict[str, tuple[int, ...]]:
     """The model's parameter shapes, from DCP's metadata alone."""
     prefix = MODEL_KEY + "."
-    return {key[len(prefix):]: tuple(md.size) for key, md in _tensor_entries(directory).items()}
+    return {key[len(prefix) :]: tuple(md.size) for key, md in _tensor_entries(directory).items()}
 
 
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
@@ -138,4 +150,4 @@ def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
     template = {key: torch.empty(md.size, dtype=md.properties.dtype) for key, md in _tensor_entries(directory).items()}
     with _one_process_is_meant():
         _dcp().load(template, checkpoint_id=str(directory), planner=_weights_only_planner(), no_dist=True)
-    return {key[len(prefix):]: value for key, value in template.items()}
+    return {key[len(prefix) :]: value for key, value in template.items()}

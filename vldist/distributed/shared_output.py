@@ -40,16 +40,24 @@ def check_output_shared(engine, config: JobConfig) -> None:
     if not apart:
         return
     where = ", ".join(f"rank {rank} on {host}" for rank, host in apart)
-    if config.output.checkpoint_dir and config.engine.backend == "accelerate" and config.train.checkpoint_format == "plain":
+    if (
+        config.output.checkpoint_dir
+        and config.engine.backend == "accelerate"
+        and config.train.checkpoint_format == "plain"
+    ):
         if engine.is_main:
             log.info("%s keep their own %s; checkpoints reach them through output.checkpoint_dir", where, out)
         return
-    why = ("engine.backend=deepspeed writes a part of every checkpoint on each rank" if config.engine.backend == "deepspeed"
-           else "train.checkpoint_format=sharded writes a part of every checkpoint on each rank"
-           if config.train.checkpoint_format == "sharded"
-           else "without output.checkpoint_dir a rank there would resume from nothing while rank 0 resumes")
+    why = (
+        "engine.backend=deepspeed writes a part of every checkpoint on each rank"
+        if config.engine.backend == "deepspeed"
+        else "train.checkpoint_format=sharded writes a part of every checkpoint on each rank"
+        if config.train.checkpoint_format == "sharded"
+        else "without output.checkpoint_dir a rank there would resume from nothing while rank 0 resumes"
+    )
     raise ConfigError(
         f"output.dir {out} is not one directory for every rank: {where} {'does' if len(apart) == 1 else 'do'} "
         f"not see what rank 0 on {seen[0][2]} wrote there, and {why}. Put output.dir on a filesystem every node shares, or "
         "(plain checkpoints under Accelerate) set output.checkpoint_dir to a store URL (s3://...) that "
-        "carries the checkpoints between nodes")
+        "carries the checkpoints between nodes"
+    )

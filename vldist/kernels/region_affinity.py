@@ -29,7 +29,9 @@ def region_affinity_torch(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     if not theta.shape == phi.shape == g.shape or theta.dim() != 3:
-        raise ValueError(f"theta, phi, g must all be (B, K, D); got {tuple(theta.shape)}, {tuple(phi.shape)}, {tuple(g.shape)}")
+        raise ValueError(
+            f"theta, phi, g must all be (B, K, D); got {tuple(theta.shape)}, {tuple(phi.shape)}, {tuple(g.shape)}"
+        )
     affinity = theta @ phi.transpose(1, 2)  # (B, K, K): row i = how much region i attends to j
     if normalize == "count":
         if mask is None:

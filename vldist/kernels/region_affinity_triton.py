@@ -42,9 +42,21 @@ def _chunk(base, rows, d0, K, D, stride_k, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k,
-                         HAS_MASK: tl.constexpr, SOFTMAX: tl.constexpr, BLOCK_K: tl.constexpr,
-                         BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+def _normalized_affinity(
+    theta_ptr,
+    phi_ptr,
+    mask_ptr,
+    base,
+    base_mask,
+    K,
+    D,
+    stride_k,
+    HAS_MASK: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     """P (BLOCK_K x BLOCK_K, fp32) for one image, and its row/column validity."""
     rows = tl.arange(0, BLOCK_K)
     in_k = rows < K
@@ -74,13 +86,28 @@ def _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, st
 
 @triton.autotune(configs=_configs(), key=["K", "D"])
 @triton.jit
-def _forward_kernel(theta_ptr, phi_ptr, g_ptr, mask_ptr, out_ptr, K, D, stride_b, stride_k, stride_mb,
-                    HAS_MASK: tl.constexpr, SOFTMAX: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
-                    IEEE: tl.constexpr):
+def _forward_kernel(
+    theta_ptr,
+    phi_ptr,
+    g_ptr,
+    mask_ptr,
+    out_ptr,
+    K,
+    D,
+    stride_b,
+    stride_k,
+    stride_mb,
+    HAS_MASK: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     b = tl.program_id(0)
     base, base_mask = b * stride_b, b * stride_mb
-    p, valid = _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k,
-                                    HAS_MASK, SOFTMAX, BLOCK_K, BLOCK_D, IEEE)
+    p, valid = _normalized_affinity(
+        theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k, HAS_MASK, SOFTMAX, BLOCK_K, BLOCK_D, IEEE
+    )
     rows = tl.arange(0, BLOCK_K)
     for d0 in range(0, D, BLOCK_D):
         offs, ld = _chunk(base, rows, d0, K, D, stride_k, BLOCK_D)
@@ -91,13 +118,31 @@ def _forward_kernel(theta_ptr, phi_ptr, g_ptr, mask_ptr, out_ptr, K, D, stride_b
 
 @triton.autotune(configs=_configs(), key=["K", "D"])
 @triton.jit
-def _backward_kernel(theta_ptr, phi_ptr, g_ptr, mask_ptr, dy_ptr, dtheta_ptr, dphi_ptr, dg_ptr, K, D,
-                     stride_b, stride_k, stride_mb, HAS_MASK: tl.constexpr, SOFTMAX: tl.constexpr,
-                     BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
+def _backward_kernel(
+    theta_ptr,
+    phi_ptr,
+    g_ptr,
+    mask_ptr,
+    dy_ptr,
+    dtheta_ptr,
+    dphi_ptr,
+    dg_ptr,
+    K,
+    D,
+    stride_b,
+    stride_k,
+    stride_mb,
+    HAS_MASK: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
+):
     b = tl.program_id(0)
     base, base_mask = b * stride_b, b * stride_mb
-    p, valid = _normalized_affinity(theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k,
-                                    HAS_MASK, SOFTMAX, BLOCK_K, BLOCK_D, IEEE)
+    p, valid = _normalized_affinity(
+        theta_ptr, phi_ptr, mask_ptr, base, base_mask, K, D, stride_k, HAS_MASK, SOFTMAX, BLOCK_K, BLOCK_D, IEEE
+    )
     rows = tl.arange(0, BLOCK_K)
     # dP = dY g^T, over D (rows of padded regions had their output zeroed: no gradient)
     dp = tl.zeros((BLOCK_K, BLOCK_K), dtype=tl.float32)
@@ -129,8 +174,14 @@ def _launch_args(theta: torch.Tensor, mask: torch.Tensor | None, normalize: str)
     if K > MAX_K:
         raise ValueError(f"the Triton region affinity handles up to {MAX_K} regions, got K={K}; use gcn_kernel=torch")
     return dict(
-        K=K, D=D, stride_b=K * D, stride_k=D, stride_mb=K if mask is not None else 0,
-        HAS_MASK=mask is not None, SOFTMAX=normalize == "softmax", BLOCK_K=max(16, triton.next_power_of_2(K)),
+        K=K,
+        D=D,
+        stride_b=K * D,
+        stride_k=D,
+        stride_mb=K if mask is not None else 0,
+        HAS_MASK=mask is not None,
+        SOFTMAX=normalize == "softmax",
+        BLOCK_K=max(16, triton.next_power_of_2(K)),
         IEEE=theta.dtype == torch.float32,  # fp32 in, fp32 math (no TF32 rounding)
     )
 
@@ -157,7 +208,9 @@ class RegionAffinityFunction(torch.autograd.Function):
 
 def region_affinity_triton(theta, phi, g, normalize: str = "count", mask=None):
     if not theta.shape == phi.shape == g.shape or theta.dim() != 3:
-        raise ValueError(f"theta, phi, g must all be (B, K, D); got {tuple(theta.shape)}, {tuple(phi.shape)}, {tuple(g.shape)}")
+        raise ValueError(
+            f"theta, phi, g must all be (B, K, D); got {tuple(theta.shape)}, {tuple(phi.shape)}, {tuple(g.shape)}"
+        )
     if normalize not in ("count", "softmax"):
         raise ValueError(f"normalize must be 'count' or 'softmax', not {normalize!r}")
     return RegionAffinityFunction.apply(theta, phi, g, mask, normalize)

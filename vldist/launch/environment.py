@@ -40,7 +40,9 @@ def adopt_slurm_environment(env: MutableMapping[str, str] = os.environ) -> bool:
     env["RANK"] = env["SLURM_PROCID"]
     env["WORLD_SIZE"] = str(world_size)
     env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
-    env.setdefault("MASTER_ADDR", _first_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1"))))
+    env.setdefault(
+        "MASTER_ADDR", _first_host(env.get("SLURM_STEP_NODELIST", env.get("SLURM_JOB_NODELIST", "127.0.0.1")))
+    )
     env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
     return True
 
@@ -80,8 +82,10 @@ def rejoin_warning(env: Mapping[str, str] = os.environ) -> str | None:
     shared = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") != "1"
     if nodes < 2 or restarts < 1 or not shared:
         return None
-    return (f"torchrun: this job spans {nodes} nodes and restarts its ranks (--max-restarts {restarts}), but "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not set: a node lost and started again could not rejoin (its "
-            "agent and the others' wait for each other until the rendezvous times out; pytorch/pytorch#147064). Set "
-            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every node's environment before torchrun "
-            "(cluster/torchrun/train.sh does; docs/preemption.md).")
+    return (
+        f"torchrun: this job spans {nodes} nodes and restarts its ranks (--max-restarts {restarts}), but "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is not set: a node lost and started again could not rejoin (its "
+        "agent and the others' wait for each other until the rendezvous times out; pytorch/pytorch#147064). Set "
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every node's environment before torchrun "
+        "(cluster/torchrun/train.sh does; docs/preemption.md)."
+    )

@@ -56,7 +56,9 @@ def choose_gloo_interface(env: MutableMapping[str, str] = os.environ) -> str | N
     whose user has not set it; returns the interface set, or None (nothing changed)."""
     if "GLOO_SOCKET_IFNAME" in env or not env.get("MASTER_ADDR"):
         return None
-    if env.get("LOCAL_WORLD_SIZE") == env.get("WORLD_SIZE", "1"):  # one host (torchrun says so): gloo's default is right
+    if env.get("LOCAL_WORLD_SIZE") == env.get(
+        "WORLD_SIZE", "1"
+    ):  # one host (torchrun says so): gloo's default is right
         return None
     try:
         name = interface_towards(env["MASTER_ADDR"])

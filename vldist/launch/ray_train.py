@@ -85,16 +85,18 @@ def worker_shards(data) -> str:
 def worker_config(config: JobConfig) -> JobConfig:
     """The config the workers run: absolute paths (workers start in other directories, maybe on
     other machines) but an embedded set's name, and the run directory as output."""
-    return config.model_copy(update={
-        "data": config.data.model_copy(update={"shards": worker_shards(config.data)}),
-        "output": config.output.model_copy(update={"dir": str(run_dir(config))}),
-        # a job submitted again carries on where it stopped (a new run needs a new ray.name)
-        "train": config.train.model_copy(update={"resume": config.train.resume or "auto"}),
-        "metrics": config.metrics.model_copy(
-            update={"targets_dir": config.metrics.targets_dir or str(run_dir(config) / "prometheus")}
-        ),
-        "launcher": "local",
-    })
+    return config.model_copy(
+        update={
+            "data": config.data.model_copy(update={"shards": worker_shards(config.data)}),
+            "output": config.output.model_copy(update={"dir": str(run_dir(config))}),
+            # a job submitted again carries on where it stopped (a new run needs a new ray.name)
+            "train": config.train.model_copy(update={"resume": config.train.resume or "auto"}),
+            "metrics": config.metrics.model_copy(
+                update={"targets_dir": config.metrics.targets_dir or str(run_dir(config) / "prometheus")}
+            ),
+            "launcher": "local",
+        }
+    )
 
 
 def check_batch_splits(config: JobConfig, fewest: int, most: int) -> None:
@@ -126,8 +128,11 @@ def _train_worker(train: TrainFunction, board, payload: dict) -> None:
         # that one since; the run directory (and output.checkpoint_dir's store) holds every
         # committed checkpoint, and train.resume (auto under Ray, see worker_config) takes its
         # newest good one.
-        log.info("Ray's last registered checkpoint is %s (a restart, or the job submitted again); resuming from the "
-                 "newest in the run directory", restored.path)
+        log.info(
+            "Ray's last registered checkpoint is %s (a restart, or the job submitted again); resuming from the "
+            "newest in the run directory",
+            restored.path,
+        )
     rank0 = ray.train.get_context().get_world_rank() == 0
 
     def report(path: Path, metrics: dict) -> None:
@@ -159,7 +164,9 @@ def relay_stop_signals(names, board):
     def relay(signum, frame):
         noted.append(signal.Signals(signum).name)
         wake.set()
-        os.write(2, f"vldist: {signal.Signals(signum).name} received: asking the workers to checkpoint and stop\n".encode())
+        os.write(
+            2, f"vldist: {signal.Signals(signum).name} received: asking the workers to checkpoint and stop\n".encode()
+        )
 
     def post():
         while not done.is_set():
@@ -201,8 +208,13 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
         gpus = 1.0 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
     fewest, most = config.ray.worker_range
     check_batch_splits(config, fewest, most)
-    log.info("Ray: %s workers x (%g CPU, %g GPU), run directory %s", config.ray.num_workers,
-             config.ray.cpus_per_worker, gpus, out)
+    log.info(
+        "Ray: %s workers x (%g CPU, %g GPU), run directory %s",
+        config.ray.num_workers,
+        config.ray.cpus_per_worker,
+        gpus,
+        out,
+    )
     board = open_board()
     # Ray Train moves each worker into a directory of its own; vldist's workers stay where Ray
     # starts them, the job's working directory on their node, where relative names resolve alike
@@ -215,11 +227,13 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
         torch_config=TorchConfig(timeout_s=max(1, round(config.engine.timeout_s))),
         scaling_config=ScalingConfig(
             # a range: Ray Train's elastic training (it starts with what it gets, at least the fewest)
-            num_workers=most if fewest == most else (fewest, most), use_gpu=gpus > 0,
+            num_workers=most if fewest == most else (fewest, most),
+            use_gpu=gpus > 0,
             resources_per_worker={"CPU": config.ray.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
         ),
         run_config=RunConfig(
-            name=out.name, storage_path=str(out.parent),
+            name=out.name,
+            storage_path=str(out.parent),
             failure_config=FailureConfig(max_failures=config.ray.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=None),  # vldist prunes its own
         ),

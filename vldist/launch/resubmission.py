@@ -33,12 +33,31 @@ from vldist.store.location import is_url, redact, unreachable
 # What may change between submissions of one run: how and where it runs, not what it trains. A
 # whole section, or one section.key. Every other key must match the run's own config.yaml.
 HOW_IT_RUNS = {
-    "launcher", "ray", "metrics", "output", "eval",
-    "data.storage_options", "data.retries", "data.cache_dir", "data.cache_max_gb", "data.build_if_missing",
-    "data.workers", "data.eval_batch_size", "data.test_split",
-    "train.resume", "train.log_every", "train.stop_signals", "train.hang_timeout_s", "train.straggler_ratio",
-    "train.threads", "train.device", "train.keep_last", "train.save_every_steps", "train.async_checkpoints",
-    "train.checkpoint_format", "train.replica_check_every",
+    "launcher",
+    "ray",
+    "metrics",
+    "output",
+    "eval",
+    "data.storage_options",
+    "data.retries",
+    "data.cache_dir",
+    "data.cache_max_gb",
+    "data.build_if_missing",
+    "data.workers",
+    "data.eval_batch_size",
+    "data.test_split",
+    "train.resume",
+    "train.log_every",
+    "train.stop_signals",
+    "train.hang_timeout_s",
+    "train.straggler_ratio",
+    "train.threads",
+    "train.device",
+    "train.keep_last",
+    "train.save_every_steps",
+    "train.async_checkpoints",
+    "train.checkpoint_format",
+    "train.replica_check_every",
     "engine.timeout_s",
 }
 
@@ -78,7 +97,7 @@ def _settings(config: dict) -> dict:
     for section, values in config.items():
         if section in HOW_IT_RUNS:
             continue
-        for key, value in (values.items() if isinstance(values, dict) else [(None, values)]):
+        for key, value in values.items() if isinstance(values, dict) else [(None, values)]:
             name = section if key is None else f"{section}.{key}"
             if name not in HOW_IT_RUNS:
                 flat[name] = value
@@ -134,19 +153,26 @@ def check_run_directory(config: JobConfig, resume_given: str | None) -> str:
     if newest is None:
         return f"Ray run directory {out}: a new run" + (f" (train.resume={resume_given})" if resume_given else "")
     if resume_given not in (None, "auto"):
-        return (f"Ray run directory {out}: train.resume={resume_given} as given; its newest checkpoint is step "
-                f"{newest.step} ({newest.where})")
+        return (
+            f"Ray run directory {out}: train.resume={resume_given} as given; its newest checkpoint is step "
+            f"{newest.step} ({newest.where})"
+        )
     afresh = start_afresh(config, use_ray=True)
-    refuse_other_settings(newest.config, config, f"the Ray run directory {out} holds a run",
-                          f"{afresh}; or pass train.resume=latest to carry on from its step-{newest.step} checkpoint "
-                          "with this job's settings")
+    refuse_other_settings(
+        newest.config,
+        config,
+        f"the Ray run directory {out} holds a run",
+        f"{afresh}; or pass train.resume=latest to carry on from its step-{newest.step} checkpoint "
+        "with this job's settings",
+    )
     if _finished(newest, out):
         evaluate = redact(config.output.checkpoint_dir) if config.output.checkpoint_dir else str(out)
         raise RunDirectoryTaken(
             f"the run in the Ray run directory {out} finished: its newest checkpoint is its last step's, "
             f"{newest.step} ({newest.where}), so submitting it again neither trains it further nor starts it over. "
             f"{afresh}; evaluate it with `python -m vldist.evaluate {evaluate}`; to train it further, raise "
-            "train.max_steps (or train.epochs) and pass train.resume=latest.")
+            "train.max_steps (or train.epochs) and pass train.resume=latest."
+        )
     return f"Ray run directory {out}: resuming the stopped run from step {newest.step} ({newest.where})"
 
 
@@ -163,5 +189,7 @@ def refuse_other_settings(recorded: dict, config: JobConfig, what: str, remedy: 
     `config` and which, then `remedy`, unless they train the same."""
     differ = settings_differences(recorded, config.model_dump(mode="json"))
     if differ:
-        raise RunDirectoryTaken(f"{what}, with other settings than this job ({len(differ)} differ: {'; '.join(differ)}): "
-                                f"only the job that started it carries it on. {remedy}.")
+        raise RunDirectoryTaken(
+            f"{what}, with other settings than this job ({len(differ)} differ: {'; '.join(differ)}): "
+            f"only the job that started it carries it on. {remedy}."
+        )

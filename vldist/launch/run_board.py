@@ -57,8 +57,10 @@ def stop_watch(board):
             reason = ray.get(board.read_stop.remote(), timeout=10)
         except Exception as err:  # noqa: BLE001 - any failure to ask is "no request seen"
             quiet_until = time.monotonic() + 60  # not a 10 s wait every step
-            log.warning("the driver's stop board did not answer (%s); training goes on, asking again in 60 s",
-                        type(err).__name__)
+            log.warning(
+                "the driver's stop board did not answer (%s); training goes on, asking again in 60 s",
+                type(err).__name__,
+            )
             return None
         return f"{reason} (relayed by the Ray driver)" if reason else None
 

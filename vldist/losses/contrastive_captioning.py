@@ -31,32 +31,46 @@ Terms = Literal["full", "positive", "negative"]
 TERMS = ("full", "positive", "negative")
 
 
-def _check_inputs(pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor, neg_reference: Tensor,
-                  nu: float, terms: str) -> None:
+def _check_inputs(
+    pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor, neg_reference: Tensor, nu: float, terms: str
+) -> None:
     if terms not in TERMS:
         raise ValueError(f"terms must be one of {TERMS}, got {terms!r}")
     if isinstance(nu, bool) or not isinstance(nu, (int, float)) or not (math.isfinite(nu) and nu > 0):
         raise ValueError(f"nu (= T_n / T_m, Eq. 3) must be a finite number > 0, got {nu!r}")
-    named = {"pos_target": pos_target, "pos_reference": pos_reference,
-             "neg_target": neg_target, "neg_reference": neg_reference}
+    named = {
+        "pos_target": pos_target,
+        "pos_reference": pos_reference,
+        "neg_target": neg_target,
+        "neg_reference": neg_reference,
+    }
     for name, x in named.items():
         if not isinstance(x, Tensor) or not x.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor of sentence log-probabilities, "
-                            f"got {getattr(x, 'dtype', type(x).__name__)}")
+            raise TypeError(
+                f"{name} must be a floating-point tensor of sentence log-probabilities, "
+                f"got {getattr(x, 'dtype', type(x).__name__)}"
+            )
     if pos_target.dim() != 1 or pos_reference.shape != pos_target.shape:
-        raise ValueError(f"pos_target and pos_reference must both have shape (T,), one log-probability per "
-                         f"positive pair; got {tuple(pos_target.shape)} and {tuple(pos_reference.shape)}")
+        raise ValueError(
+            f"pos_target and pos_reference must both have shape (T,), one log-probability per "
+            f"positive pair; got {tuple(pos_target.shape)} and {tuple(pos_reference.shape)}"
+        )
     n_pos = pos_target.shape[0]
     if neg_target.dim() != 2 or neg_reference.shape != neg_target.shape or neg_target.shape[1] != n_pos:
-        raise ValueError(f"neg_target and neg_reference must both have shape (K, T) = (K, {n_pos}), one row "
-                         f"per negative set Y_k; got {tuple(neg_target.shape)} and {tuple(neg_reference.shape)}")
+        raise ValueError(
+            f"neg_target and neg_reference must both have shape (K, T) = (K, {n_pos}), one row "
+            f"per negative set Y_k; got {tuple(neg_target.shape)} and {tuple(neg_reference.shape)}"
+        )
     if neg_target.shape[0] == 0 and terms != "positive":
-        raise ValueError(f"terms={terms!r} needs K >= 1 negative sets; got neg_target of shape "
-                         f"{tuple(neg_target.shape)} (only terms='positive' may pass K = 0)")
+        raise ValueError(
+            f"terms={terms!r} needs K >= 1 negative sets; got neg_target of shape "
+            f"{tuple(neg_target.shape)} (only terms='positive' may pass K = 0)"
+        )
 
 
-def _objective_sums(pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor, neg_reference: Tensor,
-                    nu: float, terms: str) -> tuple[Tensor, Tensor]:
+def _objective_sums(
+    pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor, neg_reference: Tensor, nu: float, terms: str
+) -> tuple[Tensor, Tensor]:
     """(Σ_t ln h(pos_t), Σ_{k,t} ln[1 − h(neg_{k,t})]) over the given pairs, each 0 when excluded."""
     _check_inputs(pos_target, pos_reference, neg_target, neg_reference, nu, terms)
     dtype = loss_dtype(pos_target, pos_reference, neg_target, neg_reference)
@@ -70,10 +84,8 @@ def _objective_sums(pos_target: Tensor, pos_reference: Tensor, neg_target: Tenso
     zero = pos_target.new_zeros((), dtype=dtype)
     # ln h = ln sigmoid(z) and ln(1 − h) = ln sigmoid(−z): the stable form of the official code's
     # log(clip(h, 1e-20, 1)), exact for any G instead of flooring at ln 1e-20 ≈ −46 with no gradient.
-    positive = (F.logsigmoid(shifted_log_ratio(pos_target, pos_reference)).sum()
-                if terms != "negative" else zero)
-    negative = (F.logsigmoid(-shifted_log_ratio(neg_target, neg_reference)).sum()
-                if terms != "positive" else zero)
+    positive = F.logsigmoid(shifted_log_ratio(pos_target, pos_reference)).sum() if terms != "negative" else zero
+    negative = F.logsigmoid(-shifted_log_ratio(neg_target, neg_reference)).sum() if terms != "positive" else zero
     return positive, negative
 
 
@@ -82,8 +94,14 @@ def _negated_objective(positive: Tensor, negative: Tensor, n_sets: int, n_pos: T
     return -(positive / n_pos + negative / (max(n_sets, 1) * n_pos))
 
 
-def contrastive_captioning_loss(pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor,
-                                neg_reference: Tensor, nu: float = 1.0, terms: Terms = "full") -> Tensor:
+def contrastive_captioning_loss(
+    pos_target: Tensor,
+    pos_reference: Tensor,
+    neg_target: Tensor,
+    neg_reference: Tensor,
+    nu: float = 1.0,
+    terms: Terms = "full",
+) -> Tensor:
     """−J (Eq. 10), the scalar to minimise, for one process holding the whole batch.
 
     pos_target, pos_reference: (T,) sentence log-probabilities ln p(c_t | I_t) of the T positive pairs
@@ -97,9 +115,14 @@ def contrastive_captioning_loss(pos_target: Tensor, pos_reference: Tensor, neg_t
     return _negated_objective(positive, negative, neg_target.shape[0], pos_target.shape[0])
 
 
-def cross_rank_contrastive_captioning_loss(pos_target: Tensor, pos_reference: Tensor, neg_target: Tensor,
-                                           neg_reference: Tensor, nu: float = 1.0,
-                                           terms: Terms = "full") -> Tensor:
+def cross_rank_contrastive_captioning_loss(
+    pos_target: Tensor,
+    pos_reference: Tensor,
+    neg_target: Tensor,
+    neg_reference: Tensor,
+    nu: float = 1.0,
+    terms: Terms = "full",
+) -> Tensor:
     """This rank's share of −J (Eq. 10) when each rank holds T_local of the global batch's positives.
 
     Inputs as in `contrastive_captioning_loss`, restricted to this rank's positives and their

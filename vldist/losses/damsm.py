@@ -57,17 +57,22 @@ def _check_words(words: Tensor, lengths: Tensor) -> None:
     if words.dim() != 3:
         raise ValueError(f"words must have shape (B, T, D), got {tuple(words.shape)}")
     if lengths.shape != words.shape[:1] or lengths.is_floating_point() or lengths.is_complex():
-        raise ValueError(f"lengths must be an integer tensor of shape ({words.shape[0]},), one per caption; "
-                         f"got {lengths.dtype} {tuple(lengths.shape)}")
+        raise ValueError(
+            f"lengths must be an integer tensor of shape ({words.shape[0]},), one per caption; "
+            f"got {lengths.dtype} {tuple(lengths.shape)}"
+        )
     if lengths.numel() and (int(lengths.min()) < 1 or int(lengths.max()) > words.shape[1]):
-        raise ValueError(f"every caption needs 1 <= length <= T = {words.shape[1]} real words; "
-                         f"got lengths from {int(lengths.min())} to {int(lengths.max())}")
+        raise ValueError(
+            f"every caption needs 1 <= length <= T = {words.shape[1]} real words; "
+            f"got lengths from {int(lengths.min())} to {int(lengths.max())}"
+        )
 
 
 def _check_regions(regions: Tensor, words: Tensor) -> None:
     if regions.dim() != 3 or regions.shape[2] != words.shape[2]:
-        raise ValueError(f"regions must have shape (B, R, D) with D = {words.shape[2]} as the words; "
-                         f"got {tuple(regions.shape)}")
+        raise ValueError(
+            f"regions must have shape (B, R, D) with D = {words.shape[2]} as the words; got {tuple(regions.shape)}"
+        )
 
 
 def _check_batch(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor) -> None:
@@ -99,8 +104,9 @@ def _scores_chunk(words: Tensor, real: Tensor, regions: Tensor, gamma1: float, g
     return (gamma2 * cos).masked_fill(~real[:, None, :], float("-inf")).logsumexp(dim=2)
 
 
-def word_region_scores(words: Tensor, lengths: Tensor, regions: Tensor, gamma1: float = 4.0,
-                       gamma2: float = 5.0) -> Tensor:
+def word_region_scores(
+    words: Tensor, lengths: Tensor, regions: Tensor, gamma1: float = 4.0, gamma2: float = 5.0
+) -> Tensor:
     """The word-level matching score R(caption i, image j) of every pair: (Nc, Ni).
 
     words (Nc, T, D) with lengths (Nc,) real words each (the rest is padding and never matters);
@@ -120,8 +126,12 @@ def word_region_scores(words: Tensor, lengths: Tensor, regions: Tensor, gamma1: 
         step = max(1, _CHUNK_ELEMENTS // max(1, n_images * t * max(r, d)))
         # At least one (possibly empty) chunk: a rank holding no pairs still takes part in the graph
         # of the gathered embeddings, whose backward is a collective.
-        return torch.cat([_scores_chunk(words[c:c + step], real[c:c + step], regions, gamma1, gamma2)
-                          for c in range(0, max(n_captions, 1), step)])
+        return torch.cat(
+            [
+                _scores_chunk(words[c : c + step], real[c : c + step], regions, gamma1, gamma2)
+                for c in range(0, max(n_captions, 1), step)
+            ]
+        )
 
 
 def _ce_share(logits: Tensor, offset: int, total: int, same: Tensor | None = None) -> Tensor:
@@ -137,9 +147,17 @@ def _ce_share(logits: Tensor, offset: int, total: int, same: Tensor | None = Non
     return F.cross_entropy(logits, labels, reduction="sum") / total
 
 
-def damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
-                gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
-                identity: Tensor | None = None) -> dict[str, Tensor]:
+def damsm_parts(
+    words: Tensor,
+    lengths: Tensor,
+    regions: Tensor,
+    sentence: Tensor,
+    image: Tensor,
+    gamma1: float = 4.0,
+    gamma2: float = 5.0,
+    gamma3: float = 10.0,
+    identity: Tensor | None = None,
+) -> dict[str, Tensor]:
     """The four DAMSM terms of one batch (module docstring): {"words_t2i" (L1_w, captions over
     images), "words_i2t" (L2_w, images over captions), "sentence_t2i", "sentence_i2t"}, float32
     scalars at least. Their sum is `damsm_loss`. identity: optional (B,) image ids; a caption
@@ -153,14 +171,25 @@ def damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tenso
     with no_autocast(words):
         word_logits = gamma3 * word_region_scores(words, lengths, regions, gamma1, gamma2)  # (captions, images)
         sentence_logits = gamma3 * cosine_matrix(sentence.to(dtype), image.to(dtype))
-        return {"words_t2i": _ce_share(word_logits, 0, b, same), "words_i2t": _ce_share(word_logits.T, 0, b, same),
-                "sentence_t2i": _ce_share(sentence_logits, 0, b, same),
-                "sentence_i2t": _ce_share(sentence_logits.T, 0, b, same)}
+        return {
+            "words_t2i": _ce_share(word_logits, 0, b, same),
+            "words_i2t": _ce_share(word_logits.T, 0, b, same),
+            "sentence_t2i": _ce_share(sentence_logits, 0, b, same),
+            "sentence_i2t": _ce_share(sentence_logits.T, 0, b, same),
+        }
 
 
-def damsm_loss(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
-               gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
-               identity: Tensor | None = None) -> Tensor:
+def damsm_loss(
+    words: Tensor,
+    lengths: Tensor,
+    regions: Tensor,
+    sentence: Tensor,
+    image: Tensor,
+    gamma1: float = 4.0,
+    gamma2: float = 5.0,
+    gamma3: float = 10.0,
+    identity: Tensor | None = None,
+) -> Tensor:
     """L_DAMSM = L1_w + L2_w + L1_s + L2_s of one batch of B caption-image pairs (pair i matches).
 
     words (B, T, D) word vectors with lengths (B,) real words per caption; regions (B, R, D)
@@ -170,9 +199,18 @@ def damsm_loss(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor
     return sum(damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3, identity).values())
 
 
-def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
-                           gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
-                           gather: bool = True, identity: Tensor | None = None) -> dict[str, Tensor]:
+def cross_rank_damsm_parts(
+    words: Tensor,
+    lengths: Tensor,
+    regions: Tensor,
+    sentence: Tensor,
+    image: Tensor,
+    gamma1: float = 4.0,
+    gamma2: float = 5.0,
+    gamma3: float = 10.0,
+    gather: bool = True,
+    identity: Tensor | None = None,
+) -> dict[str, Tensor]:
     """This rank's shares of the four DAMSM terms of the global batch (`damsm_parts`' keys).
 
     With gather, the rank's captions are scored against every rank's images and its images
@@ -202,17 +240,32 @@ def cross_rank_damsm_parts(words: Tensor, lengths: Tensor, regions: Tensor, sent
         same = same_identity(mine, everyone)  # caption j and image j share an identity
         t2i = gamma3 * word_region_scores(words, lengths, all_regions, gamma1, gamma2)  # my captions x all images
         i2t = gamma3 * word_region_scores(all_words, all_lengths, regions, gamma1, gamma2).T  # my images x all captions
-        return {"words_t2i": _ce_share(t2i, offset, total, same), "words_i2t": _ce_share(i2t, offset, total, same),
-                "sentence_t2i": _ce_share(gamma3 * cosine_matrix(sentence, all_image), offset, total, same),
-                "sentence_i2t": _ce_share(gamma3 * cosine_matrix(image, all_sentence), offset, total, same)}
+        return {
+            "words_t2i": _ce_share(t2i, offset, total, same),
+            "words_i2t": _ce_share(i2t, offset, total, same),
+            "sentence_t2i": _ce_share(gamma3 * cosine_matrix(sentence, all_image), offset, total, same),
+            "sentence_i2t": _ce_share(gamma3 * cosine_matrix(image, all_sentence), offset, total, same),
+        }
 
 
-def cross_rank_damsm_loss(words: Tensor, lengths: Tensor, regions: Tensor, sentence: Tensor, image: Tensor,
-                          gamma1: float = 4.0, gamma2: float = 5.0, gamma3: float = 10.0,
-                          gather: bool = True, identity: Tensor | None = None) -> Tensor:
+def cross_rank_damsm_loss(
+    words: Tensor,
+    lengths: Tensor,
+    regions: Tensor,
+    sentence: Tensor,
+    image: Tensor,
+    gamma1: float = 4.0,
+    gamma2: float = 5.0,
+    gamma3: float = 10.0,
+    gather: bool = True,
+    identity: Tensor | None = None,
+) -> Tensor:
     """This rank's share of `damsm_loss` of the global batch: the sum of `cross_rank_damsm_parts`.
     The shares summed over ranks equal `damsm_loss` of the concatenated batch (the engine
     multiplies by the world size before backward). Without gather (or in one process),
     `damsm_loss` of the local batch, its negatives from the local slice only."""
-    return sum(cross_rank_damsm_parts(words, lengths, regions, sentence, image, gamma1, gamma2, gamma3,
-                                      gather, identity).values())
+    return sum(
+        cross_rank_damsm_parts(
+            words, lengths, regions, sentence, image, gamma1, gamma2, gamma3, gather, identity
+        ).values()
+    )

@@ -20,8 +20,14 @@ from vldist.losses.hinge import hardest_negative_hinge, vse_hinge_loss
 from vldist.losses.not_negative import gather_identities, same_identity
 
 
-def cross_rank_vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2, max_violation: bool = True,
-                              gather: bool = True, identity: Tensor | None = None) -> Tensor:
+def cross_rank_vse_hinge_loss(
+    img: Tensor,
+    txt: Tensor,
+    margin: float = 0.2,
+    max_violation: bool = True,
+    gather: bool = True,
+    identity: Tensor | None = None,
+) -> Tensor:
     """This rank's share of the VSE++ hinge loss of the global batch.
 
     With gather, local images are ranked against every caption of the global batch and local
@@ -38,8 +44,9 @@ def cross_rank_vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2, max
     mine, everyone = gather_identities(identity, img.shape[0], img.device)
     same = same_identity(mine, everyone)
     positives = torch.arange(img.shape[0], device=img.device) + offset
-    return (hardest_negative_hinge(img @ all_txt.T, positives, margin, max_violation, same)
-            + hardest_negative_hinge(txt @ all_img.T, positives, margin, max_violation, same))
+    return hardest_negative_hinge(img @ all_txt.T, positives, margin, max_violation, same) + hardest_negative_hinge(
+        txt @ all_img.T, positives, margin, max_violation, same
+    )
 
 
 def cross_rank_token_nll(logits: Tensor, targets: Tensor, pad_id: int = 0) -> Tensor:

@@ -13,8 +13,13 @@ from torch import Tensor
 from vldist.losses.not_negative import same_identity
 
 
-def hardest_negative_hinge(scores: Tensor, positive_cols: Tensor, margin: float = 0.2,
-                           max_violation: bool = True, not_negative: Tensor | None = None) -> Tensor:
+def hardest_negative_hinge(
+    scores: Tensor,
+    positive_cols: Tensor,
+    margin: float = 0.2,
+    max_violation: bool = True,
+    not_negative: Tensor | None = None,
+) -> Tensor:
     """Sum over rows of the hinge cost of each row's negatives against its positive column.
 
     scores: (B_local x B_global) query-vs-candidate similarities; positive_cols: (B_local,) long,
@@ -24,20 +29,22 @@ def hardest_negative_hinge(scores: Tensor, positive_cols: Tensor, margin: float 
     the positive itself is always excluded.
     """
     if scores.dim() != 2 or scores.size(1) == 0:
-        raise ValueError(f"scores must be 2-D (B_local x B_global) with B_global >= 1, "
-                         f"got shape {tuple(scores.shape)}")
+        raise ValueError(f"scores must be 2-D (B_local x B_global) with B_global >= 1, got shape {tuple(scores.shape)}")
     n_rows, n_cols = scores.shape
     if positive_cols.dim() != 1 or positive_cols.numel() != n_rows:
-        raise ValueError(f"positive_cols must have shape ({n_rows},) to match scores "
-                         f"{tuple(scores.shape)}, got {tuple(positive_cols.shape)}")
+        raise ValueError(
+            f"positive_cols must have shape ({n_rows},) to match scores "
+            f"{tuple(scores.shape)}, got {tuple(positive_cols.shape)}"
+        )
     if positive_cols.dtype != torch.long:
         raise TypeError(f"positive_cols must be a LongTensor, got {positive_cols.dtype}")
     if n_rows and (int(positive_cols.min()) < 0 or int(positive_cols.max()) >= n_cols):
-        raise ValueError(
-            f"positive_cols must lie in [0, {n_cols}) for scores of shape {tuple(scores.shape)}")
+        raise ValueError(f"positive_cols must lie in [0, {n_cols}) for scores of shape {tuple(scores.shape)}")
     if not_negative is not None and (not_negative.shape != scores.shape or not_negative.dtype != torch.bool):
-        raise ValueError(f"not_negative must be a bool tensor of the scores' shape {tuple(scores.shape)}, got "
-                         f"{not_negative.dtype} {tuple(not_negative.shape)}")
+        raise ValueError(
+            f"not_negative must be a bool tensor of the scores' shape {tuple(scores.shape)}, got "
+            f"{not_negative.dtype} {tuple(not_negative.shape)}"
+        )
     positive_cols = positive_cols.to(scores.device)
 
     positive = scores.gather(1, positive_cols[:, None])  # (B_local, 1)
@@ -53,8 +60,9 @@ def hardest_negative_hinge(scores: Tensor, positive_cols: Tensor, margin: float 
     return cost.sum()
 
 
-def vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2,
-                   max_violation: bool = True, identity: Tensor | None = None) -> Tensor:
+def vse_hinge_loss(
+    img: Tensor, txt: Tensor, margin: float = 0.2, max_violation: bool = True, identity: Tensor | None = None
+) -> Tensor:
     """VSE++ ContrastiveLoss for matched L2-normalised (B x D) embeddings; pair i = img[i], txt[i].
 
     Sum of the image-as-query term (negatives are captions) and the caption-as-query term
@@ -62,13 +70,12 @@ def vse_hinge_loss(img: Tensor, txt: Tensor, margin: float = 0.2,
     negatives (a batch drawn with replacement can hold an image twice).
     """
     if img.dim() != 2 or txt.dim() != 2:
-        raise ValueError(f"img and txt must be 2-D (B x D), got {tuple(img.shape)} and "
-                         f"{tuple(txt.shape)}")
+        raise ValueError(f"img and txt must be 2-D (B x D), got {tuple(img.shape)} and {tuple(txt.shape)}")
     if img.shape != txt.shape:
-        raise ValueError(f"img and txt must have the same (B x D) shape, got {tuple(img.shape)} "
-                         f"and {tuple(txt.shape)}")
+        raise ValueError(f"img and txt must have the same (B x D) shape, got {tuple(img.shape)} and {tuple(txt.shape)}")
     scores = img @ txt.t()
     diag = torch.arange(img.size(0), device=img.device)
     same = same_identity(identity, identity) if identity is not None else None
-    return (hardest_negative_hinge(scores, diag, margin, max_violation, same)
-            + hardest_negative_hinge(scores.t(), diag, margin, max_violation, same))
+    return hardest_negative_hinge(scores, diag, margin, max_violation, same) + hardest_negative_hinge(
+        scores.t(), diag, margin, max_violation, same
+    )

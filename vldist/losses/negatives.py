@@ -48,8 +48,9 @@ def draw_negatives(caption_images: Tensor, k: int, generator: torch.Generator) -
     if not isinstance(caption_images, Tensor):
         raise TypeError(f"caption_images must be a tensor of image ids, got {type(caption_images).__name__}")
     if caption_images.dim() != 1:
-        raise ValueError(f"caption_images must be 1-D with one image id per caption, got shape "
-                         f"{tuple(caption_images.shape)}")
+        raise ValueError(
+            f"caption_images must be 1-D with one image id per caption, got shape {tuple(caption_images.shape)}"
+        )
     if caption_images.is_floating_point() or caption_images.is_complex() or caption_images.dtype == torch.bool:
         raise TypeError(f"caption_images must hold integer image ids, got {caption_images.dtype}")
     n = caption_images.shape[0]
@@ -57,8 +58,10 @@ def draw_negatives(caption_images: Tensor, k: int, generator: torch.Generator) -
         return caption_images.new_zeros((k, 0), dtype=torch.long)
     images, image_of, counts = torch.unique(caption_images, return_inverse=True, return_counts=True)
     if images.numel() == 1:
-        raise ValueError(f"all {n} captions belong to one image ({int(images[0])}): no caption of another image "
-                         f"can serve as a negative; a contrastive batch needs at least two images")
+        raise ValueError(
+            f"all {n} captions belong to one image ({int(images[0])}): no caption of another image "
+            f"can serve as a negative; a contrastive batch needs at least two images"
+        )
 
     # Captions grouped by image (stable: deterministic order). Caption t's candidates are all of
     # `by_image` except its own image's block [start, start + own): draw a position among the
@@ -66,7 +69,7 @@ def draw_negatives(caption_images: Tensor, k: int, generator: torch.Generator) -
     by_image = torch.sort(image_of, stable=True).indices
     starts = torch.cumsum(counts, 0) - counts
     own, start = counts[image_of], starts[image_of]
-    n_others = n - own                                                    # (N,), each >= 1
+    n_others = n - own  # (N,), each >= 1
     uniform = torch.rand((k, n), generator=generator, dtype=torch.float64, device=generator.device)
     # float64 uniforms: the floor is uniform over 0 .. n_others − 1 up to ~2^-53 per value
     pick = (uniform.to(caption_images.device) * n_others).long().clamp_(max=n_others - 1)
@@ -84,13 +87,16 @@ def gather_captions(tokens: Tensor, lengths: Tensor, image_ids: Tensor) -> tuple
     """
     n = tokens.shape[0] if tokens.dim() == 2 else -1
     if n < 0 or lengths.shape != (n,) or image_ids.shape != (n,):
-        raise ValueError(f"gather_captions needs tokens (n, L), lengths (n,) and image_ids (n,); got "
-                         f"{tuple(tokens.shape)}, {tuple(lengths.shape)} and {tuple(image_ids.shape)}")
+        raise ValueError(
+            f"gather_captions needs tokens (n, L), lengths (n,) and image_ids (n,); got "
+            f"{tuple(tokens.shape)}, {tuple(lengths.shape)} and {tuple(image_ids.shape)}"
+        )
     if world()[1] == 1:
         return tokens, lengths, image_ids, 0
     width = global_max(tokens.shape[1], tokens.device)
     # One gather for everything: rows of [length, image id, tokens padded to the global width].
-    rows = torch.cat([lengths[:, None].long(), image_ids[:, None].long(),
-                      F.pad(tokens.long(), (0, width - tokens.shape[1]))], dim=1)
+    rows = torch.cat(
+        [lengths[:, None].long(), image_ids[:, None].long(), F.pad(tokens.long(), (0, width - tokens.shape[1]))], dim=1
+    )
     rows, offset = all_gather_rows(rows)
     return (rows[:, 2:].to(tokens.dtype), rows[:, 0].to(lengths.dtype), rows[:, 1].to(image_ids.dtype), offset)

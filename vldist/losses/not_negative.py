@@ -43,6 +43,8 @@ def other_image_rows(identity: Tensor) -> Tensor:
     candidates = (torch.arange(n, device=identity.device)[:, None] + steps[None, :]) % n  # (B, B-1)
     other = identity[candidates] != identity[:, None]
     if n < 2 or not bool(other.any(dim=1).all()):
-        raise ValueError(f"a batch of {n} rows holds no other image for some row: mismatched pairs need at least "
-                         "two different images per rank (raise data.batch_size)")
+        raise ValueError(
+            f"a batch of {n} rows holds no other image for some row: mismatched pairs need at least "
+            "two different images per rank (raise data.batch_size)"
+        )
     return candidates.gather(1, other.float().argmax(dim=1, keepdim=True)).squeeze(1)

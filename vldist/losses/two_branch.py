@@ -55,8 +55,9 @@ def euclidean(a: Tensor, b: Tensor) -> Tensor:
     return (squared.clamp(min=0) + _EPS).sqrt()
 
 
-def top_k_hinge_sum(anchor: Tensor, positive: Tensor, candidates: Tensor, negative: Tensor, margin: float,
-                    top_k: int) -> Tensor:
+def top_k_hinge_sum(
+    anchor: Tensor, positive: Tensor, candidates: Tensor, negative: Tensor, margin: float, top_k: int
+) -> Tensor:
     """Sum over rows of the `top_k` largest hinges [margin + d(anchor, positive) - d(anchor, c)]_+
     over the candidates c that `negative` (rows x candidates, bool) marks for that row."""
     if anchor.shape[0] == 0 or candidates.shape[0] == 0:
@@ -70,9 +71,21 @@ def top_k_hinge_sum(anchor: Tensor, positive: Tensor, candidates: Tensor, negati
     return worst.clamp(min=0).sum()
 
 
-def _ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, all_image: Tensor, all_text: Tensor,
-                  all_text_image: Tensor, all_identity: Tensor, image_offset: int, margin: float, top_k: int,
-                  lambda_image: float, lambda_text: float, lambda_text_neighbors: float) -> Tensor:
+def _ranking_loss(
+    image: Tensor,
+    text: Tensor,
+    text_image: Tensor,
+    all_image: Tensor,
+    all_text: Tensor,
+    all_text_image: Tensor,
+    all_identity: Tensor,
+    image_offset: int,
+    margin: float,
+    top_k: int,
+    lambda_image: float,
+    lambda_text: float,
+    lambda_text_neighbors: float,
+) -> Tensor:
     """Local anchors (image, text; text_image indexes `image`) against global candidates (all_*;
     all_text_image indexes `all_image`; this rank's images start at row `image_offset`).
     all_identity: each global image row's identity; rows of one identity are one image, never
@@ -82,11 +95,11 @@ def _ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, all_image: Te
     other_image_text = own_identity[:, None] != all_identity[all_text_image][None, :]  # (M_local, M_global)
     total = image.sum() * 0
     if lambda_image:
-        total = total + lambda_image * top_k_hinge_sum(
-            all_image[own], text, all_text, other_image_text, margin, top_k)
+        total = total + lambda_image * top_k_hinge_sum(all_image[own], text, all_text, other_image_text, margin, top_k)
     if lambda_text:
         total = total + lambda_text * top_k_hinge_sum(
-            text, all_image[own], all_image, own_identity[:, None] != all_identity[None, :], margin, top_k)
+            text, all_image[own], all_image, own_identity[:, None] != all_identity[None, :], margin, top_k
+        )
     if lambda_text_neighbors:
         # (anchor, positive): every ordered pair of distinct sentences of one sample. The sentences
         # of a sample travel together, so a local anchor's neighbours are local too.
@@ -94,39 +107,75 @@ def _ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, all_image: Te
         same.fill_diagonal_(False)
         anchors, positives = same.nonzero(as_tuple=True)
         total = total + lambda_text_neighbors * top_k_hinge_sum(
-            text[anchors], text[positives], all_text, other_image_text[anchors], margin, top_k)
+            text[anchors], text[positives], all_text, other_image_text[anchors], margin, top_k
+        )
     return total
 
 
 def _check(image: Tensor, text: Tensor, text_image: Tensor) -> None:
     if image.dim() != 2 or text.dim() != 2 or image.shape[1] != text.shape[1]:
-        raise ValueError(f"image (N, D) and text (M, D) must be 2-D with the same D, got {tuple(image.shape)} "
-                         f"and {tuple(text.shape)}")
+        raise ValueError(
+            f"image (N, D) and text (M, D) must be 2-D with the same D, got {tuple(image.shape)} "
+            f"and {tuple(text.shape)}"
+        )
     if text_image.shape != (text.shape[0],) or text_image.dtype != torch.long:
-        raise ValueError(f"text_image must be a long tensor of shape ({text.shape[0]},), the image row of each "
-                         f"sentence; got {text_image.dtype} {tuple(text_image.shape)}")
+        raise ValueError(
+            f"text_image must be a long tensor of shape ({text.shape[0]},), the image row of each "
+            f"sentence; got {text_image.dtype} {tuple(text_image.shape)}"
+        )
     if text_image.numel() and (int(text_image.min()) < 0 or int(text_image.max()) >= image.shape[0]):
-        raise ValueError(f"text_image must index the {image.shape[0]} image rows, got values in "
-                         f"[{int(text_image.min())}, {int(text_image.max())}]")
+        raise ValueError(
+            f"text_image must index the {image.shape[0]} image rows, got values in "
+            f"[{int(text_image.min())}, {int(text_image.max())}]"
+        )
 
 
-def two_branch_ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, margin: float = 0.1,
-                            top_k: int = 50, lambda_image: float = 1.0, lambda_text: float = 2.0,
-                            lambda_text_neighbors: float = 0.0, identity: Tensor | None = None) -> Tensor:
+def two_branch_ranking_loss(
+    image: Tensor,
+    text: Tensor,
+    text_image: Tensor,
+    margin: float = 0.1,
+    top_k: int = 50,
+    lambda_image: float = 1.0,
+    lambda_text: float = 2.0,
+    lambda_text_neighbors: float = 0.0,
+    identity: Tensor | None = None,
+) -> Tensor:
     """The loss of one batch in one process: `image` (N, D) and `text` (M, D) normalised
     embeddings, `text_image` (M,) the image row of each sentence, `identity` (N,) optional image
     ids (rows of one id are never each other's negatives). Returns the weighted sum of the three
     terms' top-K hinges (module docstring)."""
     _check(image, text, text_image)
     identity = torch.arange(image.shape[0], device=image.device) if identity is None else identity.to(image.device)
-    return _ranking_loss(image, text, text_image, image, text, text_image, identity, 0, margin, top_k,
-                         lambda_image, lambda_text, lambda_text_neighbors)
+    return _ranking_loss(
+        image,
+        text,
+        text_image,
+        image,
+        text,
+        text_image,
+        identity,
+        0,
+        margin,
+        top_k,
+        lambda_image,
+        lambda_text,
+        lambda_text_neighbors,
+    )
 
 
-def cross_rank_two_branch_ranking_loss(image: Tensor, text: Tensor, text_image: Tensor, margin: float = 0.1,
-                                       top_k: int = 50, lambda_image: float = 1.0, lambda_text: float = 2.0,
-                                       lambda_text_neighbors: float = 0.0, gather: bool = True,
-                                       identity: Tensor | None = None) -> Tensor:
+def cross_rank_two_branch_ranking_loss(
+    image: Tensor,
+    text: Tensor,
+    text_image: Tensor,
+    margin: float = 0.1,
+    top_k: int = 50,
+    lambda_image: float = 1.0,
+    lambda_text: float = 2.0,
+    lambda_text_neighbors: float = 0.0,
+    gather: bool = True,
+    identity: Tensor | None = None,
+) -> Tensor:
     """This rank's share of `two_branch_ranking_loss` of the global batch: its anchors, with the
     top-K violators chosen among every rank's images and sentences (gathered with gradient). The
     shares sum to the loss of the ranks' batches concatenated. Without `gather`, each rank's slice
@@ -134,20 +183,36 @@ def cross_rank_two_branch_ranking_loss(image: Tensor, text: Tensor, text_image: 
     image rows (batch["identity"]), gathered with them."""
     _check(image, text, text_image)
     if world()[1] == 1 or not gather:
-        return two_branch_ranking_loss(image, text, text_image, margin, top_k, lambda_image, lambda_text,
-                                       lambda_text_neighbors, identity)
+        return two_branch_ranking_loss(
+            image, text, text_image, margin, top_k, lambda_image, lambda_text, lambda_text_neighbors, identity
+        )
     all_image, image_offset = all_gather_with_grad(image)
     all_text, _ = all_gather_with_grad(text)
     all_text_image = all_gather_rows(text_image + image_offset)[0]  # global image rows
     all_identity = gather_identities(identity, image.shape[0], image.device)[1]
-    return _ranking_loss(image, text, text_image, all_image, all_text, all_text_image, all_identity, image_offset,
-                         margin, top_k, lambda_image, lambda_text, lambda_text_neighbors)
+    return _ranking_loss(
+        image,
+        text,
+        text_image,
+        all_image,
+        all_text,
+        all_text_image,
+        all_identity,
+        image_offset,
+        margin,
+        top_k,
+        lambda_image,
+        lambda_text,
+        lambda_text_neighbors,
+    )
 
 
 # ---------------------------------------------------------------------------- phrase localisation
 
-def top_k_pair_hinge_sum(anchor: Tensor, positive: Tensor, candidates: Tensor, pairs: Tensor, margin: float,
-                         top_k: int) -> Tensor:
+
+def top_k_pair_hinge_sum(
+    anchor: Tensor, positive: Tensor, candidates: Tensor, pairs: Tensor, margin: float, top_k: int
+) -> Tensor:
     """`top_k_hinge_sum` with each anchor's negatives listed as (anchor row, candidate row) pairs,
     (2, Q): only the listed distances are computed (a phrase against its own image's regions)."""
     if pairs.shape[1] == 0:
@@ -171,11 +236,24 @@ def _scatter(mask: Tensor, pairs: Tensor, column_offset: int) -> Tensor:
     return mask
 
 
-def _phrase_loss(region: Tensor, phrase: Tensor, positive: Tensor, region_negatives: Tensor,
-                 phrase_negatives: Tensor, phrase_identity: Tensor, all_phrase: Tensor,
-                 all_phrase_identity: Tensor, phrase_offset: int, all_region: Tensor | None,
-                 all_region_identity: Tensor | None, region_offset: int, margin: float, top_k: int,
-                 lambda_image: float, lambda_text: float) -> Tensor:
+def _phrase_loss(
+    region: Tensor,
+    phrase: Tensor,
+    positive: Tensor,
+    region_negatives: Tensor,
+    phrase_negatives: Tensor,
+    phrase_identity: Tensor,
+    all_phrase: Tensor,
+    all_phrase_identity: Tensor,
+    phrase_offset: int,
+    all_region: Tensor | None,
+    all_region_identity: Tensor | None,
+    region_offset: int,
+    margin: float,
+    top_k: int,
+    lambda_image: float,
+    lambda_text: float,
+) -> Tensor:
     """Local anchors against the candidates: phrases of the global batch (all_phrase, this rank's
     from row phrase_offset), regions of their own image (region_negatives) and, with all_region,
     every region of the global batch (this rank's from row region_offset) of another identity."""
@@ -197,31 +275,50 @@ def _phrase_loss(region: Tensor, phrase: Tensor, positive: Tensor, region_negati
     return total
 
 
-def _check_phrases(region: Tensor, phrase: Tensor, positive: Tensor, phrase_sample: Tensor, region_sample: Tensor,
-                   region_negatives: Tensor, phrase_negatives: Tensor, samples: int) -> None:
+def _check_phrases(
+    region: Tensor,
+    phrase: Tensor,
+    positive: Tensor,
+    phrase_sample: Tensor,
+    region_sample: Tensor,
+    region_negatives: Tensor,
+    phrase_negatives: Tensor,
+    samples: int,
+) -> None:
     if region.dim() != 2 or phrase.dim() != 2 or region.shape[1] != phrase.shape[1]:
-        raise ValueError(f"region (R, D) and phrase (M, D) must be 2-D with the same D, got {tuple(region.shape)} "
-                         f"and {tuple(phrase.shape)}")
+        raise ValueError(
+            f"region (R, D) and phrase (M, D) must be 2-D with the same D, got {tuple(region.shape)} "
+            f"and {tuple(phrase.shape)}"
+        )
     m, r = phrase.shape[0], region.shape[0]
-    checks = [("positive", positive, (m,), r), ("phrase_sample", phrase_sample, (m,), samples),
-              ("region_sample", region_sample, (r,), samples)]
+    checks = [
+        ("positive", positive, (m,), r),
+        ("phrase_sample", phrase_sample, (m,), samples),
+        ("region_sample", region_sample, (r,), samples),
+    ]
     for name, value, shape, bound in checks:
         if value.shape != shape or value.dtype != torch.long:
             raise ValueError(f"{name} must be a long tensor of shape {shape}, got {value.dtype} {tuple(value.shape)}")
         if value.numel() and (int(value.min()) < 0 or int(value.max()) >= bound):
             raise ValueError(f"{name} must index {bound} rows, got values in [{int(value.min())}, {int(value.max())}]")
-    for name, pairs, bound, sample in (("region_negatives", region_negatives, r, region_sample),
-                                       ("phrase_negatives", phrase_negatives, m, phrase_sample)):
+    for name, pairs, bound, sample in (
+        ("region_negatives", region_negatives, r, region_sample),
+        ("phrase_negatives", phrase_negatives, m, phrase_sample),
+    ):
         if pairs.dim() != 2 or pairs.shape[0] != 2 or pairs.dtype != torch.long:
-            raise ValueError(f"{name} must be a (2, Q) long tensor of (phrase, candidate) pairs, got {pairs.dtype} "
-                             f"{tuple(pairs.shape)}")
+            raise ValueError(
+                f"{name} must be a (2, Q) long tensor of (phrase, candidate) pairs, got {pairs.dtype} "
+                f"{tuple(pairs.shape)}"
+            )
         if not pairs.numel():
             continue
         if int(pairs.min()) < 0 or int(pairs[0].max()) >= m or int(pairs[1].max()) >= bound:
             raise ValueError(f"{name} must index {m} phrases and {bound} candidates")
         if bool((phrase_sample[pairs[0]] != sample[pairs[1]]).any()):
-            raise ValueError(f"{name} pairs a phrase with a candidate of another image: it lists the negatives within "
-                             "an image only (those of other images are the identities')")
+            raise ValueError(
+                f"{name} pairs a phrase with a candidate of another image: it lists the negatives within "
+                "an image only (those of other images are the identities')"
+            )
 
 
 NegativesFrom = Literal["image", "batch"]
@@ -233,11 +330,21 @@ def _sample_count(identity: Tensor | None, phrase_sample: Tensor, region_sample:
     return max([int(x.max()) + 1 for x in (phrase_sample, region_sample) if x.numel()], default=0)
 
 
-def phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Tensor, phrase_sample: Tensor,
-                        region_sample: Tensor, region_negatives: Tensor, phrase_negatives: Tensor,
-                        identity: Tensor | None = None, margin: float = 0.1, top_k: int = 30,
-                        lambda_image: float = 1.0, lambda_text: float = 4.0,
-                        negatives_from: NegativesFrom = "image") -> Tensor:
+def phrase_ranking_loss(
+    region: Tensor,
+    phrase: Tensor,
+    positive: Tensor,
+    phrase_sample: Tensor,
+    region_sample: Tensor,
+    region_negatives: Tensor,
+    phrase_negatives: Tensor,
+    identity: Tensor | None = None,
+    margin: float = 0.1,
+    top_k: int = 30,
+    lambda_image: float = 1.0,
+    lambda_text: float = 4.0,
+    negatives_from: NegativesFrom = "image",
+) -> Tensor:
     """The phrase-localisation loss of one batch in one process (module docstring; the paper's
     settings: margin 0.1, K = 30, lambdas 1 and 4).
 
@@ -247,16 +354,40 @@ def phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Tensor, phrase
     region_negatives (2, Q): (phrase, region) pairs, the regions of its own image that are
     negatives of the phrase; phrase_negatives (2, Q'): (phrase m, phrase k) pairs of one image,
     k a negative of m's positive region (collate_phrases lists both, from the boxes)."""
-    return cross_rank_phrase_ranking_loss(region, phrase, positive, phrase_sample, region_sample, region_negatives,
-                                          phrase_negatives, identity, margin, top_k, lambda_image, lambda_text,
-                                          negatives_from, gather=False)
+    return cross_rank_phrase_ranking_loss(
+        region,
+        phrase,
+        positive,
+        phrase_sample,
+        region_sample,
+        region_negatives,
+        phrase_negatives,
+        identity,
+        margin,
+        top_k,
+        lambda_image,
+        lambda_text,
+        negatives_from,
+        gather=False,
+    )
 
 
-def cross_rank_phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Tensor, phrase_sample: Tensor,
-                                   region_sample: Tensor, region_negatives: Tensor, phrase_negatives: Tensor,
-                                   identity: Tensor | None = None, margin: float = 0.1, top_k: int = 30,
-                                   lambda_image: float = 1.0, lambda_text: float = 4.0,
-                                   negatives_from: NegativesFrom = "image", gather: bool = True) -> Tensor:
+def cross_rank_phrase_ranking_loss(
+    region: Tensor,
+    phrase: Tensor,
+    positive: Tensor,
+    phrase_sample: Tensor,
+    region_sample: Tensor,
+    region_negatives: Tensor,
+    phrase_negatives: Tensor,
+    identity: Tensor | None = None,
+    margin: float = 0.1,
+    top_k: int = 30,
+    lambda_image: float = 1.0,
+    lambda_text: float = 4.0,
+    negatives_from: NegativesFrom = "image",
+    gather: bool = True,
+) -> Tensor:
     """This rank's share of `phrase_ranking_loss` of the global batch: its phrases and their
     positive regions as anchors. A phrase's regions are its own image's, which travel in its
     sample, so the phrase-anchor term needs no gather ("image"); the region-anchor term ranks
@@ -268,7 +399,8 @@ def cross_rank_phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Ten
         raise ValueError(f"negatives_from must be 'image' or 'batch', got {negatives_from!r}")
     device = region.device
     positive, phrase_sample, region_sample, region_negatives, phrase_negatives = (
-        x.to(device) for x in (positive, phrase_sample, region_sample, region_negatives, phrase_negatives))
+        x.to(device) for x in (positive, phrase_sample, region_sample, region_negatives, phrase_negatives)
+    )
     samples = _sample_count(identity, phrase_sample, region_sample)
     _check_phrases(region, phrase, positive, phrase_sample, region_sample, region_negatives, phrase_negatives, samples)
     single = world()[1] == 1 or not gather
@@ -289,6 +421,21 @@ def cross_rank_phrase_ranking_loss(region: Tensor, phrase: Tensor, positive: Ten
         if negatives_from == "batch":
             all_region, region_offset = all_gather_with_grad(region)
             all_region_identity = all_gather_rows(region_identity)[0]
-    return _phrase_loss(region, phrase, positive, region_negatives, phrase_negatives, phrase_identity,
-                        all_phrase, all_phrase_identity, phrase_offset, all_region,
-                        all_region_identity, region_offset, margin, top_k, lambda_image, lambda_text)
+    return _phrase_loss(
+        region,
+        phrase,
+        positive,
+        region_negatives,
+        phrase_negatives,
+        phrase_identity,
+        all_phrase,
+        all_phrase_identity,
+        phrase_offset,
+        all_region,
+        all_region_identity,
+        region_offset,
+        margin,
+        top_k,
+        lambda_image,
+        lambda_text,
+    )

@@ -58,8 +58,12 @@ METEOR_TIMEOUT_S = 600.0
 
 # Appended to JAVA_TOOL_OPTIONS: a later -D wins, so these override a user's own locale settings.
 # The .format pair matters too: a user's -Duser.language.format=de alone still breaks METEOR.
-ENGLISH_JVM_LOCALE = ("-Duser.language=en", "-Duser.country=US",
-                      "-Duser.language.format=en", "-Duser.country.format=US")
+ENGLISH_JVM_LOCALE = (
+    "-Duser.language=en",
+    "-Duser.country=US",
+    "-Duser.language.format=en",
+    "-Duser.country.format=US",
+)
 
 # Characters Java's PTBTokenizer (-preserveLines) takes as line ends besides "\n". pycocoevalcap
 # replaces only "\n" by a space; any of these would split a caption into two lines and shift every
@@ -81,8 +85,12 @@ class JavaNotFoundError(CaptionMetricsError):
     """No ``java`` on PATH: pycocoevalcap's tokenizer and METEOR are Java programs."""
 
 
-def caption_scores(references: Mapping[Hashable, list[str]], candidates: Mapping[Hashable, str], *,
-                   meteor_timeout: float = METEOR_TIMEOUT_S) -> dict[str, float]:
+def caption_scores(
+    references: Mapping[Hashable, list[str]],
+    candidates: Mapping[Hashable, str],
+    *,
+    meteor_timeout: float = METEOR_TIMEOUT_S,
+) -> dict[str, float]:
     """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of ``candidates`` against ``references``, by pycocoevalcap.
 
     ``references`` maps an id to its reference captions, ``candidates`` maps the same ids to one
@@ -94,8 +102,7 @@ def caption_scores(references: Mapping[Hashable, list[str]], candidates: Mapping
     warning is logged and ``meteor`` is NaN; the other metrics are still computed.
     """
     refs, cands = _validated(references, candidates)
-    if isinstance(meteor_timeout, bool) or not isinstance(meteor_timeout, (int, float)) \
-            or not meteor_timeout > 0:
+    if isinstance(meteor_timeout, bool) or not isinstance(meteor_timeout, (int, float)) or not meteor_timeout > 0:
         raise ValueError(f"meteor_timeout must be a positive number of seconds, got {meteor_timeout!r}")
     require_java()
     with _ONE_CALL_AT_A_TIME, _english_jvm_locale():
@@ -114,9 +121,15 @@ def caption_scores(references: Mapping[Hashable, list[str]], candidates: Mapping
             # A JVM that failed, hung or was interrupted mid-answer cannot be trusted with the next set.
             java_report = "" if scoring is not None and scoring.answered() else _release(meteor, scoring)
         meteor_score = scoring.score(java_report)
-    return {"bleu1": float(bleu[0]), "bleu2": float(bleu[1]), "bleu3": float(bleu[2]),
-            "bleu4": float(bleu[3]), "meteor": meteor_score, "rouge_l": float(rouge_l),
-            "cider_d": float(cider_d)}
+    return {
+        "bleu1": float(bleu[0]),
+        "bleu2": float(bleu[1]),
+        "bleu3": float(bleu[2]),
+        "bleu4": float(bleu[3]),
+        "meteor": meteor_score,
+        "rouge_l": float(rouge_l),
+        "cider_d": float(cider_d),
+    }
 
 
 def _validated(references, candidates) -> tuple[dict, dict]:
@@ -131,24 +144,25 @@ def _validated(references, candidates) -> tuple[dict, dict]:
     if no_candidate or no_references:
         parts = []
         if no_candidate:
-            parts.append(f"{len(no_candidate)} id(s) have references but no candidate "
-                         f"(first: {_first(no_candidate)})")
+            parts.append(f"{len(no_candidate)} id(s) have references but no candidate (first: {_first(no_candidate)})")
         if no_references:
-            parts.append(f"{len(no_references)} id(s) have a candidate but no references "
-                         f"(first: {_first(no_references)})")
+            parts.append(
+                f"{len(no_references)} id(s) have a candidate but no references (first: {_first(no_references)})"
+            )
         raise ValueError("references and candidates must have the same ids: " + "; ".join(parts))
     cands = {}
     for i, candidate in candidates.items():
         if not isinstance(candidate, str):
-            raise ValueError(f"the candidate of id {i!r} must be one string, got {type(candidate).__name__}"
-                             " (pycocoevalcap scores one generated caption per id)")
+            raise ValueError(
+                f"the candidate of id {i!r} must be one string, got {type(candidate).__name__}"
+                " (pycocoevalcap scores one generated caption per id)"
+            )
         cands[i] = [candidate]
     refs = {}
     for i in candidates:  # the candidates' order, so both dicts iterate alike
         captions = references[i]
         if isinstance(captions, str) or not isinstance(captions, (list, tuple)):
-            raise ValueError(f"the references of id {i!r} must be a list of strings, "
-                             f"got {type(captions).__name__}")
+            raise ValueError(f"the references of id {i!r} must be a list of strings, got {type(captions).__name__}")
         if not captions:
             raise ValueError(f"id {i!r} has no reference caption (each id needs at least one)")
         for caption in captions:
@@ -169,7 +183,8 @@ def require_java() -> None:
         raise JavaNotFoundError(
             "pycocoevalcap needs Java (its PTB tokenizer and METEOR are Java programs), and no "
             "`java` is on PATH. Install a Java runtime: `apt-get install -y default-jre-headless` "
-            "on Debian/Ubuntu, or put any Java >= 8 on PATH.")
+            "on Debian/Ubuntu, or put any Java >= 8 on PATH."
+        )
 
 
 @contextmanager
@@ -215,8 +230,9 @@ def _private_ptb_tokenizer():
         yield module.PTBTokenizer()
 
 
-def _tokenized(tokenizer, refs: dict[Hashable, list[str]], cands: dict[Hashable, list[str]]
-               ) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
+def _tokenized(
+    tokenizer, refs: dict[Hashable, list[str]], cands: dict[Hashable, list[str]]
+) -> tuple[dict[Hashable, list[str]], dict[Hashable, list[str]]]:
     """References and candidates through one tokenizer JVM (it tokenises line by line, so one run
     gives what pycocoevalcap's two runs give)."""
     both = {(side, i): texts for side, captions in enumerate((refs, cands)) for i, texts in captions.items()}
@@ -227,7 +243,8 @@ def _tokenized(tokenizer, refs: dict[Hashable, list[str]], cands: dict[Hashable,
     if short:
         raise CaptionMetricsError(
             f"pycocoevalcap's PTB tokenizer (java) returned the wrong number of lines for {len(short)} "
-            f"id(s) (first: {_first(short)}); java's own error, if any, is printed above")
+            f"id(s) (first: {_first(short)}); java's own error, if any, is printed above"
+        )
     return ({i: tokenized[(0, i)] for i in refs}, {i: tokenized[(1, i)] for i in cands})
 
 
@@ -240,8 +257,7 @@ class _MeteorScoring:
         self._score: float | None = None
         self._error: BaseException | None = None
         self.timed_out = False
-        self.thread = threading.Thread(target=self._run, args=(meteor, gts, res),
-                                       name="vldist-meteor", daemon=True)
+        self.thread = threading.Thread(target=self._run, args=(meteor, gts, res), name="vldist-meteor", daemon=True)
         self.thread.start()
 
     def _run(self, meteor: Meteor, gts: dict, res: dict) -> None:
@@ -263,13 +279,17 @@ class _MeteorScoring:
     def score(self, java_report: str) -> float:
         """METEOR's score; NaN and a warning past the timeout; CaptionMetricsError if METEOR failed."""
         if self.timed_out:
-            log.warning("METEOR gave no score within meteor_timeout=%gs; its Java process was ended and "
-                        "meteor is reported as NaN (the other metrics are computed). Raise "
-                        "meteor_timeout if the set is large or the machine busy.", self.timeout)
+            log.warning(
+                "METEOR gave no score within meteor_timeout=%gs; its Java process was ended and "
+                "meteor is reported as NaN (the other metrics are computed). Raise "
+                "meteor_timeout if the set is large or the machine busy.",
+                self.timeout,
+            )
             return math.nan
         if self._error is not None:
-            raise CaptionMetricsError(f"METEOR failed ({type(self._error).__name__}: {self._error}). "
-                                      + java_report) from None
+            raise CaptionMetricsError(
+                f"METEOR failed ({type(self._error).__name__}: {self._error}). " + java_report
+            ) from None
         return self._score
 
 
@@ -343,8 +363,11 @@ def _end_meteor_jvm(meteor: Meteor, scoring: _MeteorScoring | None) -> str:
     if own_end is not None:
         how = f"was killed by {_signal_name(-own_end)}" if own_end < 0 else f"exited with status {own_end}"
         report.append(f"Its Java process {how} before it was done.")
-    lines = [line for line in stderr.decode(errors="replace").splitlines()
-             if line.strip() and not line.startswith("Picked up JAVA_TOOL_OPTIONS")]
+    lines = [
+        line
+        for line in stderr.decode(errors="replace").splitlines()
+        if line.strip() and not line.startswith("Picked up JAVA_TOOL_OPTIONS")
+    ]
     report.append("Java said:\n" + "\n".join(lines[-15:]) if lines else "Java printed nothing.")
     return " ".join(report)
 

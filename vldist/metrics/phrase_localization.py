@@ -41,8 +41,7 @@ def _float64(x, what: str, expected: str) -> np.ndarray:
     try:
         return np.asarray(x, dtype=np.float64)
     except (TypeError, ValueError) as err:  # ragged lists, strings, ...
-        raise ValueError(f"{what} must be {expected}; it could not be read as a float array: {err}"
-                         ) from None
+        raise ValueError(f"{what} must be {expected}; it could not be read as a float array: {err}") from None
 
 
 def _check_boxes(boxes: np.ndarray, what: str, expected: str) -> np.ndarray:
@@ -50,16 +49,16 @@ def _check_boxes(boxes: np.ndarray, what: str, expected: str) -> np.ndarray:
     if boxes.ndim == 1 and boxes.size == 0:
         boxes = boxes.reshape(0, 4)  # np.asarray([]) is (0,): no proposals
     if boxes.ndim != 2 or boxes.shape[1] != 4:
-        raise ValueError(f"{what} must have shape {expected} ([x0, y0, x1, y1] per box), "
-                         f"got shape {boxes.shape}")
+        raise ValueError(f"{what} must have shape {expected} ([x0, y0, x1, y1] per box), got shape {boxes.shape}")
     bad = np.flatnonzero(~np.isfinite(boxes).all(axis=1))
     if bad.size:
-        raise ValueError(f"{what}[{bad[0]}] = {boxes[bad[0]].tolist()} is not finite "
-                         f"({bad.size} bad box(es))")
+        raise ValueError(f"{what}[{bad[0]}] = {boxes[bad[0]].tolist()} is not finite ({bad.size} bad box(es))")
     bad = np.flatnonzero((boxes[:, 2] < boxes[:, 0]) | (boxes[:, 3] < boxes[:, 1]))
     if bad.size:
-        raise ValueError(f"{what}[{bad[0]}] = {boxes[bad[0]].tolist()} has x1 < x0 or y1 < y0: boxes "
-                         f"are [x0, y0, x1, y1] with x1 >= x0 and y1 >= y0 ({bad.size} bad box(es))")
+        raise ValueError(
+            f"{what}[{bad[0]}] = {boxes[bad[0]].tolist()} has x1 < x0 or y1 < y0: boxes "
+            f"are [x0, y0, x1, y1] with x1 >= x0 and y1 >= y0 ({bad.size} bad box(es))"
+        )
     return boxes
 
 
@@ -85,32 +84,35 @@ def _per_phrase(scores, proposal_boxes) -> tuple[list[np.ndarray], list[np.ndarr
     elif getattr(scores, "ndim", 1) != 1 or isinstance(scores, (str, bytes)):
         raise ValueError(
             f"scores must be a list of 1-D arrays (one per phrase, scoring its proposals) or a 2-D "
-            f"(n_phrases, P) array; got shape {getattr(scores, 'shape', None)}")
+            f"(n_phrases, P) array; got shape {getattr(scores, 'shape', None)}"
+        )
     else:
         scores = list(scores)
         if getattr(scores[0] if scores else None, "ndim", 1) == 0:
             # A 1-D array of floats is one score per phrase, not one per proposal.
-            raise ValueError("scores must be a list of 1-D arrays (one per phrase, scoring its "
-                             "proposals) or a 2-D (n_phrases, P) array; got a 1-D array of scalars")
+            raise ValueError(
+                "scores must be a list of 1-D arrays (one per phrase, scoring its "
+                "proposals) or a 2-D (n_phrases, P) array; got a 1-D array of scalars"
+            )
         boxes = list(proposal_boxes)
         if len(boxes) != len(scores):
-            raise ValueError(f"proposal_boxes has {len(boxes)} entries but scores has {len(scores)}; "
-                             f"expected one (P_i, 4) array of boxes per phrase, aligned with scores")
+            raise ValueError(
+                f"proposal_boxes has {len(boxes)} entries but scores has {len(scores)}; "
+                f"expected one (P_i, 4) array of boxes per phrase, aligned with scores"
+            )
     out_scores, out_boxes = [], []
     for i, (s, b) in enumerate(zip(scores, boxes, strict=True)):
         s = _float64(s, f"scores[{i}]", "a 1-D array of proposal scores")
         if s.ndim != 1:
-            raise ValueError(f"scores[{i}] must be 1-D (one score per proposal of phrase {i}), "
-                             f"got shape {s.shape}")
+            raise ValueError(f"scores[{i}] must be 1-D (one score per proposal of phrase {i}), got shape {s.shape}")
         if np.isnan(s).any():
-            raise ValueError(f"scores[{i}] contains NaN (phrase {i}); scores must be comparable "
-                             f"numbers (+-inf allowed)")
+            raise ValueError(
+                f"scores[{i}] contains NaN (phrase {i}); scores must be comparable numbers (+-inf allowed)"
+            )
         expected = f"(P_i, 4) = ({s.shape[0]}, 4) to match scores[{i}]"
-        out_boxes.append(_check_boxes(_float64(b, f"proposal_boxes[{i}]", expected),
-                                      f"proposal_boxes[{i}]", expected))
+        out_boxes.append(_check_boxes(_float64(b, f"proposal_boxes[{i}]", expected), f"proposal_boxes[{i}]", expected))
         if out_boxes[-1].shape[0] != s.shape[0]:
-            raise ValueError(f"proposal_boxes[{i}] must have shape {expected}, "
-                             f"got shape {out_boxes[-1].shape}")
+            raise ValueError(f"proposal_boxes[{i}] must have shape {expected}, got shape {out_boxes[-1].shape}")
         out_scores.append(s)
     return out_scores, out_boxes
 
@@ -122,8 +124,7 @@ def phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou=0.5) -> np.n
     scores, boxes = _per_phrase(scores, proposal_boxes)
     n = len(scores)
     if n == 0:
-        raise ValueError("no phrases: scores, proposal_boxes and gt_boxes are empty; expected "
-                         "n_phrases >= 1")
+        raise ValueError("no phrases: scores, proposal_boxes and gt_boxes are empty; expected n_phrases >= 1")
     gt_expected = f"(n_phrases, 4) = ({n}, 4), one ground-truth box per phrase"
     gt = _float64(gt_boxes, "gt_boxes", gt_expected)
     if gt.ndim != 2 or gt.shape[0] != n:
@@ -137,7 +138,7 @@ def phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou=0.5) -> np.n
             continue  # no proposals: uncovered
         # float64 IoU so that an overlap exactly at the threshold is not lost to rounding. Two
         # zero-area boxes give 0/0 = NaN, which compares False: not covering.
-        overlap = box_iou(gt[i:i + 1], torch.from_numpy(b))[0].numpy()
+        overlap = box_iou(gt[i : i + 1], torch.from_numpy(b))[0].numpy()
         covering = overlap >= iou
         if not covering.any():
             continue

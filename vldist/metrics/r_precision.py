@@ -70,8 +70,10 @@ def _vectors(x, name: str) -> torch.Tensor:
     norms = torch.linalg.vector_norm(x, dim=1)
     zero = torch.nonzero(norms == 0).flatten()
     if zero.numel():
-        raise ValueError(f"{name}[{int(zero[0])}] is a zero vector ({zero.numel()} zero row(s) in "
-                         f"{name}): its cosine with anything is undefined")
+        raise ValueError(
+            f"{name}[{int(zero[0])}] is a zero vector ({zero.numel()} zero row(s) in "
+            f"{name}): its cosine with anything is undefined"
+        )
     return x / norms[:, None]
 
 
@@ -109,18 +111,22 @@ def r_precision(image, text, candidates=100, seed=0, k=1) -> float:
         raise ValueError(f"candidates must be a positive int, got {candidates!r}")
     if not _is_int(k) or not 1 <= k <= candidates:
         raise ValueError(f"k must be an int in 1..candidates = 1..{candidates}, got {k!r}")
-    if not _is_int(seed) or not -2**63 <= seed < 2**64:
+    if not _is_int(seed) or not -(2**63) <= seed < 2**64:
         raise ValueError(f"seed must be an int in -2**63..2**64-1 (torch.Generator), got {seed!r}")
     image = _vectors(image, "image")
     text = _vectors(text, "text")
     if image.shape != text.shape:
-        raise ValueError(f"image and text must both be (N, D) with text[i] the caption of image i; "
-                         f"got image {tuple(image.shape)} and text {tuple(text.shape)}")
+        raise ValueError(
+            f"image and text must both be (N, D) with text[i] the caption of image i; "
+            f"got image {tuple(image.shape)} and text {tuple(text.shape)}"
+        )
     n = image.shape[0]
     if n < candidates:
-        raise ValueError(f"R-precision with candidates={candidates} needs at least {candidates} "
-                         f"images (own caption + {candidates - 1} captions of other images), but "
-                         f"there are only {n} images: pass fewer candidates (candidates <= {n})")
+        raise ValueError(
+            f"R-precision with candidates={candidates} needs at least {candidates} "
+            f"images (own caption + {candidates - 1} captions of other images), but "
+            f"there are only {n} images: pass fewer candidates (candidates <= {n})"
+        )
     pools = _pools(n, candidates, seed)
     hits = 0
     for lo in range(0, n, _SCORE_CHUNK):
@@ -145,15 +151,17 @@ def aimcos(image, attributes, owners) -> float:
     n = image.shape[0]
     empty = attributes.numel() == 0 if hasattr(attributes, "detach") else np.size(attributes) == 0
     if empty:
-        raise ValueError(f"no image has an attribute text (attributes is empty; {n} images): "
-                         f"AIMCoS is undefined")
+        raise ValueError(f"no image has an attribute text (attributes is empty; {n} images): AIMCoS is undefined")
     attributes = _vectors(attributes, "attributes")
     if attributes.shape[1] != image.shape[1]:
-        raise ValueError(f"image and attributes must have the same width D; got image "
-                         f"{tuple(image.shape)} and attributes {tuple(attributes.shape)}")
+        raise ValueError(
+            f"image and attributes must have the same width D; got image "
+            f"{tuple(image.shape)} and attributes {tuple(attributes.shape)}"
+        )
     m = attributes.shape[0]
-    owners = torch.from_numpy(image_indices(owners, "owners", m, "attributes.shape[0]", "attribute text",
-                                           n, "image.shape[0]"))
+    owners = torch.from_numpy(
+        image_indices(owners, "owners", m, "attributes.shape[0]", "attribute text", n, "image.shape[0]")
+    )
     cos = torch.empty(m, dtype=torch.float64)
     for lo in range(0, m, _ATTR_CHUNK):
         hi = min(lo + _ATTR_CHUNK, m)

@@ -50,19 +50,22 @@ def _regular_layout(sims, captions_per_image) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"sims has shape {sims.shape}; expected (n_images, n_images*{captions_per_image}) = "
             f"({n_images}, {n_images * captions_per_image}) with n_images >= 1 "
-            f"(captions_per_image={captions_per_image})")
+            f"(captions_per_image={captions_per_image})"
+        )
     return sims, np.repeat(np.arange(n_images, dtype=np.int64), captions_per_image)
 
 
 def _check_caption_images(caption_images, n_images: int, n_captions: int) -> np.ndarray:
     """`caption_images` as an int64 array, checked against (n_images x n_captions) sims."""
-    idx = image_indices(caption_images, "caption_images", n_captions, "sims.shape[1]", "caption",
-                        n_images, "sims.shape[0]")
+    idx = image_indices(
+        caption_images, "caption_images", n_captions, "sims.shape[1]", "caption", n_images, "sims.shape[0]"
+    )
     missing = np.flatnonzero(np.bincount(idx, minlength=n_images) == 0)
     if missing.size:
         raise ValueError(
             f"image {int(missing[0])} has no caption in caption_images ({missing.size} image(s) "
-            f"without captions); i2t is undefined for an image without captions")
+            f"without captions); i2t is undefined for an image without captions"
+        )
     return idx
 
 
@@ -91,7 +94,7 @@ def _i2t_ranks(sims: np.ndarray, caption_images: np.ndarray) -> np.ndarray:
     for lo in range(0, n_images, _CHUNK):
         hi = min(lo + _CHUNK, n_images)
         block = sims[lo:hi]
-        pos_cols = order[starts[lo]:starts[hi]]
+        pos_cols = order[starts[lo] : starts[hi]]
         pos_rows = caption_images[pos_cols] - lo
         pos = block[pos_rows, pos_cols]
         segments = starts[lo:hi] - starts[lo]  # every segment non-empty: reduceat is safe
@@ -111,7 +114,7 @@ def _t2i_ranks(sims: np.ndarray, caption_images: np.ndarray) -> np.ndarray:
     # the count is the 1-based rank. Row chunks read `sims` contiguously.
     ranks = np.zeros(n_captions, dtype=np.int64)
     for lo in range(0, n_images, _CHUNK):
-        ranks += np.count_nonzero(sims[lo:lo + _CHUNK] >= true, axis=0)
+        ranks += np.count_nonzero(sims[lo : lo + _CHUNK] >= true, axis=0)
     return ranks
 
 
@@ -130,8 +133,7 @@ def _evaluate(sims: np.ndarray, caption_images: np.ndarray) -> dict[str, float]:
     return out
 
 
-def retrieval_recall(sims, captions_per_image: int = 5, *, caption_images=None
-                     ) -> dict[str, float]:
+def retrieval_recall(sims, captions_per_image: int = 5, *, caption_images=None) -> dict[str, float]:
     """i2t/t2i R@1/5/10 (percent), medr, meanr and rsum for one (n_images x n_captions) matrix.
 
     `caption_images` (one image index per caption, any order) replaces the regular
@@ -140,8 +142,9 @@ def retrieval_recall(sims, captions_per_image: int = 5, *, caption_images=None
     return _evaluate(*_prepare(sims, captions_per_image, caption_images))
 
 
-def retrieval_protocols(sims, captions_per_image: int = 5, fold_size: int = 1000, *,
-                        caption_images=None) -> dict[str, dict[str, float]]:
+def retrieval_protocols(
+    sims, captions_per_image: int = 5, fold_size: int = 1000, *, caption_images=None
+) -> dict[str, dict[str, float]]:
     """{"full": ...} plus, with >= 5*fold_size images, "1k_5fold": the MS-COCO 1K protocol.
 
     1K protocol: the first 5*fold_size images are split into 5 folds of `fold_size` images, each
@@ -156,6 +159,6 @@ def retrieval_protocols(sims, captions_per_image: int = 5, fold_size: int = 1000
         folds = []
         for lo in range(0, 5 * fold_size, fold_size):
             cols = np.flatnonzero((caption_images >= lo) & (caption_images < lo + fold_size))
-            folds.append(_evaluate(sims[lo:lo + fold_size][:, cols], caption_images[cols] - lo))
+            folds.append(_evaluate(sims[lo : lo + fold_size][:, cols], caption_images[cols] - lo))
         out["1k_5fold"] = {k: float(np.mean([fold[k] for fold in folds])) for k in folds[0]}
     return out

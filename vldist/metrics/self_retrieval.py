@@ -24,8 +24,10 @@ _CHUNK = 256
 def _check_logp(logp) -> np.ndarray:
     logp = to_numpy(logp, float64=True)
     if logp.ndim != 2 or logp.shape[0] != logp.shape[1] or logp.shape[0] == 0:
-        raise ValueError(f"logp must be a square (N x N) matrix with N >= 1, logp[i, j] = ln p(c_i | I_j) for "
-                         f"the caption c_i generated from image i; got shape {logp.shape}")
+        raise ValueError(
+            f"logp must be a square (N x N) matrix with N >= 1, logp[i, j] = ln p(c_i | I_j) for "
+            f"the caption c_i generated from image i; got shape {logp.shape}"
+        )
     if np.isnan(logp).any():
         raise ValueError("logp contains NaN")
     return logp
@@ -37,11 +39,11 @@ def self_retrieval_ranks(logp) -> np.ndarray:
     n = logp.shape[0]
     ranks = np.empty(n, dtype=np.int64)
     for lo in range(0, n, _CHUNK):
-        block = logp[lo:lo + _CHUNK]
+        block = logp[lo : lo + _CHUNK]
         rows = np.arange(block.shape[0])
         true = block[rows, rows + lo]
         # Images scoring >= the true one, the true one included: the 1-based pessimistic rank.
-        ranks[lo:lo + block.shape[0]] = np.count_nonzero(block >= true[:, None], axis=1)
+        ranks[lo : lo + block.shape[0]] = np.count_nonzero(block >= true[:, None], axis=1)
     return ranks
 
 

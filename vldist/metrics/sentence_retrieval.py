@@ -38,8 +38,10 @@ def _check_sims(sims):
         sims = np.asarray(sims)  # no copy for an ndarray
     shape = tuple(sims.shape)
     if len(shape) != 2 or shape[0] != shape[1] or shape[0] == 0:
-        raise ValueError(f"sims must be a square (M x M) matrix with M >= 1, sims[i, j] = similarity "
-                         f"of sentence i to sentence j; got shape {shape}")
+        raise ValueError(
+            f"sims must be a square (M x M) matrix with M >= 1, sims[i, j] = similarity "
+            f"of sentence i to sentence j; got shape {shape}"
+        )
     return sims
 
 
@@ -63,8 +65,10 @@ def sentence_to_sentence_ranks(sims, sentence_images) -> np.ndarray:
         nan[rows, rows + lo] = False  # the diagonal is ignored, whatever it holds
         if nan.any():
             i, j = np.argwhere(nan)[0]
-            raise ValueError(f"sims[{lo + i}, {j}] is NaN ({int(nan.sum())} NaN off the diagonal in "
-                             f"rows {lo}..{hi - 1}); similarities must be comparable numbers")
+            raise ValueError(
+                f"sims[{lo + i}, {j}] is NaN ({int(nan.sum())} NaN off the diagonal in "
+                f"rows {lo}..{hi - 1}); similarities must be comparable numbers"
+            )
         same = images[lo:hi, None] == images[None, :]
         same[rows, rows + lo] = False  # a sentence is not its own neighbour
         # The query itself becomes NaN: NaN >= x is False, so it never counts as ranked ahead.
@@ -92,8 +96,10 @@ def sentence_to_sentence_recall(sims, sentence_images, ks=(1, 5, 10)) -> dict:
     ranks = sentence_to_sentence_ranks(sims, sentence_images)
     counted = ranks[ranks > 0]
     if counted.size == 0:
-        raise ValueError(f"none of the {ranks.size} sentences shares its image with another "
-                         f"sentence (sentence_images has no repeated id): recall is undefined")
+        raise ValueError(
+            f"none of the {ranks.size} sentences shares its image with another "
+            f"sentence (sentence_images has no repeated id): recall is undefined"
+        )
     out: dict = {f"r{k}": float(100.0 * np.mean(counted <= k)) for k in ks}
     out["median_rank"] = float(np.floor(np.median(counted)))
     out["n_queries"] = int(counted.size)

@@ -38,8 +38,15 @@ class AlignmentImageEncoder(nn.Module):
     input_size: int
     blocks: nn.ModuleList
 
-    def __init__(self, blocks: list[nn.Module], local_after: int, local_channels: int, global_channels: int,
-                 dim: int, input_size: int):
+    def __init__(
+        self,
+        blocks: list[nn.Module],
+        local_after: int,
+        local_channels: int,
+        global_channels: int,
+        dim: int,
+        input_size: int,
+    ):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.local_after, self.input_size, self.global_channels = local_after, input_size, global_channels
@@ -52,7 +59,9 @@ class AlignmentImageEncoder(nn.Module):
     def trunk(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """images (B, 3, H, W) in [-1, 1] -> (the local map, the last block's map pooled (B, C))."""
         if images.shape[-1] != self.input_size or images.shape[-2] != self.input_size:
-            images = F.interpolate(images, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False)
+            images = F.interpolate(
+                images, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False
+            )
         x = images
         for i, block in enumerate(self.blocks):
             if i == self.local_after:
@@ -72,15 +81,40 @@ class AlignmentImageEncoder(nn.Module):
 def small_image_encoder(dim: int = 256, input_size: int = 64) -> AlignmentImageEncoder:
     """A CPU-sized CNN for the embedded 64-px scenes: 7 blocks, local map 8x8 = 64 regions after
     the sixth, global after the seventh (shaped like InceptionV3's: a stem, then wider blocks)."""
-    blocks = [_conv_bn_relu(3, 16, 1), _conv_bn_relu(16, 32, 2), _conv_bn_relu(32, 32, 1), _conv_bn_relu(32, 64, 2),
-              _conv_bn_relu(64, 64, 1), _conv_bn_relu(64, 128, 2), _conv_bn_relu(128, 256, 2)]
-    return AlignmentImageEncoder(blocks, local_after=6, local_channels=128, global_channels=256, dim=dim,
-                                 input_size=input_size)
+    blocks = [
+        _conv_bn_relu(3, 16, 1),
+        _conv_bn_relu(16, 32, 2),
+        _conv_bn_relu(32, 32, 1),
+        _conv_bn_relu(32, 64, 2),
+        _conv_bn_relu(64, 64, 1),
+        _conv_bn_relu(64, 128, 2),
+        _conv_bn_relu(128, 256, 2),
+    ]
+    return AlignmentImageEncoder(
+        blocks, local_after=6, local_channels=128, global_channels=256, dim=dim, input_size=input_size
+    )
 
 
-INCEPTION_BLOCKS = ("Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "maxpool1", "Conv2d_3b_1x1", "Conv2d_4a_3x3",
-                    "maxpool2", "Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c", "Mixed_6d",
-                    "Mixed_6e", "Mixed_7a", "Mixed_7b", "Mixed_7c")
+INCEPTION_BLOCKS = (
+    "Conv2d_1a_3x3",
+    "Conv2d_2a_3x3",
+    "Conv2d_2b_3x3",
+    "maxpool1",
+    "Conv2d_3b_1x1",
+    "Conv2d_4a_3x3",
+    "maxpool2",
+    "Mixed_5b",
+    "Mixed_5c",
+    "Mixed_5d",
+    "Mixed_6a",
+    "Mixed_6b",
+    "Mixed_6c",
+    "Mixed_6d",
+    "Mixed_6e",
+    "Mixed_7a",
+    "Mixed_7b",
+    "Mixed_7c",
+)
 
 
 def inception_image_encoder(dim: int = 256, weights: str | None = None) -> AlignmentImageEncoder:
@@ -92,15 +126,18 @@ def inception_image_encoder(dim: int = 256, weights: str | None = None) -> Align
     local = weights is not None and Path(weights).is_file()
     import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
 
-    net = torchvision.models.inception_v3(weights=None if local else weights, aux_logits=True, init_weights=weights is None,
-                                          transform_input=False)  # inputs are already in [-1, 1]
+    net = torchvision.models.inception_v3(
+        weights=None if local else weights, aux_logits=True, init_weights=weights is None, transform_input=False
+    )  # inputs are already in [-1, 1]
     if local:
         state = torch.load(weights, map_location="cpu", weights_only=True)
         missing, unexpected = net.load_state_dict(state, strict=False)
         wrong = [k for k in [*missing, *unexpected] if not k.startswith(("fc.", "AuxLogits."))]
         if wrong:
-            raise ValueError(f"{weights} is not a state dict of torchvision's inception_v3 ({len(wrong)} entries "
-                             f"differ, e.g. {wrong[0]}): save model.state_dict() of torchvision.models.inception_v3")
+            raise ValueError(
+                f"{weights} is not a state dict of torchvision's inception_v3 ({len(wrong)} entries "
+                f"differ, e.g. {wrong[0]}): save model.state_dict() of torchvision.models.inception_v3"
+            )
     stem = {"maxpool1": 3, "maxpool2": 6}
     blocks = [getattr(net, name) for name in INCEPTION_BLOCKS]
     # Max-pools sit inside the stem block before them, so `blocks[:5]` are exactly the 5 stem convs.
@@ -111,8 +148,9 @@ def inception_image_encoder(dim: int = 256, weights: str | None = None) -> Align
         else:
             merged.append(block)
     local_after = merged.index(net.Mixed_6e) + 1
-    return AlignmentImageEncoder(merged, local_after=local_after, local_channels=768, global_channels=2048, dim=dim,
-                                 input_size=299)
+    return AlignmentImageEncoder(
+        merged, local_after=local_after, local_channels=768, global_channels=2048, dim=dim, input_size=299
+    )
 
 
 class TransformerSentenceEncoder(nn.Module):
@@ -120,8 +158,15 @@ class TransformerSentenceEncoder(nn.Module):
     sentence = mean of the real words' vectors. The official code has no padding mask and averages
     padding in: a defect this encoder does not copy."""
 
-    def __init__(self, vocab_size: int, dim: int = 256, heads: int = 8, layers: int = 1, max_words: int = 15,
-                 dropout: float = 0.1):
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int = 256,
+        heads: int = 8,
+        layers: int = 1,
+        max_words: int = 15,
+        dropout: float = 0.1,
+    ):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=0)
         self.register_buffer("positions", sinusoidal_positions(max_words, dim), persistent=False)
@@ -148,8 +193,9 @@ class BiLSTMSentenceEncoder(nn.Module):
         self.lstm = nn.LSTM(word_dim, dim // 2, batch_first=True, bidirectional=True)
 
     def forward(self, words: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        packed = nn.utils.rnn.pack_padded_sequence(self.dropout(self.embed(words)), lengths.clamp(min=1).cpu(),
-                                                   batch_first=True, enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.dropout(self.embed(words)), lengths.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False
+        )
         out, (hidden, _) = self.lstm(packed)
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=words.shape[1])
         return out, torch.cat([hidden[0], hidden[1]], dim=-1)
@@ -159,7 +205,9 @@ def build_image_encoder(name: str, dim: int, weights: str | None, input_size: in
     if name == "inception_v3":
         return inception_image_encoder(dim, weights)
     if weights:
-        raise ValueError("model.image_weights is for image_encoder=inception_v3; the small CNN starts from random weights")
+        raise ValueError(
+            "model.image_weights is for image_encoder=inception_v3; the small CNN starts from random weights"
+        )
     return small_image_encoder(dim, input_size)
 
 

@@ -34,7 +34,9 @@ class AttentionCaptionDecoder(nn.Module):
 
     def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State:
         return {
-            "keys": self.att_features(features), "features": features, "mask": mask,
+            "keys": self.att_features(features),
+            "features": features,
+            "mask": mask,
             "h": torch.tanh(self.init_hidden(masked_mean(features, mask))),
         }
 
@@ -52,8 +54,15 @@ class AttentionCaptionDecoder(nn.Module):
             logits.append(step_logits)
         return torch.stack(logits, dim=1)
 
-    def generate(self, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int, max_len: int = 20,
-                 beam_size: int = 1) -> torch.Tensor:
+    def generate(
+        self,
+        features: torch.Tensor,
+        mask: torch.Tensor,
+        start_id: int,
+        end_id: int,
+        max_len: int = 20,
+        beam_size: int = 1,
+    ) -> torch.Tensor:
         """(B, <= max_len) word ids after <start>, padded with 0 after <end>; greedy by default.
 
         See `vldist.models.generation.generate`."""

@@ -11,8 +11,9 @@ from torch import Tensor
 
 
 @torch.no_grad()
-def caption_image_logprobs(decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0,
-                           pairs_per_chunk: int = 8192) -> Tensor:
+def caption_image_logprobs(
+    decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0, pairs_per_chunk: int = 8192
+) -> Tensor:
     """(C, N) float32 matrix of sentence log-probabilities (end token included): entry [c, n] is
     ln p(tokens[c] | image n). `tokens` (C, T) start with <start> and are padded with `pad_id`."""
     state = decoder.init_state(features, mask)

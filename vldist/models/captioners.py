@@ -46,8 +46,12 @@ class AdaptiveAttentionDecoder(nn.Module):
         regions = torch.relu(self.spatial(features))
         zeros = regions.new_zeros(features.shape[0], regions.shape[-1])
         return {
-            "regions": regions, "region_keys": self.att_regions(regions), "mask": mask,
-            "global": torch.relu(self.global_image(masked_mean(features, mask))), "h": zeros, "m": zeros,
+            "regions": regions,
+            "region_keys": self.att_regions(regions),
+            "mask": mask,
+            "global": torch.relu(self.global_image(masked_mean(features, mask))),
+            "h": zeros,
+            "m": zeros,
         }
 
     def _readout(self, x, h_prev, h, m, state: State) -> tuple[torch.Tensor, torch.Tensor]:

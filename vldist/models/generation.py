@@ -47,8 +47,9 @@ def _words_only(scores: torch.Tensor, start_id: int) -> torch.Tensor:
     return scores
 
 
-def greedy_decode(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int,
-                  max_len: int) -> torch.Tensor:
+def greedy_decode(
+    decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int, max_len: int
+) -> torch.Tensor:
     """The most likely next word at each step; stops once every caption has ended."""
     state = decoder.init_state(features, mask)
     word = torch.full((features.shape[0],), start_id, dtype=torch.long, device=features.device)
@@ -64,8 +65,15 @@ def greedy_decode(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tens
     return torch.stack(words, dim=1) if words else word.new_zeros((word.shape[0], 0))
 
 
-def beam_search(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int,
-                max_len: int, beam_size: int = 3) -> torch.Tensor:
+def beam_search(
+    decoder: StepDecoder,
+    features: torch.Tensor,
+    mask: torch.Tensor,
+    start_id: int,
+    end_id: int,
+    max_len: int,
+    beam_size: int = 3,
+) -> torch.Tensor:
     """The finished hypothesis with the highest total log-probability per image (no length norm).
 
     All B * beam_size hypotheses step together. A finished hypothesis stays in the beam with its
@@ -111,8 +119,15 @@ def beam_search(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor
     return tokens[best][:, : int(lengths[best].max()) if batch else 0]
 
 
-def generate(decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int,
-             max_len: int, beam_size: int = 3) -> torch.Tensor:
+def generate(
+    decoder: StepDecoder,
+    features: torch.Tensor,
+    mask: torch.Tensor,
+    start_id: int,
+    end_id: int,
+    max_len: int,
+    beam_size: int = 3,
+) -> torch.Tensor:
     """Greedy (beam_size 1) or beam search, without gradients and in eval mode (dropout off).
 
     The decoder's train/eval mode is restored afterwards.

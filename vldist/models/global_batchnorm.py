@@ -47,8 +47,9 @@ def convert_global_batchnorm(module: nn.Module) -> nn.Module:
     """Replace every BatchNorm1d in `module` by a GlobalBatchNorm1d with the same state."""
     for name, child in module.named_children():
         if type(child) is nn.BatchNorm1d:
-            replacement = GlobalBatchNorm1d(child.num_features, child.eps, child.momentum, child.affine,
-                                            child.track_running_stats)
+            replacement = GlobalBatchNorm1d(
+                child.num_features, child.eps, child.momentum, child.affine, child.track_running_stats
+            )
             replacement.load_state_dict(child.state_dict())
             if child.affine:  # the same Parameter objects: an optimizer built before still holds them
                 replacement.weight, replacement.bias = child.weight, child.bias

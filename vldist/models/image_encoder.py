@@ -1,8 +1,8 @@
 """VSRN's image encoder: region projection, region relationship reasoning, global semantic reasoning.
 
-    V  = l2norm(W_f f + b_f)                 Eq. 1, f: bottom-up region features
-    V* = RRR^n(V), l2-normalised             Sec. 3.2 (n = 0..4 layers)
-    I  = GRU(V*_1 .. V*_k), last memory m_k   Sec. 3.3; or the mean of V* (the 'Mean-pool' ablation)
+V  = l2norm(W_f f + b_f)                 Eq. 1, f: bottom-up region features
+V* = RRR^n(V), l2-normalised             Sec. 3.2 (n = 0..4 layers)
+I  = GRU(V*_1 .. V*_k), last memory m_k   Sec. 3.3; or the mean of V* (the 'Mean-pool' ablation)
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ class FCNTrunk(nn.Module):
 
     def mask_logits(self, features: torch.Tensor) -> torch.Tensor:
         scores = self.classifier(features)
-        others = torch.cat([scores[:, :self.mask_class], scores[:, self.mask_class + 1:]], dim=1)
+        others = torch.cat([scores[:, : self.mask_class], scores[:, self.mask_class + 1 :]], dim=1)
         return (scores[:, self.mask_class] - others.logsumexp(dim=1))[:, None]
 
 
@@ -138,10 +138,20 @@ class L2CEncoder(nn.Module):
     mask (B, 1, h, w), the mask the pooling used. K = classes, or 1 with pooling="average".
     """
 
-    def __init__(self, trunk: str = "small", trunk_weights: str | None = None, pooling: str = "semantic",
-                 classes: int = 9, graph_dim: int = 512, gcn_layers: int = 2, affinity_norm: str = "softmax",
-                 normalize_pool: bool = False, mask_threshold: float | None = 0.5, gcn_kernel: str = "auto",
-                 mask_class: int = VOC_BIRD):
+    def __init__(
+        self,
+        trunk: str = "small",
+        trunk_weights: str | None = None,
+        pooling: str = "semantic",
+        classes: int = 9,
+        graph_dim: int = 512,
+        gcn_layers: int = 2,
+        affinity_norm: str = "softmax",
+        normalize_pool: bool = False,
+        mask_threshold: float | None = 0.5,
+        gcn_kernel: str = "auto",
+        mask_class: int = VOC_BIRD,
+    ):
         super().__init__()
         if pooling not in ("semantic", "average"):
             raise ValueError(f"pooling must be 'semantic' or 'average', not {pooling!r}")

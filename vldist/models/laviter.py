@@ -40,18 +40,36 @@ class LAViTeRModel(nn.Module):
         self.cfg, self.end_id, self.start_id = cfg, end_id, start_id
         dim = cfg.embed_dim
         self.image_encoder = build_image_encoder(cfg.image_encoder, dim, cfg.image_weights, cfg.image_size)
-        self.text_encoder = build_text_encoder(cfg.text_encoder, vocab_size, dim, cfg.text_heads, cfg.text_layers,
-                                               cfg.max_words)
+        self.text_encoder = build_text_encoder(
+            cfg.text_encoder, vocab_size, dim, cfg.text_heads, cfg.text_layers, cfg.max_words
+        )
         self.generator = self.discriminators = self.captioner = None
         if cfg.tim:
-            self.generator = Generator(dim, dim, cfg.z_dim, cfg.condition_dim, cfg.gf_dim, cfg.tim_stages,
-                                       cfg.residual_blocks, cfg.tim_attend_first)
+            self.generator = Generator(
+                dim,
+                dim,
+                cfg.z_dim,
+                cfg.condition_dim,
+                cfg.gf_dim,
+                cfg.tim_stages,
+                cfg.residual_blocks,
+                cfg.tim_attend_first,
+            )
             self.discriminators = nn.ModuleList(
-                Discriminator(64 * 2**s, cfg.df_dim, dim) for s in range(cfg.tim_stages))
+                Discriminator(64 * 2**s, cfg.df_dim, dim) for s in range(cfg.tim_stages)
+            )
         if cfg.itm:
-            self.captioner = TransformerCaptioner(vocab_size, dim, cfg.itm_dim, cfg.itm_heads, cfg.itm_encoder_layers,
-                                                  cfg.itm_decoder_layers, cfg.itm_feedforward, cfg.itm_dropout,
-                                                  max_len=max_caption_len)
+            self.captioner = TransformerCaptioner(
+                vocab_size,
+                dim,
+                cfg.itm_dim,
+                cfg.itm_heads,
+                cfg.itm_encoder_layers,
+                cfg.itm_decoder_layers,
+                cfg.itm_feedforward,
+                cfg.itm_dropout,
+                max_len=max_caption_len,
+            )
         # The stand-in for ImageNet pretraining of the embedded job's small trunk (docs/laviter.md):
         # multi-label classification of the objects' attribute words. Only the pretrain phase has it.
         self.label_head = nn.Linear(self.image_encoder.global_channels, vocab_size) if cfg.phase == "pretrain" else None
@@ -79,8 +97,19 @@ class LAViTeRModel(nn.Module):
         `frozen_blocks` blocks."""
         encoder = self.image_encoder
         if phase == "pretrain":
-            self.freeze([m for m in (self.text_encoder, self.generator, self.discriminators, self.captioner,
-                                     *encoder.projections()) if m is not None])
+            self.freeze(
+                [
+                    m
+                    for m in (
+                        self.text_encoder,
+                        self.generator,
+                        self.discriminators,
+                        self.captioner,
+                        *encoder.projections(),
+                    )
+                    if m is not None
+                ]
+            )
         elif phase == "vta":
             self.freeze([m for m in (self.generator, self.discriminators, self.captioner) if m is not None])
             if trunk == "frozen":
@@ -103,11 +132,24 @@ class LAViTeRModel(nn.Module):
     def real_pyramid(self, images: torch.Tensor) -> list[torch.Tensor]:
         """The real images at each generator stage's size (AttnGAN loads 64, 128 and 256 px)."""
         sizes = [64 * 2**s for s in range(self.cfg.tim_stages)]
-        return [images if images.shape[-1] == s else F.interpolate(images, size=(s, s), mode="bilinear",
-                                                                     align_corners=False) for s in sizes]
+        return [
+            images
+            if images.shape[-1] == s
+            else F.interpolate(images, size=(s, s), mode="bilinear", align_corners=False)
+            for s in sizes
+        ]
 
-    def forward(self, images, words, lengths, tokens, update: str, noise: torch.Tensor | None = None,
-                weights: dict | None = None, mismatched: torch.Tensor | None = None) -> dict:
+    def forward(
+        self,
+        images,
+        words,
+        lengths,
+        tokens,
+        update: str,
+        noise: torch.Tensor | None = None,
+        weights: dict | None = None,
+        mismatched: torch.Tensor | None = None,
+    ) -> dict:
         """mismatched: (B,) for each real image the row of another image's caption, for the
         discriminator's mismatched-text term (default: the next row)."""
         weights = weights or {}
@@ -123,8 +165,10 @@ class LAViTeRModel(nn.Module):
                 fakes = self.generator(noise, *condition)["images"]
             # each real image with another image's caption (never a caption of a copy of itself)
             wrong = condition[0][mismatched] if mismatched is not None else condition[0].roll(1, dims=0)
-            out["discriminator"] = sum(discriminator_loss(d, real, fake, condition[0], wrong) for d, real, fake
-                                       in zip(self.discriminators, self.real_pyramid(images), fakes, strict=True))
+            out["discriminator"] = sum(
+                discriminator_loss(d, real, fake, condition[0], wrong)
+                for d, real, fake in zip(self.discriminators, self.real_pyramid(images), fakes, strict=True)
+            )
             return out
         encoder_trains = self.trains(self.image_encoder)
         if weights.get("damsm") or weights.get("fake_text") or weights.get("caption"):
@@ -135,8 +179,10 @@ class LAViTeRModel(nn.Module):
         if (weights.get("generator") or weights.get("fake_image")) and self.trains(self.generator):
             generated = self.generator(noise, *condition)
             fakes = generated["images"]
-            out["adversarial"] = sum(generator_adversarial_loss(d, fake, condition[0])
-                                     for d, fake in zip(self.discriminators, fakes, strict=True))
+            out["adversarial"] = sum(
+                generator_adversarial_loss(d, fake, condition[0])
+                for d, fake in zip(self.discriminators, fakes, strict=True)
+            )
             out["kl"] = kl_loss(generated["mu"], generated["logvar"])
             # L_FI: E_I reads the last (largest) generated image; gradient reaches G through it.
             # Generated images must not move E_I's batch-norm statistics, which real images use.
@@ -161,8 +207,15 @@ class LAViTeRModel(nn.Module):
                 logits[..., [0, self.start_id]] = float("-inf")  # never <pad> or <start> mid-caption
                 ids = logits.argmax(dim=-1)
             else:
-                ids = generate(self.captioner, out["regions"].detach(), all_real(out["regions"]),
-                               self.start_id, self.end_id, self.cfg.max_words + 1, 1)
+                ids = generate(
+                    self.captioner,
+                    out["regions"].detach(),
+                    all_real(out["regions"]),
+                    self.start_id,
+                    self.end_id,
+                    self.cfg.max_words + 1,
+                    1,
+                )
         return caption_words(ids, self.end_id, self.cfg.max_words)
 
 

@@ -19,8 +19,9 @@ def _as_plane(mask: torch.Tensor) -> torch.Tensor:
     return mask[:, 0] if mask.dim() == 4 else mask
 
 
-def semantic_pool(features: torch.Tensor, mask: torch.Tensor, confidence: torch.Tensor,
-                  normalize: bool = False) -> torch.Tensor:
+def semantic_pool(
+    features: torch.Tensor, mask: torch.Tensor, confidence: torch.Tensor, normalize: bool = False
+) -> torch.Tensor:
     """Eq. 1: v (B, K, D) with v_k = Σ_{i,j} F ⊙ B ⊙ C_k, the paper's unnormalised sum.
 
     features (B, D, H, W); mask (B, 1, H, W) or (B, H, W), values in [0, 1]; confidence (B, K, H, W).

@@ -120,7 +120,7 @@ class MeanWordTextFeatures(nn.Module):
 
 
 def text_features(kind: str, vocab_size: int, dim: int) -> nn.Module:
-    """"tfidf" -> TfidfTextFeatures(vocab_size) (out_dim = vocab_size; `dim` is unused and it needs
+    """ "tfidf" -> TfidfTextFeatures(vocab_size) (out_dim = vocab_size; `dim` is unused and it needs
     `fit`), "mean_words" -> MeanWordTextFeatures(vocab_size, dim)."""
     if kind == "tfidf":
         return TfidfTextFeatures(vocab_size)

@@ -60,8 +60,11 @@ class _ResBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.body = nn.Sequential(
-            _conv3x3(channels, channels * 2), nn.BatchNorm2d(channels * 2), nn.GLU(dim=1),
-            _conv3x3(channels, channels), nn.BatchNorm2d(channels),
+            _conv3x3(channels, channels * 2),
+            nn.BatchNorm2d(channels * 2),
+            nn.GLU(dim=1),
+            _conv3x3(channels, channels),
+            nn.BatchNorm2d(channels),
         )
 
     def forward(self, x: Tensor) -> Tensor:
@@ -80,8 +83,9 @@ class ConditioningAugmentation(nn.Module):
         self.fc = nn.Linear(sentence_dim, condition_dim * 4)
         self.glu = nn.GLU(dim=1)
 
-    def forward(self, sentence: Tensor, noise: Tensor | None = None,
-                generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        self, sentence: Tensor, noise: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         mu, logvar = self.glu(self.fc(sentence)).chunk(2, dim=1)
         if noise is None:
             noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
@@ -122,10 +126,12 @@ class _InitStage(nn.Module):
         self.channels = gf_dim * 16
         self.fc = nn.Sequential(
             nn.Linear(in_dim, self.channels * 4 * 4 * 2, bias=False),
-            nn.BatchNorm1d(self.channels * 4 * 4 * 2), nn.GLU(dim=1),
+            nn.BatchNorm1d(self.channels * 4 * 4 * 2),
+            nn.GLU(dim=1),
         )
-        self.up = nn.Sequential(*[_glu_block(self.channels // 2**i, self.channels // 2 ** (i + 1), upsample=True)
-                                  for i in range(4)])
+        self.up = nn.Sequential(
+            *[_glu_block(self.channels // 2**i, self.channels // 2 ** (i + 1), upsample=True) for i in range(4)]
+        )
 
     def forward(self, z_c: Tensor) -> Tensor:
         return self.up(self.fc(z_c).view(-1, self.channels, 4, 4))
@@ -159,30 +165,40 @@ class Generator(nn.Module):
     "mu", "logvar": (B, condition_dim), "attention": list of (B, T, H, W), one per attention
     stage, at that stage's input resolution (64, 128, ...)}."""
 
-    def __init__(self, word_dim: int, sentence_dim: int, z_dim: int = 100, condition_dim: int = 100,
-                 gf_dim: int = 32, stages: int = 1, residual_blocks: int = 2, attend_first: bool = False):
+    def __init__(
+        self,
+        word_dim: int,
+        sentence_dim: int,
+        z_dim: int = 100,
+        condition_dim: int = 100,
+        gf_dim: int = 32,
+        stages: int = 1,
+        residual_blocks: int = 2,
+        attend_first: bool = False,
+    ):
         super().__init__()
         if stages < 1:
             raise ValueError(f"stages must be >= 1, got {stages}")
         self.z_dim = z_dim
         self.ca = ConditioningAugmentation(sentence_dim, condition_dim)
         self.init_stage = _InitStage(z_dim + condition_dim, gf_dim)
-        self.first_refine = (_AttentionStage(gf_dim, word_dim, residual_blocks, upsample=False)
-                             if attend_first else None)
+        self.first_refine = _AttentionStage(gf_dim, word_dim, residual_blocks, upsample=False) if attend_first else None
         self.next_stages = nn.ModuleList(
-            [_AttentionStage(gf_dim, word_dim, residual_blocks, upsample=True) for _ in range(stages - 1)])
-        self.image_heads = nn.ModuleList(
-            [nn.Sequential(_conv3x3(gf_dim, 3), nn.Tanh()) for _ in range(stages)])
+            [_AttentionStage(gf_dim, word_dim, residual_blocks, upsample=True) for _ in range(stages - 1)]
+        )
+        self.image_heads = nn.ModuleList([nn.Sequential(_conv3x3(gf_dim, 3), nn.Tanh()) for _ in range(stages)])
         attngan_init_(self)
 
-    def sample_noise(self, batch: int, generator: torch.Generator | None = None,
-                     device: torch.device | None = None) -> Tensor:
+    def sample_noise(
+        self, batch: int, generator: torch.Generator | None = None, device: torch.device | None = None
+    ) -> Tensor:
         """z ~ N(0, I), (batch, z_dim), on the model's device unless `device` is given."""
         device = device if device is not None else self.ca.fc.weight.device
         return torch.randn(batch, self.z_dim, generator=generator, device=device)
 
-    def forward(self, noise: Tensor, sentence: Tensor, words: Tensor, word_mask: Tensor,
-                condition_noise: Tensor | None = None) -> dict[str, Tensor | list[Tensor]]:
+    def forward(
+        self, noise: Tensor, sentence: Tensor, words: Tensor, word_mask: Tensor, condition_noise: Tensor | None = None
+    ) -> dict[str, Tensor | list[Tensor]]:
         """`condition_noise` (B, condition_dim) fixes the conditioning augmentation's ε."""
         c, mu, logvar = self.ca(sentence, noise=condition_noise)
         hidden = self.init_stage(torch.cat([noise, c], dim=1))
@@ -257,8 +273,9 @@ def _bce(logits: Tensor, target: float) -> Tensor:
     return F.binary_cross_entropy_with_logits(logits, torch.full_like(logits, target))
 
 
-def discriminator_loss(discriminator: Discriminator, real: Tensor, fake: Tensor, sentence: Tensor,
-                       wrong_sentence: Tensor) -> Tensor:
+def discriminator_loss(
+    discriminator: Discriminator, real: Tensor, fake: Tensor, sentence: Tensor, wrong_sentence: Tensor
+) -> Tensor:
     """AttnGAN's errD = (real_uncond + real_cond)/2 + (fake_uncond + fake_cond + wrong_cond)/3.
 
     `fake` is detached here, so the generator gets no gradient from this loss. `wrong_sentence` is
@@ -267,11 +284,14 @@ def discriminator_loss(discriminator: Discriminator, real: Tensor, fake: Tensor,
     separate calls, as in AttnGAN, so BatchNorm statistics are not mixed."""
     real_code = discriminator(real)
     fake_code = discriminator(fake.detach())
-    real_err = (_bce(discriminator.uncond_logits(real_code), 1.0)
-                + _bce(discriminator.cond_logits(real_code, sentence), 1.0)) / 2
-    fake_err = (_bce(discriminator.uncond_logits(fake_code), 0.0)
-                + _bce(discriminator.cond_logits(fake_code, sentence), 0.0)
-                + _bce(discriminator.cond_logits(real_code, wrong_sentence), 0.0)) / 3
+    real_err = (
+        _bce(discriminator.uncond_logits(real_code), 1.0) + _bce(discriminator.cond_logits(real_code, sentence), 1.0)
+    ) / 2
+    fake_err = (
+        _bce(discriminator.uncond_logits(fake_code), 0.0)
+        + _bce(discriminator.cond_logits(fake_code, sentence), 0.0)
+        + _bce(discriminator.cond_logits(real_code, wrong_sentence), 0.0)
+    ) / 3
     return real_err + fake_err
 
 

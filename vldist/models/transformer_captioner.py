@@ -46,9 +46,19 @@ class TransformerCaptioner(nn.Module):
     (LAViTeR has 289). An image needs at least one real region.
     """
 
-    def __init__(self, vocab_size: int, feature_dim: int, d_model: int = 256, heads: int = 8, encoder_layers: int = 6,
-                 decoder_layers: int = 6, feedforward: int = 1024, dropout: float = 0.1, max_len: int = 64,
-                 pad_id: int = 0):
+    def __init__(
+        self,
+        vocab_size: int,
+        feature_dim: int,
+        d_model: int = 256,
+        heads: int = 8,
+        encoder_layers: int = 6,
+        decoder_layers: int = 6,
+        feedforward: int = 1024,
+        dropout: float = 0.1,
+        max_len: int = 64,
+        pad_id: int = 0,
+    ):
         super().__init__()
         if d_model % 2:
             raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}")
@@ -59,10 +69,14 @@ class TransformerCaptioner(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.encoder = nn.TransformerEncoder(
             nn.TransformerEncoderLayer(d_model, heads, feedforward, dropout, batch_first=True),
-            encoder_layers, enable_nested_tensor=False)
+            encoder_layers,
+            enable_nested_tensor=False,
+        )
         self.decoder = nn.TransformerDecoder(
             nn.TransformerDecoderLayer(d_model, heads, feedforward, dropout, batch_first=True),
-            decoder_layers, norm=nn.LayerNorm(d_model))
+            decoder_layers,
+            norm=nn.LayerNorm(d_model),
+        )
         self.out = nn.Linear(d_model, vocab_size)
 
     def encode(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -79,13 +93,22 @@ class TransformerCaptioner(nn.Module):
         x = self.embed(words)
         x = self.dropout(x + self.word_positions[:length].to(x.dtype))
         causal = torch.ones(length, length, dtype=torch.bool, device=words.device).triu(1)  # True = not seen
-        h = self.decoder(x, memory, tgt_mask=causal, tgt_is_causal=True, tgt_key_padding_mask=words == self.pad_id,
-                         memory_key_padding_mask=~mask)
+        h = self.decoder(
+            x,
+            memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            tgt_key_padding_mask=words == self.pad_id,
+            memory_key_padding_mask=~mask,
+        )
         return self.out(h)
 
     def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State:
-        return {"memory": self.encode(features, mask), "mask": mask,
-                "words": torch.zeros(features.shape[0], 0, dtype=torch.long, device=features.device)}
+        return {
+            "memory": self.encode(features, mask),
+            "mask": mask,
+            "words": torch.zeros(features.shape[0], 0, dtype=torch.long, device=features.device),
+        }
 
     def step(self, words: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         # No key/value cache: the decoder re-reads the whole prefix (simple and exact; cheap at these sizes).

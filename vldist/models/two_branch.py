@@ -21,8 +21,15 @@ BatchNormPlace = Literal["last", "first", "none"]
 
 
 class Branch(nn.Module):
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, nonlinear: bool = True, dropout: float = 0.5,
-                 batchnorm: BatchNormPlace = "last"):
+    def __init__(
+        self,
+        in_dim: int,
+        hidden: int,
+        out_dim: int,
+        nonlinear: bool = True,
+        dropout: float = 0.5,
+        batchnorm: BatchNormPlace = "last",
+    ):
         super().__init__()
         if nonlinear:
             layers: list[nn.Module] = [nn.Linear(in_dim, hidden)]
@@ -45,9 +52,19 @@ class TwoBranchModel(nn.Module):
     """Image vectors and token ids in, normalised embeddings of both out; `fusion` (the
     similarity network's layers) turns an image and a sentence embedding into one score."""
 
-    def __init__(self, image_dim: int, vocab_size: int, text_features_kind: str, word_dim: int, hidden: int,
-                 embed: int, nonlinear: bool, dropout: float, batchnorm: BatchNormPlace,
-                 fusion_widths: tuple[int, ...] | None = None):
+    def __init__(
+        self,
+        image_dim: int,
+        vocab_size: int,
+        text_features_kind: str,
+        word_dim: int,
+        hidden: int,
+        embed: int,
+        nonlinear: bool,
+        dropout: float,
+        batchnorm: BatchNormPlace,
+        fusion_widths: tuple[int, ...] | None = None,
+    ):
         super().__init__()
         self.text_features = text_features(text_features_kind, vocab_size, word_dim)
         self.image = Branch(image_dim, hidden, embed, nonlinear, dropout, batchnorm)
@@ -81,6 +98,6 @@ class TwoBranchModel(nn.Module):
         rows_at_once x M x D activations)."""
         out = torch.empty(image.shape[0], text.shape[0], device=image.device)
         for lo in range(0, image.shape[0], rows_at_once):
-            block = image[lo:lo + rows_at_once, None, :] * text[None, :, :]
-            out[lo:lo + rows_at_once] = self.fusion(block).squeeze(-1).float()
+            block = image[lo : lo + rows_at_once, None, :] * text[None, :, :]
+            out[lo : lo + rows_at_once] = self.fusion(block).squeeze(-1).float()
         return out

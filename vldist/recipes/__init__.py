@@ -54,7 +54,9 @@ def get_recipe(name: str) -> type[Recipe]:
     if "name" not in vars(entry):  # the key is its name (a subclass does not inherit its parent's)
         entry.name = name
     elif entry.name != name:
-        raise ValueError(f"recipe '{name}' is the class {entry.__module__}.{entry.__qualname__}, whose name is "
-                         f"'{entry.name}': a job names a recipe by the key it is registered under, so make the two "
-                         "the same (or leave `name` out: the key is used)")
+        raise ValueError(
+            f"recipe '{name}' is the class {entry.__module__}.{entry.__qualname__}, whose name is "
+            f"'{entry.name}': a job names a recipe by the key it is registered under, so make the two "
+            "the same (or leave `name` out: the key is used)"
+        )
     return entry

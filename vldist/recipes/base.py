@@ -150,8 +150,9 @@ class Recipe(ABC):
         is where the ranks' gradients get synchronised, so a recipe never calls its forward itself."""
 
     @abstractmethod
-    def losses(self, outputs: Any, batch: dict, update: str = "main", model: nn.Module | None = None
-               ) -> dict[str, torch.Tensor]:
+    def losses(
+        self, outputs: Any, batch: dict, update: str = "main", model: nn.Module | None = None
+    ) -> dict[str, torch.Tensor]:
         """From the forward's `outputs`: {'loss': this rank's share of the loss for optimizer
         `update`, <component>: detached parts for logging}. `model` is the module itself (not the
         engine's wrapper), for what a loss computes from the outputs with the model's own layers
@@ -178,8 +179,9 @@ class Recipe(ABC):
         return None  # an optional hook: nothing to do unless a recipe needs it
 
     @abstractmethod
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> Evaluation:
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict], device: torch.device, validation: bool = False
+    ) -> Evaluation:
         """Metrics over a whole eval split, with the counts of Evaluation. `validation`: the
         per-epoch check that picks the best checkpoint, where a recipe may leave out costly
         metrics that selection does not use."""

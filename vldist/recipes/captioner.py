@@ -37,7 +37,8 @@ DECODERS = {"adaptive_attention": AdaptiveAttentionDecoder, "show_tell": ShowTel
 
 class CaptionerConfig(Section):
     decoder: Literal["adaptive_attention", "show_tell"] = Field(
-        "adaptive_attention", description="adaptive_attention: LSTM + visual sentinel (paper's AA); show_tell: Neuraltalk2"
+        "adaptive_attention",
+        description="adaptive_attention: LSTM + visual sentinel (paper's AA); show_tell: Neuraltalk2",
     )
     hidden: int = Field(512, ge=1, description="LSTM size (paper: 512)")
     embed: int = Field(512, ge=1, description="word and image encoding size (paper: 512)")
@@ -50,8 +51,9 @@ class CaptionerConfig(Section):
 class CaptionerModel(nn.Module):
     def __init__(self, cfg: CaptionerConfig, region_dim: int, vocab_size: int):
         super().__init__()
-        self.decoder = DECODERS[cfg.decoder](vocab_size, region_dim, hidden=cfg.hidden, embed=cfg.embed,
-                                             dropout=cfg.dropout)
+        self.decoder = DECODERS[cfg.decoder](
+            vocab_size, region_dim, hidden=cfg.hidden, embed=cfg.embed, dropout=cfg.dropout
+        )
 
     def forward(self, regions, mask, tokens) -> torch.Tensor:
         """Teacher-forced logits (B, T-1, V) predicting tokens[:, 1:]."""
@@ -74,8 +76,15 @@ class GeneratesCaptions:
 
     def generate_captions(self, decoder: nn.Module, features: torch.Tensor) -> list[str]:
         """The decoder's captions of region features without padding (`eval` length and beam)."""
-        ids = generate(decoder, features, all_real(features), self.vocab.start_id, self.vocab.end_id,
-                       self.max_generated_len, self.config.eval.beam_size)
+        ids = generate(
+            decoder,
+            features,
+            all_real(features),
+            self.vocab.start_id,
+            self.vocab.end_id,
+            self.max_generated_len,
+            self.config.eval.beam_size,
+        )
         return self.decode(ids)
 
     def decode(self, ids: torch.Tensor) -> list[str]:
@@ -111,8 +120,11 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
-        return {"key": raw["__key__"], "regions": read_regions(raw, self.feature_dim)[: self.config.data.max_regions],
-                "references": meta["captions"][: self.config.eval.max_captions_per_image]}
+        return {
+            "key": raw["__key__"],
+            "regions": read_regions(raw, self.feature_dim)[: self.config.data.max_regions],
+            "references": meta["captions"][: self.config.eval.max_captions_per_image],
+        }
 
     def collate_train(self, samples: list[dict]) -> dict:
         regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
@@ -120,13 +132,21 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         tokens, _ = pad_tokens([c for s in samples for c in s["captions"]], length=length)
         # each caption is a row; caption_images maps it to its image's row of `regions`
         counts = torch.tensor([len(s["captions"]) for s in samples])
-        return {"regions": regions, "mask": mask, "tokens": tokens,
-                "caption_images": torch.repeat_interleave(torch.arange(len(samples)), counts)}
+        return {
+            "regions": regions,
+            "mask": mask,
+            "tokens": tokens,
+            "caption_images": torch.repeat_interleave(torch.arange(len(samples)), counts),
+        }
 
     def collate_eval(self, samples: list[dict]) -> dict:
         regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
-        return {"keys": [s["key"] for s in samples], "regions": regions, "mask": mask,
-                "references": [s["references"] for s in samples]}
+        return {
+            "keys": [s["key"] for s in samples],
+            "regions": regions,
+            "mask": mask,
+            "references": [s["references"] for s in samples],
+        }
 
     # ------------------------------------------------------------------ losses and evaluation
 
@@ -143,13 +163,21 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         """One generated caption per image, from each image's (R, F) region features (a user's
         own images: `python -m vldist.caption`)."""
         padded, mask = pad_regions(regions, self.config.data.max_regions)
-        ids = generate(unwrap(model).decoder, padded.to(device), mask.to(device), self.vocab.start_id,
-                       self.vocab.end_id, self.max_generated_len, self.config.eval.beam_size)
+        ids = generate(
+            unwrap(model).decoder,
+            padded.to(device),
+            mask.to(device),
+            self.vocab.start_id,
+            self.vocab.end_id,
+            self.max_generated_len,
+            self.config.eval.beam_size,
+        )
         return self.decode(ids)
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> dict:
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict], device: torch.device, validation: bool = False
+    ) -> dict:
         """Generate one caption per image; score them against the references (pycocoevalcap), and
         rank the first eval.self_retrieval_pool images by ln p(generated caption | image) (not in
         validation: selection uses CIDEr-D only, and the pool costs pool^2 decoder passes)."""
@@ -161,8 +189,15 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         room = 0 if validation else self.config.eval.self_retrieval_pool
         for batch in batches:
             regions, mask = batch["regions"].to(device), batch["mask"].to(device)
-            ids = generate(decoder, regions, mask, self.vocab.start_id, self.vocab.end_id, self.max_generated_len,
-                           self.config.eval.beam_size)
+            ids = generate(
+                decoder,
+                regions,
+                mask,
+                self.vocab.start_id,
+                self.vocab.end_id,
+                self.max_generated_len,
+                self.config.eval.beam_size,
+            )
             for key, refs, caption in zip(batch["keys"], batch["references"], self.decode(ids), strict=True):
                 references[key], generated[key] = refs, caption
             if room > 0:
@@ -175,8 +210,13 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         result = {"captions": caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout)}
         if pool_captions:
             tokens, _ = pad_tokens(pool_captions, self.vocab.pad_id)
-            logp = caption_image_logprobs(decoder, torch.cat(pool_regions).to(device),
-                                          torch.cat(pool_masks).to(device), tokens.to(device), self.vocab.pad_id)
+            logp = caption_image_logprobs(
+                decoder,
+                torch.cat(pool_regions).to(device),
+                torch.cat(pool_masks).to(device),
+                tokens.to(device),
+                self.vocab.pad_id,
+            )
             # R@K with K >= the pool counts every caption (100 by construction): only K below it
             ks = [k for k in SELF_RETRIEVAL_KS if k < logp.shape[0]]
             if ks:
@@ -185,7 +225,8 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         keys = list(generated)[: self.config.eval.examples]
         return {
             **result,
-            "n_images": len(generated), "n_captions": sum(len(r) for r in references.values()),
+            "n_images": len(generated),
+            "n_captions": sum(len(r) for r in references.values()),
             "examples": [{"key": k, "generated": generated[k], "references": references[k]} for k in keys],
         }
 
@@ -194,8 +235,11 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
 
     @classmethod
     def headline(cls, metrics: dict) -> dict[str, float]:
-        return {"cider_d": metrics["captions"]["cider_d"], "bleu4": metrics["captions"]["bleu4"],
-                "rouge_l": metrics["captions"]["rouge_l"]}
+        return {
+            "cider_d": metrics["captions"]["cider_d"],
+            "bleu4": metrics["captions"]["bleu4"],
+            "rouge_l": metrics["captions"]["rouge_l"],
+        }
 
     @classmethod
     def report(cls, rows: dict[str, dict], split: str) -> str:

@@ -48,12 +48,14 @@ ARCHITECTURE_KEYS = ("decoder", "hidden", "embed")  # the captioner keys that sh
 
 class CLCaptionConfig(CaptionerConfig):
     init_from: str | None = Field(
-        None, description="captioner checkpoint (or run dir) whose weights start target and reference; "
-                          "set by the MLE stage of `python -m vldist.train cl_caption`"
+        None,
+        description="captioner checkpoint (or run dir) whose weights start target and reference; "
+        "set by the MLE stage of `python -m vldist.train cl_caption`",
     )
     captioner_run: str | None = Field(
-        None, description="reuse this captioner run dir or checkpoint instead of training the MLE stage "
-                          "(a cl_caption run works too: its target, Table 6's next round)"
+        None,
+        description="reuse this captioner run dir or checkpoint instead of training the MLE stage "
+        "(a cl_caption run works too: its target, Table 6's next round)",
     )
     captioner_job: str = Field("captioner", description="job file of the MLE stage")
     negatives: int = Field(5, ge=1, description="K negative sets per positive (Eq. 10; paper: 5)")
@@ -102,9 +104,15 @@ class CLCaptionModel(nn.Module):
             for ref, tgt in zip(self.reference.buffers(), self.target.buffers(), strict=True):
                 ref.copy_(tgt)
 
-    def forward(self, regions: torch.Tensor, mask: torch.Tensor, caption_images: torch.Tensor,
-                tokens: torch.Tensor, negatives: torch.Tensor | None = None,
-                replace_reference: bool = False) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        regions: torch.Tensor,
+        mask: torch.Tensor,
+        caption_images: torch.Tensor,
+        tokens: torch.Tensor,
+        negatives: torch.Tensor | None = None,
+        replace_reference: bool = False,
+    ) -> dict[str, torch.Tensor]:
         """Sentence log-probabilities ln p(c | I) (end token included) under target and reference.
 
         tokens (T, L): the positives, caption t under image caption_images[t]; negatives (K, T, L'):
@@ -117,8 +125,12 @@ class CLCaptionModel(nn.Module):
         rows, captions = caption_images, tokens
         if negatives is not None:
             width = max(tokens.shape[1], negatives.shape[2])
-            captions = torch.cat([F.pad(tokens, (0, width - tokens.shape[1]), value=self.pad_id),
-                                  F.pad(negatives.flatten(0, 1), (0, width - negatives.shape[2]), value=self.pad_id)])
+            captions = torch.cat(
+                [
+                    F.pad(tokens, (0, width - tokens.shape[1]), value=self.pad_id),
+                    F.pad(negatives.flatten(0, 1), (0, width - negatives.shape[2]), value=self.pad_id),
+                ]
+            )
             rows = caption_images.repeat(negatives.shape[0] + 1)  # row k*T + t pairs with image of t
         features, masks, targets = regions[rows], mask[rows], captions[:, 1:]
         target = sequence_logprob(self.target(features, masks, captions), targets, self.pad_id)
@@ -133,7 +145,9 @@ class CLCaptionModel(nn.Module):
 
 class CLCaptionRecipe(CaptionerRecipe):
     name = "cl_caption"
-    description = "Contrastive Learning for captioning (Dai & Lin 2017): target vs frozen reference, from an MLE captioner"
+    description = (
+        "Contrastive Learning for captioning (Dai & Lin 2017): target vs frozen reference, from an MLE captioner"
+    )
     ModelConfig = CLCaptionConfig
 
     def __init__(self, *args, **kwargs):
@@ -163,11 +177,18 @@ class CLCaptionRecipe(CaptionerRecipe):
 
         captioner = load_config(config.model.captioner_job, [])
         _check_same_captioner(config, captioner)
-        mle = updated(captioner, {
-            "seed": config.seed, "launcher": config.launcher, "data": {"shards": config.data.shards},
-            "engine": config.engine.model_dump(), "metrics": config.metrics.model_dump(),
-            "ray": config.ray.model_dump(), "output": {"dir": str(out / "mle")},
-        })
+        mle = updated(
+            captioner,
+            {
+                "seed": config.seed,
+                "launcher": config.launcher,
+                "data": {"shards": config.data.shards},
+                "engine": config.engine.model_dump(),
+                "metrics": config.metrics.model_dump(),
+                "ray": config.ray.model_dump(),
+                "output": {"dir": str(out / "mle")},
+            },
+        )
         cl_update["model"] = {"init_from": str(out / "mle" / "checkpoints" / "best")}
         cl_update["eval"] = {"baseline": False}  # the MLE stage's test result is CL's baseline
         return [("mle", mle), ("cl", updated(config, cl_update))]
@@ -206,22 +227,29 @@ class CLCaptionRecipe(CaptionerRecipe):
                 "`python -m vldist.train captioner`, or let `python -m vldist.train cl_caption` do it)"
             )
         saved_model = raw.get("model", {})
-        reasons = [f"model.{k}: checkpoint {saved_model.get(k)!r}, this job {getattr(self.cfg, k)!r}"
-                   for k in ARCHITECTURE_KEYS if saved_model.get(k) != getattr(self.cfg, k)]
+        reasons = [
+            f"model.{k}: checkpoint {saved_model.get(k)!r}, this job {getattr(self.cfg, k)!r}"
+            for k in ARCHITECTURE_KEYS
+            if saved_model.get(k) != getattr(self.cfg, k)
+        ]
         if start.vocab != self.vocab.itos:
-            reasons.append(f"vocabulary: checkpoint {len(start.vocab)} words, this job {len(self.vocab)} or other words "
-                           "(data.shards and data.vocab_min_count must be the captioner's)")
-        state = {k[len(prefix):]: v for k, v in start.state.items() if k.startswith(prefix + "decoder.")}
+            reasons.append(
+                f"vocabulary: checkpoint {len(start.vocab)} words, this job {len(self.vocab)} or other words "
+                "(data.shards and data.vocab_min_count must be the captioner's)"
+            )
+        state = {k[len(prefix) :]: v for k, v in start.state.items() if k.startswith(prefix + "decoder.")}
         expected = model.target.state_dict()
         if not reasons:
             missing = sorted(expected.keys() - state.keys())
             mismatched = sorted(k for k in expected.keys() & state.keys() if expected[k].shape != state[k].shape)
             reasons += [f"{k}: missing from the checkpoint" for k in missing[:3]]
-            reasons += [f"{k}: checkpoint {tuple(state[k].shape)}, this job {tuple(expected[k].shape)}"
-                        for k in mismatched[:3]]
+            reasons += [
+                f"{k}: checkpoint {tuple(state[k].shape)}, this job {tuple(expected[k].shape)}" for k in mismatched[:3]
+            ]
         if reasons:
             raise IncompatibleCheckpoint(
-                f"model.init_from: {checkpoint} holds another captioner than this job builds:\n  " + "\n  ".join(reasons)
+                f"model.init_from: {checkpoint} holds another captioner than this job builds:\n  "
+                + "\n  ".join(reasons)
             )
         return {k: state[k] for k in expected}
 
@@ -237,8 +265,14 @@ class CLCaptionRecipe(CaptionerRecipe):
             self._replaced_at = self._step
         negatives = self._draw_negatives(batch) if self.cfg.terms != "positive" else None
         self._micro += 1
-        return {"regions": batch["regions"], "mask": batch["mask"], "caption_images": batch["caption_images"],
-                "tokens": batch["tokens"], "negatives": negatives, "replace_reference": replace}
+        return {
+            "regions": batch["regions"],
+            "mask": batch["mask"],
+            "caption_images": batch["caption_images"],
+            "tokens": batch["tokens"],
+            "negatives": negatives,
+            "replace_reference": replace,
+        }
 
     def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         cfg = self.cfg
@@ -246,8 +280,9 @@ class CLCaptionRecipe(CaptionerRecipe):
         if not negatives:  # CL(P): no negative pairs
             empty = out["pos_target"].new_zeros((0, out["pos_target"].shape[0]))
             out["neg_target"], out["neg_reference"] = empty, empty
-        loss = cross_rank_contrastive_captioning_loss(out["pos_target"], out["pos_reference"], out["neg_target"],
-                                                      out["neg_reference"], cfg.nu, cfg.terms)
+        loss = cross_rank_contrastive_captioning_loss(
+            out["pos_target"], out["pos_reference"], out["neg_target"], out["neg_reference"], cfg.nu, cfg.terms
+        )
         # Logged G: rank shares that sum to the global batch's mean (the loss's convention)
         g_pos = (out["pos_target"] - out["pos_reference"]).detach()
         n_global = global_sum(torch.tensor(float(g_pos.numel()), device=g_pos.device)).clamp(min=1)
@@ -277,7 +312,7 @@ class CLCaptionRecipe(CaptionerRecipe):
         image_ids = identity[rows.to(tokens.device)]
         lengths = (tokens != self.vocab.pad_id).sum(dim=1)
         all_tokens, _, all_ids, offset = gather_captions(tokens, lengths, image_ids)
-        draw = draw_negatives(all_ids, self.cfg.negatives, self._generator())[:, offset:offset + tokens.shape[0]]
+        draw = draw_negatives(all_ids, self.cfg.negatives, self._generator())[:, offset : offset + tokens.shape[0]]
         self.last_draw = {"draw": draw, "image_ids": all_ids, "offset": offset, "step": self._step}
         return all_tokens[draw]
 
@@ -289,8 +324,9 @@ def _check_same_captioner(config: JobConfig, captioner: JobConfig) -> None:
     """The MLE stage trains the captioner job as it is: its architecture and vocabulary must be
     this job's, or its weights could not start CL. Checked before hours of MLE, not after."""
     if captioner.recipe != "captioner":
-        raise ConfigError(f"model.captioner_job: '{config.model.captioner_job}' is a '{captioner.recipe}' job, "
-                          "not a captioner's")
+        raise ConfigError(
+            f"model.captioner_job: '{config.model.captioner_job}' is a '{captioner.recipe}' job, not a captioner's"
+        )
     pairs = [(f"model.{k}", getattr(captioner.model, k), getattr(config.model, k)) for k in ARCHITECTURE_KEYS]
     pairs.append(("data.vocab_min_count", captioner.data.vocab_min_count, config.data.vocab_min_count))
     differ = [f"{key}: captioner job {theirs!r}, this job {ours!r}" for key, theirs, ours in pairs if theirs != ours]

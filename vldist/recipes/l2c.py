@@ -46,43 +46,71 @@ MASKS_AND_PNG = ("img1.mask.png", "img2.mask.png", "mask.png", "png", "jpg")  # 
 
 class L2CConfig(Section):
     architecture: Literal["l2c", "cnn_lstm"] = Field(
-        "l2c", description="l2c: the paper's model; cnn_lstm: Table 1's baseline (pooled features of both images, concatenated)"
+        "l2c",
+        description="l2c: the paper's model; cnn_lstm: Table 1's baseline (pooled features of both images, concatenated)",
     )
-    baseline_stage: bool = Field(True, description="the job trains the cnn_lstm baseline first and prints it beside L2C")
+    baseline_stage: bool = Field(
+        True, description="the job trains the cnn_lstm baseline first and prints it beside L2C"
+    )
     trunk: Literal["small", "resnet50", "resnet101", "fcn_resnet50", "fcn_resnet101"] = Field(
-        "small", description="CNN trunk: small (CPU-sized, stride 8), a torchvision ResNet in the FCN layout, or torchvision's "
-                             "FCN whose segmentation of model.mask_class is the mask (paper: FCN ResNet-101)"
+        "small",
+        description="CNN trunk: small (CPU-sized, stride 8), a torchvision ResNet in the FCN layout, or torchvision's "
+        "FCN whose segmentation of model.mask_class is the mask (paper: FCN ResNet-101)",
     )
-    mask_class: int = Field(3, ge=0, lt=21, description="with an fcn_* trunk: the VOC class whose segmentation is the mask (3: bird)")
-    trunk_weights: str | None = Field(None, description="torchvision weights name or a local state-dict file (none: random init)")
+    mask_class: int = Field(
+        3, ge=0, lt=21, description="with an fcn_* trunk: the VOC class whose segmentation is the mask (3: bird)"
+    )
+    trunk_weights: str | None = Field(
+        None, description="torchvision weights name or a local state-dict file (none: random init)"
+    )
     image_size: int = Field(128, ge=32, description="images are resized to this square side")
     pooling: Literal["semantic", "average"] = Field(
-        "semantic", description="semantic: K nodes by Eq. 1; average: masked average pooling, one node (Table 3's ablation)"
+        "semantic",
+        description="semantic: K nodes by Eq. 1; average: masked average pooling, one node (Table 3's ablation)",
     )
     classes: int = Field(9, ge=1, description="K, semantic classes = graph nodes (paper: 9)")
-    normalize_pool: bool = Field(False, description="divide each node by Σ B·C_k (the paper's Eq. 1 is an unnormalised sum)")
+    normalize_pool: bool = Field(
+        False, description="divide each node by Σ B·C_k (the paper's Eq. 1 is an unnormalised sum)"
+    )
     mask_threshold: float | None = Field(
-        None, gt=0, lt=1, description="binarise the predicted mask at this probability (paper: 0.5 on an FCN's); none: pool with the probability"
+        None,
+        gt=0,
+        lt=1,
+        description="binarise the predicted mask at this probability (paper: 0.5 on an FCN's); none: pool with the probability",
     )
     graph_dim: int = Field(512, ge=1, description="graph node size (paper: 512)")
     gcn_layers: int = Field(2, ge=0, description="relation GCN layers (0: Table 3's '- GCN')")
-    affinity_norm: Literal["count", "softmax"] = Field("softmax", description="normalisation of the node affinity (Eq. 3)")
-    gcn_kernel: Literal["auto", "triton", "torch"] = Field("auto", description="region-affinity kernel (vldist/kernels)")
+    affinity_norm: Literal["count", "softmax"] = Field(
+        "softmax", description="normalisation of the node affinity (Eq. 3)"
+    )
+    gcn_kernel: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="region-affinity kernel (vldist/kernels)"
+    )
     hidden: int = Field(512, ge=1, description="LSTM size (paper: 512)")
     embed: int = Field(512, ge=1, description="word embedding size")
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout before the word classifier")
     tv_weight: float = Field(1.0, ge=0, description="λ of the TV loss (paper: 1; 0: Table 3's '- TV loss')")
     tv_reduction: Literal["mean", "sum"] = Field(
-        "mean", description="TV per pixel, class and image (mean), or Eq. 2's plain sum over the global batch (sum: "
-                            "B·K·H·W, about 7e4, times stronger at the same λ)")
+        "mean",
+        description="TV per pixel, class and image (mean), or Eq. 2's plain sum over the global batch (sum: "
+        "B·K·H·W, about 7e4, times stronger at the same λ)",
+    )
     mask_weight: float = Field(1.0, ge=0, description="weight of the mask head's BCE on stored masks")
-    single_images: bool = Field(True, description="train on single-image captions too, taking turns with pairs (paper: CUB+B2W)")
+    single_images: bool = Field(
+        True, description="train on single-image captions too, taking turns with pairs (paper: CUB+B2W)"
+    )
     single_shards: str = Field("shards/synth", description="shard set of the single-image captions (paper: CUB)")
     single_split: str = Field("train", description="its split")
-    single_batch_size: int = Field(64, ge=1, description="single images per step (paper: 128; pairs: data.batch_size, paper 16)")
-    captions_per_sample: int = Field(5, ge=1, description="descriptions of a pair (captions of an image) trained on per visit")
+    single_batch_size: int = Field(
+        64, ge=1, description="single images per step (paper: 128; pairs: data.batch_size, paper 16)"
+    )
+    captions_per_sample: int = Field(
+        5, ge=1, description="descriptions of a pair (captions of an image) trained on per visit"
+    )
     flip_pairs: bool = Field(True, description="swap a pair's images and its image1/image2 tokens with probability 1/2")
-    visualize: int = Field(4, ge=0, description="pairs whose confidence maps and masks are saved as PNG at each evaluation")
+    visualize: int = Field(
+        4, ge=0, description="pairs whose confidence maps and masks are saved as PNG at each evaluation"
+    )
 
 
 class L2CModel(nn.Module):
@@ -90,9 +118,19 @@ class L2CModel(nn.Module):
         super().__init__()
         self.architecture = cfg.architecture
         if cfg.architecture == "l2c":
-            self.encoder = L2CEncoder(cfg.trunk, cfg.trunk_weights, cfg.pooling, cfg.classes, cfg.graph_dim,
-                                      cfg.gcn_layers, cfg.affinity_norm, cfg.normalize_pool, cfg.mask_threshold,
-                                      cfg.gcn_kernel, cfg.mask_class)
+            self.encoder = L2CEncoder(
+                cfg.trunk,
+                cfg.trunk_weights,
+                cfg.pooling,
+                cfg.classes,
+                cfg.graph_dim,
+                cfg.gcn_layers,
+                cfg.affinity_norm,
+                cfg.normalize_pool,
+                cfg.mask_threshold,
+                cfg.gcn_kernel,
+                cfg.mask_class,
+            )
             self.decoder = AdaptiveAttentionDecoder(vocab_size, cfg.graph_dim, cfg.hidden, cfg.embed, cfg.dropout)
         else:
             self.trunk, dim = build_trunk(cfg.trunk, cfg.trunk_weights)
@@ -146,9 +184,13 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         cfg = config.model
         streams: dict[str, str | StreamSource] = {"pairs": config.data.train_split}
         if cfg.single_images and cfg.architecture == "l2c":  # the baseline reads pairs only
-            streams["single"] = StreamSource(cfg.single_split, shards=cfg.single_shards,
-                                             batch_size=cfg.single_batch_size, keys=SINGLE_KEYS,
-                                             steps_like="pairs")  # one of each per iteration, as the paper
+            streams["single"] = StreamSource(
+                cfg.single_split,
+                shards=cfg.single_shards,
+                batch_size=cfg.single_batch_size,
+                keys=SINGLE_KEYS,
+                steps_like="pairs",
+            )  # one of each per iteration, as the paper
         return streams
 
     def stream_functions(self, stream: str):
@@ -160,8 +202,11 @@ class L2CRecipe(GeneratesCaptions, Recipe):
 
     def _pair(self, raw: dict) -> dict:
         size = self.cfg.image_size
-        return {"images": read_image(raw, "img1.jpg", size), "second": read_image(raw, "img2.jpg", size),
-                "masks": [read_mask(raw, "img1.mask.png", size), read_mask(raw, "img2.mask.png", size)]}
+        return {
+            "images": read_image(raw, "img1.jpg", size),
+            "second": read_image(raw, "img2.jpg", size),
+            "masks": [read_mask(raw, "img1.mask.png", size), read_mask(raw, "img2.mask.png", size)],
+        }
 
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
         captions = read_meta(raw)["captions"]
@@ -174,13 +219,20 @@ class L2CRecipe(GeneratesCaptions, Recipe):
     def single_sample(self, raw: dict, rng: random.Random) -> dict:
         member = next((m for m in ("jpg", "png") if m in raw), "jpg")  # read_image names it when missing
         size = self.cfg.image_size
-        return {"images": read_image(raw, member, size), "second": None, "masks": [read_mask(raw, "mask.png", size)],
-                "captions": self.encode_some(read_meta(raw)["captions"], self.cfg.captions_per_sample, rng)}
+        return {
+            "images": read_image(raw, member, size),
+            "second": None,
+            "masks": [read_mask(raw, "mask.png", size)],
+            "captions": self.encode_some(read_meta(raw)["captions"], self.cfg.captions_per_sample, rng),
+        }
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
-        return {**self._pair(raw), "key": raw["__key__"],
-                "references": meta["captions"][: self.config.eval.max_captions_per_image]}
+        return {
+            **self._pair(raw),
+            "key": raw["__key__"],
+            "references": meta["captions"][: self.config.eval.max_captions_per_image],
+        }
 
     def _collate_images(self, samples: list[dict]) -> dict:
         size = self.cfg.image_size
@@ -188,25 +240,39 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         ordered = [s["masks"][0] for s in samples] + [s["masks"][1] for s in samples if len(s["masks"]) > 1]
         masks, present = stack_masks(ordered, size)
         second = None if samples[0]["second"] is None else torch.stack([s["second"] for s in samples])
-        return {"images": torch.stack([s["images"] for s in samples]), "second": second,
-                "masks": masks, "mask_present": present}
+        return {
+            "images": torch.stack([s["images"] for s in samples]),
+            "second": second,
+            "masks": masks,
+            "mask_present": present,
+        }
 
     def collate_train(self, samples: list[dict]) -> dict:
         length = self.config.data.max_caption_len if self.uniform_shapes else None
         tokens, _ = pad_tokens([c for s in samples for c in s["captions"]], length=length)
         counts = torch.tensor([len(s["captions"]) for s in samples])
-        return {**self._collate_images(samples), "tokens": tokens,
-                "caption_images": torch.repeat_interleave(torch.arange(len(samples)), counts)}
+        return {
+            **self._collate_images(samples),
+            "tokens": tokens,
+            "caption_images": torch.repeat_interleave(torch.arange(len(samples)), counts),
+        }
 
     def collate_eval(self, samples: list[dict]) -> dict:
-        return {**self._collate_images(samples), "keys": [s["key"] for s in samples],
-                "references": [s["references"] for s in samples]}
+        return {
+            **self._collate_images(samples),
+            "keys": [s["key"] for s in samples],
+            "references": [s["references"] for s in samples],
+        }
 
     # ------------------------------------------------------------------ losses
 
     def forward_inputs(self, batch: dict, update: str = "main") -> dict:
-        return {"images": batch["images"], "second": batch["second"], "tokens": batch["tokens"],
-                "rows": batch["caption_images"]}
+        return {
+            "images": batch["images"],
+            "second": batch["second"],
+            "tokens": batch["tokens"],
+            "rows": batch["caption_images"],
+        }
 
     def losses(self, outputs: tuple, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         logits, aux = outputs
@@ -222,8 +288,10 @@ class L2CRecipe(GeneratesCaptions, Recipe):
             loss = loss + self.cfg.tv_weight * tv
             parts["tv"] = tv.detach()
         if aux and self.cfg.mask_weight:
-            mask = cross_rank_mean(self._mask_loss(aux["mask_logits"], batch["masks"], batch["mask_present"]),
-                                   int(batch["mask_present"].sum()))
+            mask = cross_rank_mean(
+                self._mask_loss(aux["mask_logits"], batch["masks"], batch["mask_present"]),
+                int(batch["mask_present"].sum()),
+            )
             loss = loss + self.cfg.mask_weight * mask
             parts["mask"] = mask.detach()
         return {"loss": loss, **parts}
@@ -248,8 +316,9 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         return self.generate_captions(inner.decoder, features), aux
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> dict:
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict], device: torch.device, validation: bool = False
+    ) -> dict:
         """One description per pair, scored against all its references (pycocoevalcap); the first
         `model.visualize` pairs' confidence maps and masks come back as images."""
         was_training = model.training
@@ -265,16 +334,22 @@ class L2CRecipe(GeneratesCaptions, Recipe):
                 n = len(batch["keys"])
                 for i, key in enumerate(batch["keys"][:room]):
                     panels[f"{key}.png"] = pair_panel(
-                        batch["images"][i], batch["second"][i], aux["mask"][i], aux["mask"][n + i],
+                        batch["images"][i],
+                        batch["second"][i],
+                        aux["mask"][i],
+                        aux["mask"][n + i],
                         None if aux["confidence"] is None else aux["confidence"][i],
-                        None if aux["confidence"] is None else aux["confidence"][n + i])
+                        None if aux["confidence"] is None else aux["confidence"][n + i],
+                    )
         model.train(was_training)
         if not generated:
             raise RuntimeError("the evaluation split yielded no samples")
         keys = list(generated)[: self.config.eval.examples]
         return {
             "captions": caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout),
-            "n_images": len(generated), "n_captions": sum(len(r) for r in references.values()), "unit": "pairs",
+            "n_images": len(generated),
+            "n_captions": sum(len(r) for r in references.values()),
+            "unit": "pairs",
             "examples": [{"key": k, "generated": generated[k], "references": references[k]} for k in keys],
             "images": panels,
         }

@@ -10,10 +10,23 @@ from PIL import Image
 from vldist.visualize import to_pil
 
 # one clearly distinct colour per semantic class (K <= 12 gets its own, more repeat)
-PALETTE = np.array([
-    (230, 25, 75), (60, 180, 75), (0, 130, 200), (255, 225, 25), (145, 30, 180), (245, 130, 48),
-    (70, 240, 240), (240, 50, 230), (128, 128, 0), (0, 128, 128), (170, 110, 40), (128, 0, 0),
-], dtype=np.uint8)
+PALETTE = np.array(
+    [
+        (230, 25, 75),
+        (60, 180, 75),
+        (0, 130, 200),
+        (255, 225, 25),
+        (145, 30, 180),
+        (245, 130, 48),
+        (70, 240, 240),
+        (240, 50, 230),
+        (128, 128, 0),
+        (0, 128, 128),
+        (170, 110, 40),
+        (128, 0, 0),
+    ],
+    dtype=np.uint8,
+)
 
 
 def mask_picture(mask: torch.Tensor, size: int) -> Image.Image:
@@ -31,8 +44,14 @@ def class_picture(confidence: torch.Tensor, mask: torch.Tensor, size: int) -> Im
     return Image.fromarray((colours * weight).round().astype(np.uint8), "RGB").resize((size, size), Image.NEAREST)
 
 
-def pair_panel(first: torch.Tensor, second: torch.Tensor, mask1: torch.Tensor, mask2: torch.Tensor,
-               confidence1: torch.Tensor | None, confidence2: torch.Tensor | None) -> Image.Image:
+def pair_panel(
+    first: torch.Tensor,
+    second: torch.Tensor,
+    mask1: torch.Tensor,
+    mask2: torch.Tensor,
+    confidence1: torch.Tensor | None,
+    confidence2: torch.Tensor | None,
+) -> Image.Image:
     """Two rows, one per image of a pair: the image, its predicted mask, its classes."""
     size = first.shape[-1]
     rows = []

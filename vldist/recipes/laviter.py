@@ -47,9 +47,14 @@ LOSS_WEIGHTS = ("generator", "caption", "fake_image", "fake_text", "damsm")  # �
 
 class LAViTeRConfig(Section):
     phase: Literal["all", "pretrain", "vta", "assist", "joint"] = Field(
-        "all", description="all: the phases as stages of one job; or one phase alone (set model.init_from)")
-    pretrain_epochs: int = Field(0, ge=0, description="epochs of the small trunk's pretraining on the objects' attribute "
-                                                      "words before phase 1, the stand-in for ImageNet (0: none)")
+        "all", description="all: the phases as stages of one job; or one phase alone (set model.init_from)"
+    )
+    pretrain_epochs: int = Field(
+        0,
+        ge=0,
+        description="epochs of the small trunk's pretraining on the objects' attribute "
+        "words before phase 1, the stand-in for ImageNet (0: none)",
+    )
     pretrain_lr: float = Field(1e-3, gt=0, description="its learning rate")
     init_from: str | None = Field(None, description="start from this run dir or checkpoint (set by the stages)")
     vta_epochs: int = Field(2, ge=0, description="epochs of phase 1 (VTA alone)")
@@ -60,13 +65,19 @@ class LAViTeRConfig(Section):
     itm_lr: float = Field(1e-4, gt=0, description="phase 2: captioner lr (paper: 1e-4)")
     joint_lr: float = Field(1e-5, gt=0, description="phase 3 lr of every module (paper: 'small'; code: 1e-6)")
     vta_trunk: Literal["frozen", "trainable"] = Field("frozen", description="E_I's trunk in phase 1 (paper: frozen)")
-    frozen_blocks: int = Field(5, ge=0, description="phase 3: E_I's first blocks kept frozen, batch norm in eval (paper: 5)")
+    frozen_blocks: int = Field(
+        5, ge=0, description="phase 3: E_I's first blocks kept frozen, batch norm in eval (paper: 5)"
+    )
     image_encoder: Literal["small", "inception_v3"] = Field(
-        "small", description="E_I: small (CPU-sized CNN, 64 regions) or inception_v3 (the paper's, 289 regions)")
-    image_weights: str | None = Field(None, description="inception_v3: torchvision weights name or local state-dict file")
+        "small", description="E_I: small (CPU-sized CNN, 64 regions) or inception_v3 (the paper's, 289 regions)"
+    )
+    image_weights: str | None = Field(
+        None, description="inception_v3: torchvision weights name or local state-dict file"
+    )
     image_size: int = Field(64, ge=32, description="E_I's input side (inception_v3: 299)")
     text_encoder: Literal["transformer", "bilstm"] = Field(
-        "transformer", description="E_T: transformer (LAViTeR) or bilstm (AttnGAN's DAMSM, the baseline of Tables 2-3)")
+        "transformer", description="E_T: transformer (LAViTeR) or bilstm (AttnGAN's DAMSM, the baseline of Tables 2-3)"
+    )
     embed_dim: int = Field(256, ge=8, description="D of words, regions, sentence and image vectors (paper: 256)")
     text_layers: int = Field(1, ge=1, description="transformer layers (paper: 1)")
     text_heads: int = Field(8, ge=1, description="transformer heads (paper: 8)")
@@ -90,24 +101,37 @@ class LAViTeRConfig(Section):
     itm_feedforward: int = Field(1024, ge=8, description="captioner feed-forward size")
     itm_dropout: float = Field(0.1, ge=0, lt=1, description="captioner dropout")
     generated_text: Literal["teacher_forced", "free_running"] = Field(
-        "teacher_forced", description="L_FT's generated text: the argmax of the teacher-forced captioner (the authors' "
-                                      "code; free) or greedy decoding from the image (the paper's reading; T passes)")
+        "teacher_forced",
+        description="L_FT's generated text: the argmax of the teacher-forced captioner (the authors' "
+        "code; free) or greedy decoding from the image (the paper's reading; T passes)",
+    )
     weight_generator: float = Field(1.0, ge=0, description="λ1: L_G, adversarial + conditioning-augmentation KL")
     weight_caption: float = Field(1.0, ge=0, description="λ2: L_C, the captioner's token NLL")
     weight_fake_image: float = Field(1.0, ge=0, description="λ3: L_FI, DAMSM of generated images and real text")
     weight_fake_text: float = Field(1.0, ge=0, description="λ4: L_FT, DAMSM of real images and generated text")
-    weight_damsm: float = Field(50.0, ge=0, description="λ5: L_DAMSM of real images and real text (the authors' code: 50)")
-    r_precision_candidates: int = Field(100, ge=2, description="R-precision pool: the own caption and N-1 others (AttnGAN: 100)")
-    caption_metrics: bool = Field(True, description="score the captioner with pycocoevalcap at each test evaluation "
-                                                    "(the ablation bench turns it off: Table 2 needs none)")
-    grid: int = Field(8, ge=0, description="generated images saved as a PNG grid at each evaluation, for the first captions")
+    weight_damsm: float = Field(
+        50.0, ge=0, description="λ5: L_DAMSM of real images and real text (the authors' code: 50)"
+    )
+    r_precision_candidates: int = Field(
+        100, ge=2, description="R-precision pool: the own caption and N-1 others (AttnGAN: 100)"
+    )
+    caption_metrics: bool = Field(
+        True,
+        description="score the captioner with pycocoevalcap at each test evaluation "
+        "(the ablation bench turns it off: Table 2 needs none)",
+    )
+    grid: int = Field(
+        8, ge=0, description="generated images saved as a PNG grid at each evaluation, for the first captions"
+    )
 
     @model_validator(mode="after")
     def _real_images_as_large_as_generated(self) -> LAViTeRConfig:
         largest = 64 * 2 ** (self.tim_stages - 1)
         if self.tim and self.image_size < largest:  # upsampled real images would tell the discriminator apart
-            raise ValueError(f"model.tim_stages={self.tim_stages} generates {largest}-pixel images, but real images "
-                             f"are read at model.image_size={self.image_size}: set image_size >= {largest}")
+            raise ValueError(
+                f"model.tim_stages={self.tim_stages} generates {largest}-pixel images, but real images "
+                f"are read at model.image_size={self.image_size}: set image_size >= {largest}"
+            )
         return self
 
 
@@ -138,18 +162,29 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         without weights), each from the one before."""
         cfg = config.model
         pretrained = cfg.image_weights is not None  # a real trunk brings its own pretraining
-        epochs = {"pretrain": 0 if pretrained else cfg.pretrain_epochs, "vta": cfg.vta_epochs,
-                  "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0, "joint": cfg.joint_epochs}
+        epochs = {
+            "pretrain": 0 if pretrained else cfg.pretrain_epochs,
+            "vta": cfg.vta_epochs,
+            "assist": cfg.assist_epochs if cfg.tim or cfg.itm else 0,
+            "joint": cfg.joint_epochs,
+        }
         lrs = {"pretrain": cfg.pretrain_lr, "vta": cfg.vta_lr, "assist": cfg.assist_lr, "joint": cfg.joint_lr}
         if cfg.phase != "all":  # one phase alone, with that phase's epochs and lr
-            return [(cfg.phase, updated(config, {"train": {"epochs": max(epochs[cfg.phase], 1), "lr": lrs[cfg.phase]}}))]
+            return [
+                (cfg.phase, updated(config, {"train": {"epochs": max(epochs[cfg.phase], 1), "lr": lrs[cfg.phase]}}))
+            ]
         stages, previous = [], cfg.init_from
         for phase in PHASES:
             if not epochs[phase]:
                 continue
-            stage = updated(config, {"model": {"phase": phase, "init_from": previous},
-                                     "train": {"epochs": epochs[phase], "lr": lrs[phase]},
-                                     "eval": {"baseline": config.eval.baseline and not stages}})
+            stage = updated(
+                config,
+                {
+                    "model": {"phase": phase, "init_from": previous},
+                    "train": {"epochs": epochs[phase], "lr": lrs[phase]},
+                    "eval": {"baseline": config.eval.baseline and not stages},
+                },
+            )
             stages.append((phase, stage))
             previous = str(config.output_dir / phase)  # its best checkpoint, else its last (find_checkpoint)
         if not stages:
@@ -157,8 +192,9 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         return stages
 
     def build_model(self) -> nn.Module:
-        model = LAViTeRModel(self.cfg, len(self.vocab), self.config.data.max_caption_len, self.vocab.end_id,
-                             self.vocab.start_id)
+        model = LAViTeRModel(
+            self.cfg, len(self.vocab), self.config.data.max_caption_len, self.vocab.end_id, self.vocab.start_id
+        )
         model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
         return model
 
@@ -173,8 +209,10 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             missing, unexpected = model.load_state_dict(start.state, strict=False)
             wrong = [k for k in [*missing, *unexpected] if not k.startswith("label_head.")]
             if wrong:
-                raise ValueError(f"model.init_from={self.cfg.init_from} does not fit this model ({len(wrong)} "
-                                 f"entries differ, e.g. {wrong[0]}): use a LAViTeR run of the same model keys")
+                raise ValueError(
+                    f"model.init_from={self.cfg.init_from} does not fit this model ({len(wrong)} "
+                    f"entries differ, e.g. {wrong[0]}): use a LAViTeR run of the same model keys"
+                )
 
     def optimizer_groups(self, model: LAViTeRModel) -> dict[str, list]:
         critic = {id(p) for p in model.discriminators.parameters()} if model.trains(model.discriminators) else set()
@@ -182,8 +220,10 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         if self.phase == "assist" and model.trains(model.captioner):  # ITM has its own lr in phase 2
             captioner = {id(p) for p in model.captioner.parameters()}
             others = [p for p in rest if id(p) not in captioner]
-            rest = [*([{"params": others}] if others else []),
-                    {"params": list(model.captioner.parameters()), "lr": self.cfg.itm_lr}]
+            rest = [
+                *([{"params": others}] if others else []),
+                {"params": list(model.captioner.parameters()), "lr": self.cfg.itm_lr},
+            ]
         if not critic:
             return {"main": rest}
         return {"discriminator": list(model.discriminators.parameters()), "main": rest}
@@ -216,14 +256,23 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
 
     def labels(self, meta: dict) -> list[int]:
         """The trunk pretraining's targets: ids of the objects' attribute words (colour, shape, size)."""
-        return sorted({self.vocab.stoi[w] for o in meta.get("objects", []) for w in (o.get("color"), o.get("shape"),
-                                                                                   o.get("size")) if w in self.vocab.stoi})
+        return sorted(
+            {
+                self.vocab.stoi[w]
+                for o in meta.get("objects", [])
+                for w in (o.get("color"), o.get("shape"), o.get("size"))
+                if w in self.vocab.stoi
+            }
+        )
 
     def train_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
         caption = rng.choice(meta["captions"])  # AttnGAN: one random caption per visit
-        sample = {"image": read_image(raw, "jpg", self.cfg.image_size, "tanh"), "words": self.words(caption),
-                  "tokens": self.vocab.encode(caption, self.config.data.max_caption_len)}
+        sample = {
+            "image": read_image(raw, "jpg", self.cfg.image_size, "tanh"),
+            "words": self.words(caption),
+            "tokens": self.vocab.encode(caption, self.config.data.max_caption_len),
+        }
         if self.phase == "pretrain":
             sample["labels"] = self.labels(meta)
             if not sample["labels"]:
@@ -233,17 +282,27 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
         captions = meta["captions"][: self.config.eval.max_captions_per_image]
-        return {"key": raw["__key__"], "image": read_image(raw, "jpg", self.cfg.image_size, "tanh"),
-                "references": captions, "caption_words": [self.words(c) for c in captions],
-                "attribute_words": [self.words(a) for a in attribute_texts(meta)], "labels": self.labels(meta)}
+        return {
+            "key": raw["__key__"],
+            "image": read_image(raw, "jpg", self.cfg.image_size, "tanh"),
+            "references": captions,
+            "caption_words": [self.words(c) for c in captions],
+            "attribute_words": [self.words(a) for a in attribute_texts(meta)],
+            "labels": self.labels(meta),
+        }
 
     def collate_train(self, samples: list[dict]) -> dict:
         uniform = self.uniform_shapes
         words, lengths = pad_tokens([s["words"] for s in samples], length=self.cfg.max_words if uniform else None)
-        tokens, _ = pad_tokens([s["tokens"] for s in samples],
-                               length=self.config.data.max_caption_len if uniform else None)
-        batch = {"images": torch.stack([s["image"] for s in samples]), "words": words, "lengths": lengths,
-                 "tokens": tokens}
+        tokens, _ = pad_tokens(
+            [s["tokens"] for s in samples], length=self.config.data.max_caption_len if uniform else None
+        )
+        batch = {
+            "images": torch.stack([s["image"] for s in samples]),
+            "words": words,
+            "lengths": lengths,
+            "tokens": tokens,
+        }
         if "labels" in samples[0]:
             batch["labels"] = multi_hot([s["labels"] for s in samples], len(self.vocab))
         return batch
@@ -256,24 +315,39 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             return words, lengths, owners
 
         captions, attributes = flat("caption_words"), flat("attribute_words")
-        return {"keys": [s["key"] for s in samples], "images": torch.stack([s["image"] for s in samples]),
-                "references": [s["references"] for s in samples], "captions": captions, "attributes": attributes,
-                "labels": [s["labels"] for s in samples]}
+        return {
+            "keys": [s["key"] for s in samples],
+            "images": torch.stack([s["image"] for s in samples]),
+            "references": [s["references"] for s in samples],
+            "captions": captions,
+            "attributes": attributes,
+            "labels": [s["labels"] for s in samples],
+        }
 
     # ------------------------------------------------------------------ losses
 
     def forward_inputs(self, batch: dict, update: str = "main") -> dict:
         images, batch_size = batch["images"], batch["images"].shape[0]
         if batch_size < 2 and self.cfg.tim and self.phase in ("assist", "joint"):
-            raise ValueError("LAViTeR's GAN needs at least 2 images per rank in a step (batch norm, mismatched "
-                             "captions): raise data.batch_size to 2 x the number of ranks or more")
+            raise ValueError(
+                "LAViTeR's GAN needs at least 2 images per rank in a step (batch norm, mismatched "
+                "captions): raise data.batch_size to 2 x the number of ranks or more"
+            )
         noise = torch.randn(batch_size, self.cfg.z_dim, device=images.device)
         identity = batch.get("identity")  # pairs of one image are never negatives (data/identity.py)
         mismatched = None
         if update == "discriminator" and identity is not None:
             mismatched = other_image_rows(identity.to(images.device))
-        return {"images": images, "words": batch["words"], "lengths": batch["lengths"], "tokens": batch["tokens"],
-                "update": update, "noise": noise, "weights": self.weights(), "mismatched": mismatched}
+        return {
+            "images": images,
+            "words": batch["words"],
+            "lengths": batch["lengths"],
+            "tokens": batch["tokens"],
+            "update": update,
+            "noise": noise,
+            "weights": self.weights(),
+            "mismatched": mismatched,
+        }
 
     def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         batch_size, weights = batch["images"].shape[0], self.weights()
@@ -288,33 +362,50 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         terms: dict[str, torch.Tensor] = {}
         gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
         if weights.get("damsm"):
-            terms["damsm"] = cross_rank_damsm_loss(out["words"], out["lengths"], out["regions"], out["sentence"],
-                                                   out["image"], *gammas, identity=identity)
+            terms["damsm"] = cross_rank_damsm_loss(
+                out["words"], out["lengths"], out["regions"], out["sentence"], out["image"], *gammas, identity=identity
+            )
         if "caption_logits" in out:
             terms["caption"] = cross_rank_token_nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
         if "adversarial" in out:
             terms["generator"] = cross_rank_mean(out["adversarial"] + out["kl"], batch_size)
             if weights.get("fake_image"):
-                terms["fake_image"] = cross_rank_damsm_loss(out["words"], out["lengths"], out["fake_regions"],
-                                                            out["sentence"], out["fake_image"], *gammas,
-                                                            identity=identity)
+                terms["fake_image"] = cross_rank_damsm_loss(
+                    out["words"],
+                    out["lengths"],
+                    out["fake_regions"],
+                    out["sentence"],
+                    out["fake_image"],
+                    *gammas,
+                    identity=identity,
+                )
         if "generated_words" in out:
-            terms["fake_text"] = cross_rank_damsm_loss(out["generated_words"], out["generated_lengths"], out["regions"],
-                                                       out["generated_sentence"], out["image"], *gammas,
-                                                       identity=identity)
+            terms["fake_text"] = cross_rank_damsm_loss(
+                out["generated_words"],
+                out["generated_lengths"],
+                out["regions"],
+                out["generated_sentence"],
+                out["image"],
+                *gammas,
+                identity=identity,
+            )
         loss = sum(weights[name] * value for name, value in terms.items())
         return {"loss": loss, **{name: value.detach() for name, value in terms.items()}}
 
     # ------------------------------------------------------------------ evaluation
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> dict:
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict], device: torch.device, validation: bool = False
+    ) -> dict:
         inner: LAViTeRModel = unwrap(model)
         was_training = model.training
         model.eval()
-        captioning = inner.captioner is not None and self.cfg.caption_metrics and (
-            not validation or (self.phase == "assist" and inner.generator is None))  # see selection_score
+        captioning = (
+            inner.captioner is not None
+            and self.cfg.caption_metrics
+            and (not validation or (self.phase == "assist" and inner.generator is None))
+        )  # see selection_score
         vectors = {"image": [], "own": [], "captions": [], "attributes": [], "fake": []}
         owners = {"captions": [], "attributes": []}
         references, generated, grid_images, grid_captions, seen = {}, {}, [], [], 0
@@ -346,8 +437,9 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             if inner.generator is not None:
                 z = torch.randn(len(images), self.cfg.z_dim, generator=noise).to(device)
                 epsilon = torch.randn(len(images), self.cfg.condition_dim, generator=noise).to(device)
-                fakes = inner.generator(z, sentence, text_words, length_mask(own_lengths, text_words.shape[1]),
-                                        condition_noise=epsilon)  # the same images for the same weights
+                fakes = inner.generator(
+                    z, sentence, text_words, length_mask(own_lengths, text_words.shape[1]), condition_noise=epsilon
+                )  # the same images for the same weights
                 fake = fakes["images"][-1]
                 vectors["fake"].append(inner.image_encoder(fake)[1].float().cpu())
                 room = self.cfg.grid - len(grid_images)
@@ -382,15 +474,22 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
     def _metrics(self, vectors, owners, references, generated, grid_images, grid_captions, seen) -> dict:
         image, own = torch.cat(vectors["image"]), torch.cat(vectors["own"])
         candidates = min(self.cfg.r_precision_candidates, seen)
-        metrics: dict = {"n_images": seen, "candidates": candidates,
-                         "r_precision": {f"r{k}": r_precision(image, own, candidates, self.config.seed, k)
-                                         for k in (1, 3) if k <= candidates}}
+        metrics: dict = {
+            "n_images": seen,
+            "candidates": candidates,
+            "r_precision": {
+                f"r{k}": r_precision(image, own, candidates, self.config.seed, k) for k in (1, 3) if k <= candidates
+            },
+        }
         if vectors["fake"]:  # AttnGAN's R-precision: generated images against their own captions
             fake = torch.cat(vectors["fake"])
-            metrics["generated_r_precision"] = {f"r{k}": r_precision(fake, own, candidates, self.config.seed, k)
-                                                for k in (1, 3) if k <= candidates}
+            metrics["generated_r_precision"] = {
+                f"r{k}": r_precision(fake, own, candidates, self.config.seed, k) for k in (1, 3) if k <= candidates
+            }
         captions, caption_owner = torch.cat(vectors["captions"]), torch.cat(owners["captions"])
-        metrics["retrieval"] = retrieval_recall(l2norm(image) @ l2norm(captions).T, caption_images=caption_owner.numpy())
+        metrics["retrieval"] = retrieval_recall(
+            l2norm(image) @ l2norm(captions).T, caption_images=caption_owner.numpy()
+        )
         metrics["n_captions"] = len(caption_owner)
         if vectors["attributes"]:
             metrics["aimcos"] = aimcos(image, torch.cat(vectors["attributes"]), torch.cat(owners["attributes"]))
@@ -401,8 +500,9 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         if grid_images:
             import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
 
-            grid = torchvision.utils.make_grid(torch.stack(grid_images), nrow=min(len(grid_images), 4), padding=2,
-                                               normalize=True, value_range=(-1, 1))
+            grid = torchvision.utils.make_grid(
+                torch.stack(grid_images), nrow=min(len(grid_images), 4), padding=2, normalize=True, value_range=(-1, 1)
+            )
             metrics["images"] = {"generated-grid.png": to_pil(grid, value_range="unit")}
             metrics["grid_captions"] = grid_captions
         return metrics

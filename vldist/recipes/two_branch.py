@@ -51,25 +51,36 @@ FUSION_WIDTHS = (512, 256)  # the paper's fusion layers: FC 512x512, ReLU, FC 51
 
 class TwoBranchConfig(Section):
     image_feature: Literal["whole", "mean"] = Field(
-        "whole", description="image vector: the first region row (synth: the whole image) or the mean of the rows")
+        "whole", description="image vector: the first region row (synth: the whole image) or the mean of the rows"
+    )
     text_features: Literal["tfidf", "mean_words"] = Field(
-        "tfidf", description="sentence input: tf-idf fitted on the train captions, or a learned mean of word vectors")
+        "tfidf", description="sentence input: tf-idf fitted on the train captions, or a learned mean of word vectors"
+    )
     word_dim: int = Field(300, ge=1, description="text_features=mean_words: word vector size")
     hidden: int = Field(2048, ge=1, description="each branch's first FC width (paper: 2048)")
     embed: int = Field(512, ge=1, description="each branch's output width (paper: 512)")
-    nonlinear: bool = Field(True, description="FC-ReLU-dropout-FC branches; False: one linear layer (Table 2's linear rows)")
+    nonlinear: bool = Field(
+        True, description="FC-ReLU-dropout-FC branches; False: one linear layer (Table 2's linear rows)"
+    )
     dropout: float = Field(0.5, ge=0, lt=1, description="after the branches' ReLU (paper: 0.5)")
     batchnorm: Literal["last", "first", "none"] = Field(
-        "last", description="batch norm after the last FC (paper) or after the first, before the ReLU (official code)")
+        "last", description="batch norm after the last FC (paper) or after the first, before the ReLU (official code)"
+    )
     sentences_per_image: int = Field(
-        2, ge=1, description="captions each image brings to a batch: >= 2 is neighbourhood sampling, 1 turns it off")
+        2, ge=1, description="captions each image brings to a batch: >= 2 is neighbourhood sampling, 1 turns it off"
+    )
     tasks: list[Literal["retrieval", "phrases"]] = Field(
-        ["retrieval"], min_length=1, description="retrieval, phrases (phrase localisation) or both: a model each")
+        ["retrieval"], min_length=1, description="retrieval, phrases (phrase localisation) or both: a model each"
+    )
     augmented_positives: bool = Field(
-        True, description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region")
+        True,
+        description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region",
+    )
     phrase_negatives: Annotated[int, Field(ge=0)] | Literal["all"] = Field(
-        1, description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < 0.3 "
-                       "with its box (and its chain's); all: every one (paper, embedding network)")
+        1,
+        description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < 0.3 "
+        "with its box (and its chain's); all: every one (paper, embedding network)",
+    )
 
 
 class TwoBranchEmbedConfig(TwoBranchConfig):
@@ -78,24 +89,33 @@ class TwoBranchEmbedConfig(TwoBranchConfig):
     lambda_image: float = Field(1.0, ge=0, description="image-anchor term (0: single-directional, Table 2)")
     lambda_text: float = Field(2.0, ge=0, description="sentence-anchor term (paper: 2)")
     lambda_text_neighbors: float = Field(0.0, ge=0, description="neighbourhood constraint on sentences (paper: 0.2)")
-    gather_negatives: bool = Field(True, description="violators from the global batch (all ranks); False: each rank's slice")
+    gather_negatives: bool = Field(
+        True, description="violators from the global batch (all ranks); False: each rank's slice"
+    )
     phrase_negatives: Annotated[int, Field(ge=0)] | Literal["all"] = Field(
-        "all", description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < "
-                           "0.3 with its box (and its chain's); all: every one, the top-K violators among them (paper)")
+        "all",
+        description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < "
+        "0.3 with its box (and its chain's); all: every one, the top-K violators among them (paper)",
+    )
     phrase_negatives_from: Literal["image", "batch"] = Field(
-        "image", description="phrases: a phrase's negative regions are its image's (paper), or also every region of "
-                             "the batch's other images (batch)")
+        "image",
+        description="phrases: a phrase's negative regions are its image's (paper), or also every region of "
+        "the batch's other images (batch)",
+    )
     phrase_top_k: int = Field(30, ge=1, description="phrases: violators per pair (paper: 30)")
     phrase_lambda_image: float = Field(
-        1.0, ge=0, description="phrases: region-anchor term, the batch's phrases of other chains negative (paper: 1)")
+        1.0, ge=0, description="phrases: region-anchor term, the batch's phrases of other chains negative (paper: 1)"
+    )
     phrase_lambda_text: float = Field(
-        4.0, ge=0, description="phrases: phrase-anchor term, its negative regions negative (paper: 4)")
+        4.0, ge=0, description="phrases: phrase-anchor term, its negative regions negative (paper: 4)"
+    )
 
 
 class TwoBranchSimConfig(TwoBranchConfig):
     fusion_layers: int = Field(3, ge=1, le=3, description="FC layers after the product (paper: 3 = 512-512-256-1)")
     negatives_per_positive: int = Field(
-        1, ge=1, description="non-matching sentences drawn per positive pair (paper: 1, balanced classes)")
+        1, ge=1, description="non-matching sentences drawn per positive pair (paper: 1, balanced classes)"
+    )
 
 
 class TwoBranchRecipe(Recipe):
@@ -121,9 +141,19 @@ class TwoBranchRecipe(Recipe):
     def build_model(self) -> nn.Module:
         image_dim = require_region_features(self.feature_dim, self.config.data.shards, self.name)
         cfg = self.cfg
-        fusion = FUSION_WIDTHS[len(FUSION_WIDTHS) - cfg.fusion_layers + 1:] if self.network == "similarity" else None
-        return TwoBranchModel(image_dim, len(self.vocab), cfg.text_features, cfg.word_dim, cfg.hidden, cfg.embed,
-                              cfg.nonlinear, cfg.dropout, cfg.batchnorm, fusion)
+        fusion = FUSION_WIDTHS[len(FUSION_WIDTHS) - cfg.fusion_layers + 1 :] if self.network == "similarity" else None
+        return TwoBranchModel(
+            image_dim,
+            len(self.vocab),
+            cfg.text_features,
+            cfg.word_dim,
+            cfg.hidden,
+            cfg.embed,
+            cfg.nonlinear,
+            cfg.dropout,
+            cfg.batchnorm,
+            fusion,
+        )
 
     def preflight(self, shards: ShardSet) -> None:
         if "phrases" not in self.cfg.tasks:
@@ -166,8 +196,15 @@ class TwoBranchRecipe(Recipe):
     def phrase_sample(self, raw: dict, rng: random.Random) -> dict:
         meta = read_meta(raw)
         proposals, boxes = phrase_data.read_proposals(raw, meta, self.feature_dim)
-        image = phrase_data.training_image(meta, read_regions(raw, self.feature_dim), proposals, boxes, rng,
-                                           self.cfg.augmented_positives, self.cfg.phrase_negatives)
+        image = phrase_data.training_image(
+            meta,
+            read_regions(raw, self.feature_dim),
+            proposals,
+            boxes,
+            rng,
+            self.cfg.augmented_positives,
+            self.cfg.phrase_negatives,
+        )
         return {**image, "phrases": [self._tokens(p) for p in image["phrases"]]}
 
     def eval_sample(self, raw: dict, rng: random.Random) -> dict:
@@ -177,16 +214,24 @@ class TwoBranchRecipe(Recipe):
         if "phrases" in self.cfg.tasks:
             proposals, boxes = phrase_data.read_proposals(raw, meta, self.feature_dim)
             objects = phrase_data.phrase_objects(meta)
-            sample.update(proposals=proposals, proposal_boxes=boxes, gt_boxes=[o["box"] for o in objects],
-                          phrases=[self._tokens(o["phrase"]) for o in objects])
+            sample.update(
+                proposals=proposals,
+                proposal_boxes=boxes,
+                gt_boxes=[o["box"] for o in objects],
+                phrases=[self._tokens(o["phrase"]) for o in objects],
+            )
         return sample
 
     def _collate(self, samples: list[dict]) -> dict:
         images = torch.from_numpy(np.stack([s["image"] for s in samples]).astype(np.float32))
         tokens, _ = pad_tokens([c for s in samples for c in s["captions"]], length=self._length())
         counts = [len(s["captions"]) for s in samples]
-        return {"images": images, "tokens": tokens, "caption_counts": counts,
-                "text_image": torch.repeat_interleave(torch.arange(len(samples)), torch.tensor(counts))}
+        return {
+            "images": images,
+            "tokens": tokens,
+            "caption_counts": counts,
+            "text_image": torch.repeat_interleave(torch.arange(len(samples)), torch.tensor(counts)),
+        }
 
     def _length(self) -> int | None:
         return self.config.data.max_caption_len if self.uniform_shapes else None
@@ -219,8 +264,9 @@ class TwoBranchRecipe(Recipe):
         pool_start = total + np.cumsum([0, *pools])[:-1]
 
         def stack(key: str, width: int) -> torch.Tensor:
-            return torch.from_numpy(np.concatenate([np.asarray(s[key], dtype=np.float32).reshape(-1, width)
-                                                    for s in samples]))
+            return torch.from_numpy(
+                np.concatenate([np.asarray(s[key], dtype=np.float32).reshape(-1, width) for s in samples])
+            )
 
         def pairs(key: str, column_start) -> torch.Tensor:
             listed = [s[key] + [p, c] for s, p, c in zip(samples, phrase_start, column_start, strict=True)]
@@ -230,17 +276,20 @@ class TwoBranchRecipe(Recipe):
         sample_index = torch.arange(len(samples))
         phrase_sample = torch.repeat_interleave(sample_index, torch.tensor(phrases))
         tokens, _ = pad_tokens([p for s in samples for p in s["phrases"]], length=self._length())
-        return {"images": torch.cat([stack("positive", dim), stack("negatives", dim)]), "tokens": tokens,
-                "text_image": torch.arange(total),
-                "phrase_sample": phrase_sample,
-                "region_sample": torch.cat([phrase_sample, torch.repeat_interleave(sample_index, torch.tensor(pools))]),
-                "phrase_entity": torch.from_numpy(np.concatenate([s["entity"] for s in samples]).astype(np.int64)),
-                "phrase_box": stack("box", 4),
-                "region_box": torch.cat([stack("positive_box", 4), stack("negative_box", 4)]),
-                "negative_rows": torch.arange(total, total + sum(pools)),
-                "drawn_negatives": pairs("drawn", pool_start),
-                "region_negatives": pairs("region_negatives", pool_start),
-                "phrase_negatives": pairs("phrase_negatives", phrase_start)}
+        return {
+            "images": torch.cat([stack("positive", dim), stack("negatives", dim)]),
+            "tokens": tokens,
+            "text_image": torch.arange(total),
+            "phrase_sample": phrase_sample,
+            "region_sample": torch.cat([phrase_sample, torch.repeat_interleave(sample_index, torch.tensor(pools))]),
+            "phrase_entity": torch.from_numpy(np.concatenate([s["entity"] for s in samples]).astype(np.int64)),
+            "phrase_box": stack("box", 4),
+            "region_box": torch.cat([stack("positive_box", 4), stack("negative_box", 4)]),
+            "negative_rows": torch.arange(total, total + sum(pools)),
+            "drawn_negatives": pairs("drawn", pool_start),
+            "region_negatives": pairs("region_negatives", pool_start),
+            "phrase_negatives": pairs("phrase_negatives", phrase_start),
+        }
 
     def collate_eval(self, samples: list[dict]) -> dict:
         batch = {**self._collate(samples), "keys": [s["key"] for s in samples]}
@@ -266,8 +315,9 @@ class TwoBranchRecipe(Recipe):
         raise NotImplementedError
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> dict:
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict], device: torch.device, validation: bool = False
+    ) -> dict:
         was_training = model.training
         model.eval()
         net = unwrap(model)
@@ -311,7 +361,9 @@ class TwoBranchRecipe(Recipe):
             return
         regions = net.embed_images(torch.cat(proposals).to(device)).split([len(p) for p in proposals])
         queries = net.embed_captions(pad_tokens(phrases)[0].to(device)).split([len(t) for t in batch["phrases"]])
-        for image_regions, image_queries, boxes, gt in zip(regions, queries, batch["proposal_boxes"], batch["gt_boxes"], strict=True):
+        for image_regions, image_queries, boxes, gt in zip(
+            regions, queries, batch["proposal_boxes"], batch["gt_boxes"], strict=True
+        ):
             if not len(image_queries):
                 continue
             scores = self.scores(net, image_queries, image_regions).float().cpu()  # (phrases, proposals)
@@ -350,16 +402,22 @@ class TwoBranchRecipe(Recipe):
             table = {"chance": last["chance"], **{name: cls.headline(m) for name, m in retrieval.items()}}
             lines.append(retrieval_report(table, last, split))
             if "sentence_to_sentence" in last:
-                lines.append("sentence-to-sentence R@1 (a sentence finds another of its image, itself excluded): "
-                             + ", ".join(f"{name} {m['s2s_r1']:.1f}" for name, m in table.items()))
+                lines.append(
+                    "sentence-to-sentence R@1 (a sentence finds another of its image, itself excluded): "
+                    + ", ".join(f"{name} {m['s2s_r1']:.1f}" for name, m in table.items())
+                )
         phrases = {name: m["phrases"] for name, m in rows.items() if "phrases" in m}
         if phrases:
             last = list(phrases.values())[-1]
-            lines.append(f"phrase localisation: {last['n_phrases']} phrases, each ranking its image's proposals "
-                         f"(IoU >= 0.5 is a hit; {last['upper_bound']:.1f}% of the phrases have one)")
+            lines.append(
+                f"phrase localisation: {last['n_phrases']} phrases, each ranking its image's proposals "
+                f"(IoU >= 0.5 is a hit; {last['upper_bound']:.1f}% of the phrases have one)"
+            )
             lines.append(f"{'':<12}{'R@1':>8}{'R@5':>8}{'R@10':>8}")
-            lines += [f"{name:<12}" + "".join(f"{m[f'r{k}']:>8.1f}" for k in (1, 5, 10))
-                      for name, m in {"chance": last["chance"], **phrases}.items()]
+            lines += [
+                f"{name:<12}" + "".join(f"{m[f'r{k}']:>8.1f}" for k in (1, 5, 10))
+                for name, m in {"chance": last["chance"], **phrases}.items()
+            ]
         return "\n".join(lines)
 
 
@@ -381,8 +439,17 @@ class TwoBranchEmbedRecipe(TwoBranchRecipe):
     def retrieval_loss(self, model, out, batch) -> dict[str, torch.Tensor]:
         cfg = self.cfg
         loss = cross_rank_two_branch_ranking_loss(
-            out["image"], out["text"], batch["text_image"], cfg.margin, cfg.top_k, cfg.lambda_image,
-            cfg.lambda_text, cfg.lambda_text_neighbors, cfg.gather_negatives, batch.get("identity"))
+            out["image"],
+            out["text"],
+            batch["text_image"],
+            cfg.margin,
+            cfg.top_k,
+            cfg.lambda_image,
+            cfg.lambda_text,
+            cfg.lambda_text_neighbors,
+            cfg.gather_negatives,
+            batch.get("identity"),
+        )
         return {"loss": loss}
 
     def phrase_loss(self, model, out, batch) -> torch.Tensor:
@@ -392,10 +459,21 @@ class TwoBranchEmbedRecipe(TwoBranchRecipe):
         images); no neighbourhood term."""
         cfg = self.cfg
         return cross_rank_phrase_ranking_loss(
-            out["image"], out["text"], batch["text_image"], batch["phrase_sample"], batch["region_sample"],
-            batch["region_negatives"], batch["phrase_negatives"], batch.get("identity"), margin=cfg.margin,
-            top_k=cfg.phrase_top_k, lambda_image=cfg.phrase_lambda_image, lambda_text=cfg.phrase_lambda_text,
-            negatives_from=cfg.phrase_negatives_from, gather=cfg.gather_negatives)
+            out["image"],
+            out["text"],
+            batch["text_image"],
+            batch["phrase_sample"],
+            batch["region_sample"],
+            batch["region_negatives"],
+            batch["phrase_negatives"],
+            batch.get("identity"),
+            margin=cfg.margin,
+            top_k=cfg.phrase_top_k,
+            lambda_image=cfg.phrase_lambda_image,
+            lambda_text=cfg.phrase_lambda_text,
+            negatives_from=cfg.phrase_negatives_from,
+            gather=cfg.gather_negatives,
+        )
 
     def scores(self, model, images, texts):
         # On normalised embeddings, -|x - y| ranks as x.y does (|x - y|^2 = 2 - 2 x.y).
@@ -428,10 +506,9 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         all_ids = all_gather_rows(identity[rows])[0]
         generator = step_generator(self.config.seed, self._step, self._micro)
         self._micro += 1
-        draw = draw_negatives(all_ids, self.cfg.negatives_per_positive, generator)[:, offset:offset + len(rows)]
-        pairs = model.pair_scores(image[rows].repeat(draw.shape[0] + 1, 1),
-                                  torch.cat([text, all_text[draw.flatten()]]))
-        positive, negative = pairs[:len(rows)], pairs[len(rows):]
+        draw = draw_negatives(all_ids, self.cfg.negatives_per_positive, generator)[:, offset : offset + len(rows)]
+        pairs = model.pair_scores(image[rows].repeat(draw.shape[0] + 1, 1), torch.cat([text, all_text[draw.flatten()]]))
+        positive, negative = pairs[: len(rows)], pairs[len(rows) :]
         loss = F.softplus(-positive.float()).sum() + F.softplus(negative.float()).sum()
         return {"loss": loss, "positive_logit": positive.detach().mean(), "negative_logit": negative.detach().mean()}
 
@@ -445,7 +522,7 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
         phrases = torch.cat([torch.arange(text.shape[0], device=image.device), drawn[0]])
         logits = model.pair_scores(image[rows], text[phrases]).float()
         labels = torch.ones_like(logits)
-        labels[text.shape[0]:] = -1
+        labels[text.shape[0] :] = -1
         return F.softplus(-labels * logits).sum()
 
     def scores(self, model, images, texts):

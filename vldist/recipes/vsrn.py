@@ -43,8 +43,9 @@ class VSRNConfig(Section):
     caption_loss: bool = Field(True, description="add the generation loss L_G (False: the paper's 4RRR+GSR*)")
     caption_loss_weight: float = Field(1.0, ge=0)
     caption_loss_reduction: Literal["caption", "token"] = Field(
-        "caption", description="L_G per caption: its token NLLs summed, averaged over captions (the official code's "
-                               "LanguageModelCriterion); token: the mean over all real tokens (about 1/12 as strong on COCO)"
+        "caption",
+        description="L_G per caption: its token NLLs summed, averaged over captions (the official code's "
+        "LanguageModelCriterion); token: the mean over all real tokens (about 1/12 as strong on COCO)",
     )
     decoder_hidden: int = Field(512, ge=1)
     margin: float = Field(0.2, ge=0, description="hinge margin alpha (Eq. 8)")
@@ -155,8 +156,14 @@ class VSRNRecipe(Recipe):
     def collate_eval(self, samples: list[dict]) -> dict:
         regions, mask = pad_regions([s["regions"] for s in samples], self.config.data.max_regions)
         tokens, lengths = pad_tokens([c for s in samples for c in s["captions"]])
-        return {"keys": [s["key"] for s in samples], "regions": regions, "mask": mask, "tokens": tokens,
-                "lengths": lengths, "caption_counts": [len(s["captions"]) for s in samples]}
+        return {
+            "keys": [s["key"] for s in samples],
+            "regions": regions,
+            "mask": mask,
+            "tokens": tokens,
+            "lengths": lengths,
+            "caption_counts": [len(s["captions"]) for s in samples],
+        }
 
     # ------------------------------------------------------------------ losses and evaluation
 
@@ -166,7 +173,11 @@ class VSRNRecipe(Recipe):
     def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         # Each term is this rank's share of the global batch's loss (see losses/distributed.py).
         matching = cross_rank_vse_hinge_loss(
-            out["image"], out["text"], self.cfg.margin, self.hardest_negatives, self.cfg.gather_negatives,
+            out["image"],
+            out["text"],
+            self.cfg.margin,
+            self.hardest_negatives,
+            self.cfg.gather_negatives,
             batch.get("identity"),
         )
         parts = {"matching": matching}
@@ -179,8 +190,9 @@ class VSRNRecipe(Recipe):
         return {"loss": total, **{k: v.detach() for k, v in parts.items()}}
 
     @torch.no_grad()
-    def evaluate(self, model: nn.Module, batches: Iterable[dict], device: torch.device,
-                 validation: bool = False) -> dict:
+    def evaluate(
+        self, model: nn.Module, batches: Iterable[dict], device: torch.device, validation: bool = False
+    ) -> dict:
         was_training = model.training
         model.eval()
         images, captions, counts = [], [], []
@@ -194,8 +206,9 @@ class VSRNRecipe(Recipe):
         sims = torch.cat(images) @ torch.cat(captions).T
         caption_images = np.repeat(np.arange(len(counts)), counts)  # captions come image by image
         result = retrieval_protocols(sims, fold_size=self.config.eval.fold_size, caption_images=caption_images)
-        result.update(n_images=len(counts), n_captions=int(sum(counts)),
-                      chance=chance_recall(len(counts), caption_counts=counts))
+        result.update(
+            n_images=len(counts), n_captions=int(sum(counts)), chance=chance_recall(len(counts), caption_counts=counts)
+        )
         return result
 
     @classmethod

@@ -19,7 +19,7 @@ def _add_synth(sub) -> None:
         "synth",
         help="render the synthetic shapes dataset (images, 5 captions, region features)",
         description="Render scenes of 1-4 coloured shapes, write five captions per image and ResNet "
-                    "region features into WebDataset shards. The same arguments give the same bytes.",
+        "region features into WebDataset shards. The same arguments give the same bytes.",
     )
     p.add_argument("--out", required=True, help="directory to create, e.g. shards/synth, or a URL (s3://bucket/synth)")
     p.add_argument("--train", type=int, default=5000, help="train images (default 5000)")
@@ -29,11 +29,16 @@ def _add_synth(sub) -> None:
     p.add_argument("--shard-size", type=int, default=1000, help="samples per tar shard (default 1000)")
     p.add_argument("--image-size", type=int, default=128, help="image side in pixels (default 128)")
     add_extractor_arguments(p, input_size=96)
-    p.add_argument("--proposals", type=int, default=32,
-                   help="candidate boxes per image for phrase localisation, with features (default 32; 0: none)")
+    p.add_argument(
+        "--proposals",
+        type=int,
+        default=32,
+        help="candidate boxes per image for phrase localisation, with features (default 32; 0: none)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
-    p.add_argument("--stage", help="with --out URL: where the set is built before it is uploaded "
-                                   "(default ~/.cache/vldist/staging)")
+    p.add_argument(
+        "--stage", help="with --out URL: where the set is built before it is uploaded (default ~/.cache/vldist/staging)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -42,10 +47,21 @@ def _run_synth(args) -> int:
 
     start = time.perf_counter()
     manifest = build_synth(
-        args.out, n_train=args.train, n_val=args.val, n_test=args.test, seed=args.seed,
-        shard_size=args.shard_size, image_size=args.image_size, feature_size=args.feature_size,
-        backbone=args.backbone, weights=args.weights, progress=not args.quiet, overwrite=args.overwrite,
-        layer=args.layer, grid=args.grid, proposals=args.proposals,
+        args.out,
+        n_train=args.train,
+        n_val=args.val,
+        n_test=args.test,
+        seed=args.seed,
+        shard_size=args.shard_size,
+        image_size=args.image_size,
+        feature_size=args.feature_size,
+        backbone=args.backbone,
+        weights=args.weights,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
+        layer=args.layer,
+        grid=args.grid,
+        proposals=args.proposals,
     )
     _report_build(args.out, manifest, time.perf_counter() - start)
     return 0
@@ -56,8 +72,8 @@ def _add_synth_pairs(sub) -> None:
         "synth-pairs",
         help="render the synthetic image pairs of L2C (two scenes, one change, its descriptions, masks)",
         description="Render pairs of scenes that differ by one change (colour, size, position or count), "
-                    "write about five descriptions of the difference per pair (naming image1 and image2) "
-                    "and both foreground masks into WebDataset shards. The same arguments give the same bytes.",
+        "write about five descriptions of the difference per pair (naming image1 and image2) "
+        "and both foreground masks into WebDataset shards. The same arguments give the same bytes.",
     )
     p.add_argument("--out", required=True, help="directory to create, e.g. shards/synth_pairs, or a URL")
     p.add_argument("--train", type=int, default=2000, help="train pairs (default 2000)")
@@ -67,8 +83,9 @@ def _add_synth_pairs(sub) -> None:
     p.add_argument("--shard-size", type=int, default=500, help="samples per tar shard (default 500)")
     p.add_argument("--image-size", type=int, default=128, help="image side in pixels (default 128)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
-    p.add_argument("--stage", help="with --out URL: where the set is built before it is uploaded "
-                                   "(default ~/.cache/vldist/staging)")
+    p.add_argument(
+        "--stage", help="with --out URL: where the set is built before it is uploaded (default ~/.cache/vldist/staging)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -77,8 +94,15 @@ def _run_synth_pairs(args) -> int:
 
     start = time.perf_counter()
     manifest = build_synth_pairs(
-        args.out, n_train=args.train, n_val=args.val, n_test=args.test, seed=args.seed,
-        shard_size=args.shard_size, image_size=args.image_size, progress=not args.quiet, overwrite=args.overwrite,
+        args.out,
+        n_train=args.train,
+        n_val=args.val,
+        n_test=args.test,
+        seed=args.seed,
+        shard_size=args.shard_size,
+        image_size=args.image_size,
+        progress=not args.quiet,
+        overwrite=args.overwrite,
     )
     _report_build(args.out, manifest, time.perf_counter() - start, " pairs")
     return 0
@@ -95,7 +119,7 @@ def _add_verify(sub) -> None:
         "verify",
         help="re-read every sample of a shard set and report problems by shard and key",
         description="Check a shard set against its manifest (files, sha256, counts) and decode every "
-                    "member of every sample. Exits 0 when all is well, 1 when it found problems.",
+        "member of every sample. Exits 0 when all is well, 1 when it found problems.",
     )
     p.add_argument("dir", help="the shard set directory, or its URL (s3://..., https://...)")
     p.add_argument("--max-problems", type=int, default=50, help="problems to print (default 50; all are counted)")
@@ -123,25 +147,41 @@ def _add_convert(sub) -> None:
         "convert",
         help="convert a public dataset layout (COCO/Flickr30K Karpathy, precomp, CUB, Birds-to-Words, folder)",
         description="Convert a dataset in its usual layout into a shard set. Parallel, deterministic, "
-                    "resumable: rerun the same command after an interruption. See shards/README.md.",
+        "resumable: rerun the same command after an interruption. See shards/README.md.",
     )
     formats = p.add_subparsers(dest="format", required=True, metavar="FORMAT")
     for name, converter in FORMATS.items():
-        f = formats.add_parser(name, help=converter.summary, description=converter.__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+        f = formats.add_parser(
+            name,
+            help=converter.summary,
+            description=converter.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         f.add_argument("--src", required=True, type=Path, help="the source (see the description above)")
         f.add_argument("--out", required=True, help="the shard set directory to write, or a URL (s3://...)")
         f.add_argument("--shard-size", type=int, default=1000, help="samples per shard (default 1000)")
-        f.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                       help="worker processes, each writing whole shards (default: the CPU count)")
-        f.add_argument("--on-error", choices=["stop", "skip"], default="stop",
-                       help="bad input: stop at the first problem (default), or skip it and list it in "
-                            "<out>/skipped.jsonl")
+        f.add_argument(
+            "--workers",
+            type=int,
+            default=os.cpu_count() or 1,
+            help="worker processes, each writing whole shards (default: the CPU count)",
+        )
+        f.add_argument(
+            "--on-error",
+            choices=["stop", "skip"],
+            default="stop",
+            help="bad input: stop at the first problem (default), or skip it and list it in <out>/skipped.jsonl",
+        )
         f.add_argument("--overwrite", action="store_true", help="replace what --out holds")
-        f.add_argument("--stage", help="with --out URL: where the set is built before it is uploaded; a conversion "
-                                       "interrupted there resumes (default ~/.cache/vldist/staging)")
+        f.add_argument(
+            "--stage",
+            help="with --out URL: where the set is built before it is uploaded; a conversion "
+            "interrupted there resumes (default ~/.cache/vldist/staging)",
+        )
         f.add_argument("--quiet", action="store_true", help="no progress bar")
-        f.add_argument("--max-listed", type=int, default=20, help="skipped samples to print (default 20; all are in skipped.jsonl)")
+        f.add_argument(
+            "--max-listed", type=int, default=20, help="skipped samples to print (default 20; all are in skipped.jsonl)"
+        )
         converter.add_arguments(f)
 
 
@@ -150,17 +190,31 @@ def _run_convert(args) -> int:
     from vldist.shards.convert.engine import finished_shard_count
 
     try:
-        result = convert(FORMATS[args.format], args, args.out, shard_size=args.shard_size, workers=args.workers,
-                         on_error=args.on_error, progress=not args.quiet, overwrite=args.overwrite)
+        result = convert(
+            FORMATS[args.format],
+            args,
+            args.out,
+            shard_size=args.shard_size,
+            workers=args.workers,
+            on_error=args.on_error,
+            progress=not args.quiet,
+            overwrite=args.overwrite,
+        )
     except BadInput as bad:
         print(f"error: {bad}", file=sys.stderr)
-        print(f"nothing written is lost: {finished_shard_count(args.out)} finished shards are kept, and rerunning the "
-              "same command goes on from them once the input is fixed; --on-error skip leaves such samples out "
-              "and lists them", file=sys.stderr)
+        print(
+            f"nothing written is lost: {finished_shard_count(args.out)} finished shards are kept, and rerunning the "
+            "same command goes on from them once the input is fixed; --on-error skip leaves such samples out "
+            "and lists them",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
-        print(f"\ninterrupted: {finished_shard_count(args.out)} finished shards are kept; rerun the same command to "
-              "go on from them", file=sys.stderr)
+        print(
+            f"\ninterrupted: {finished_shard_count(args.out)} finished shards are kept; rerun the same command to "
+            "go on from them",
+            file=sys.stderr,
+        )
         return 130
     if result.already_done:
         print(f"{args.out} already holds this conversion (same input and options); nothing to do")
@@ -169,7 +223,9 @@ def _run_convert(args) -> int:
         print(f"skipped: {record['where']}: {record['problem']}")
     if len(result.skipped) > args.max_listed:
         print(f"... and {len(result.skipped) - args.max_listed} more")
-    splits = ", ".join(f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in result.manifest["splits"].items())
+    splits = ", ".join(
+        f"{name} {s['samples']} ({len(s['shards'])} shards)" for name, s in result.manifest["splits"].items()
+    )
     skipped = f"; {len(result.skipped)} skipped, listed in {args.out / 'skipped.jsonl'}" if result.skipped else ""
     resumed = f"; {result.reused_shards} shards kept from an earlier run" if result.reused_shards else ""
     rate = result.samples_written / result.seconds if result.seconds else 0.0
@@ -191,8 +247,10 @@ def _write(args, run) -> int:
     from vldist.store.publish import upload_while_building
 
     url = args.out.rstrip("/")
-    staging = Path(args.stage or Path.home() / ".cache" / "vldist" / "staging") / \
-        hashlib.sha256(redact(url).encode()).hexdigest()[:16]
+    staging = (
+        Path(args.stage or Path.home() / ".cache" / "vldist" / "staging")
+        / hashlib.sha256(redact(url).encode()).hexdigest()[:16]
+    )
     args.out, overwrite = staging, args.overwrite
     if args.command != "convert":  # a rendered set is built again whole; a conversion resumes in its staging
         args.overwrite = True

@@ -70,8 +70,9 @@ class ShardCache:
             stat, mark = entry.stat(), json.loads(Path(f"{entry}.ok").read_text())
         except (OSError, ValueError):
             return False
-        return (mark.get("size"), mark.get("mtime_ns")) == (stat.st_size, stat.st_mtime_ns) and \
-            (sha256 is None or mark.get("sha256") == sha256)
+        return (mark.get("size"), mark.get("mtime_ns")) == (stat.st_size, stat.st_mtime_ns) and (
+            sha256 is None or mark.get("sha256") == sha256
+        )
 
     def _download(self, url: str, entry: Path, download, sha256: str | None) -> None:
         Path(f"{entry}.ok").unlink(missing_ok=True)
@@ -85,22 +86,30 @@ class ShardCache:
             out.flush()
             os.fsync(out.fileno())
         size = partial.stat().st_size
-        problem = (f"{size} bytes, the store says {expected_size}" if expected_size not in (None, size) else
-                   f"sha256 {digest.hexdigest()[:12]}..., the manifest says {sha256[:12]}..."
-                   if sha256 is not None and digest.hexdigest() != sha256 else None)
+        problem = (
+            f"{size} bytes, the store says {expected_size}"
+            if expected_size not in (None, size)
+            else f"sha256 {digest.hexdigest()[:12]}..., the manifest says {sha256[:12]}..."
+            if sha256 is not None and digest.hexdigest() != sha256
+            else None
+        )
         if problem:
             partial.unlink()
             raise ShardCorrupt(f"{redact(url)}: the download does not check out ({problem})")
         os.replace(partial, entry)
         stat = entry.stat()
-        Path(f"{entry}.ok").write_text(json.dumps({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                                                   "sha256": digest.hexdigest()}))
+        Path(f"{entry}.ok").write_text(
+            json.dumps({"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest.hexdigest()})
+        )
 
     def evict(self, keep: Path) -> list[Path]:
         """Remove least recently used entries until the cache holds at most max_bytes (never
         `keep`, the entry just fetched, nor a download in progress); the removed entries."""
-        entries = [p for p in self.directory.iterdir() if p.is_file() and not p.name.endswith(_PARTS)
-                   and not p.name.startswith(".")]
+        entries = [
+            p
+            for p in self.directory.iterdir()
+            if p.is_file() and not p.name.endswith(_PARTS) and not p.name.startswith(".")
+        ]
         total = sum(p.stat().st_size for p in entries)
         removed = []
         for path in sorted(entries, key=lambda p: p.stat().st_atime_ns):

@@ -73,14 +73,17 @@ class CheckpointStore:
             entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
             return []
-        return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries
-                if e.rstrip("/").rsplit("/", 1)[-1].startswith(STEP_PREFIX)]
+        return [
+            e.rstrip("/").rsplit("/", 1)[-1]
+            for e in entries
+            if e.rstrip("/").rsplit("/", 1)[-1].startswith(STEP_PREFIX)
+        ]
 
     def step_checkpoints(self) -> list[str]:
         """Names of the complete step checkpoints in the store, oldest first."""
         self.fs.invalidate_cache()  # another process may have written since this one listed
         names = [n for n in self._step_names() if self.fs.exists(f"{self.root}/{n}/{MARKER}")]
-        return sorted(names, key=lambda n: int(n[len(STEP_PREFIX):]))
+        return sorted(names, key=lambda n: int(n[len(STEP_PREFIX) :]))
 
     def has(self, name: str) -> bool:
         return self.fs.exists(f"{self.root}/{name}/{MARKER}")
@@ -109,8 +112,10 @@ class CheckpointStore:
             self.fs.get_file(f"{source}/{relative}", str(path))
             if path.stat().st_size != expected["bytes"] or sha256_file(path) != expected["sha256"]:
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise CheckpointError(f"{self.where(name)}/{relative} differs from its record in {FILES}; "
-                                      "the checkpoint in the store is damaged")
+                raise CheckpointError(
+                    f"{self.where(name)}/{relative} differs from its record in {FILES}; "
+                    "the checkpoint in the store is damaged"
+                )
         (tmp / FILES).write_text(json.dumps(listing, indent=1) + "\n")
         (tmp / MARKER).write_text("ok\n")
         if is_complete(local):  # another node's download finished first
@@ -146,7 +151,9 @@ def local_checkpoint(where: str, storage_options: dict | None = None, which: str
             continue
         name = (best or steps[-1:])[0] if which is None else chosen_name(which, bool(best), steps)
         if name is None:
-            raise CheckpointError(f"--checkpoint {which}: no such complete checkpoint at {redact(candidate.url)} "
-                                  f"(available: {', '.join(best + steps)})")
+            raise CheckpointError(
+                f"--checkpoint {which}: no such complete checkpoint at {redact(candidate.url)} "
+                f"(available: {', '.join(best + steps)})"
+            )
         return candidate.download(name, cache_directory(candidate.url) / name)
     raise CheckpointError(f"no complete checkpoint at {redact(where)} (nor its best or step checkpoints)")

@@ -12,8 +12,10 @@ from vldist.store.location import is_url
 
 _NAMES = {"key", "secret", "token", "password", "passwd", "authorization", "auth", "credentials"}
 _PARTS = ("secret", "password", "access_key", "session_token", "api_key", "private_key")
-HOW = ("set credentials in the environment instead (S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
-       "AWS_SESSION_TOKEN; GCS: GOOGLE_APPLICATION_CREDENTIALS), where the store's client reads them")
+HOW = (
+    "set credentials in the environment instead (S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+    "AWS_SESSION_TOKEN; GCS: GOOGLE_APPLICATION_CREDENTIALS), where the store's client reads them"
+)
 
 
 def credential_keys(options: Any, prefix: str = "") -> list[str]:

@@ -30,7 +30,8 @@ def unreachable(where: str, error: BaseException) -> StoreUnreachable:
     return StoreUnreachable(
         f"cannot read {redact(where)}: {type(error).__name__}: {error}. Check the address and that the store is up "
         "(S3: AWS_ENDPOINT_URL or data.storage_options.endpoint_url), the network from this machine, and the "
-        "credentials in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; GOOGLE_APPLICATION_CREDENTIALS)")
+        "credentials in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; GOOGLE_APPLICATION_CREDENTIALS)"
+    )
 
 
 def is_url(where: str | Path) -> bool:
@@ -85,5 +86,6 @@ def filesystem(url: str, storage_options: dict[str, Any] | None = None):
         scheme = urlsplit(url).scheme
         extra = EXTRAS.get(scheme)
         how = f'pip install "vldist[{extra}]"' if extra else f"install the fsspec filesystem for {scheme}://"
-        raise StoreSupportMissing(f"reading {redact(url)} needs {scheme}:// support, which is not installed: {how} "
-                                  f"({err})") from None
+        raise StoreSupportMissing(
+            f"reading {redact(url)} needs {scheme}:// support, which is not installed: {how} ({err})"
+        ) from None

@@ -35,8 +35,9 @@ class SetPublisher:
         there = self.there
         if MANIFEST_NAME in there and INCOMPLETE not in there and not self.overwrite:
             raise FileExistsError(f"{redact(self.url)} already holds a shard set; pass --overwrite to replace it")
-        self.fs.pipe_file(f"{self.root}/{INCOMPLETE}", b"a shard set is being written here; rerun the command that "
-                                                       b"writes it\n")
+        self.fs.pipe_file(
+            f"{self.root}/{INCOMPLETE}", b"a shard set is being written here; rerun the command that writes it\n"
+        )
         if self.overwrite and INCOMPLETE not in there:  # replacing a whole set: its old files go, the manifest first
             for name in sorted(there, key=lambda n: n != MANIFEST_NAME):
                 self.fs.rm_file(f"{self.root}/{name}")
@@ -53,8 +54,9 @@ class SetPublisher:
 
     def finish(self, local: Path) -> int:
         """Send what is left of the set in `local`, the manifest last; the number of files sent."""
-        for path in sorted(p for p in local.iterdir() if p.is_file() and p.name != MANIFEST_NAME
-                           and not p.name.endswith(".tmp")):
+        for path in sorted(
+            p for p in local.iterdir() if p.is_file() and p.name != MANIFEST_NAME and not p.name.endswith(".tmp")
+        ):
             self.send(path)
         self.fs.put_file(str(local / MANIFEST_NAME), f"{self.root}/{MANIFEST_NAME}")
         self.sent += 1
@@ -71,8 +73,9 @@ def publish_set(local: Path, url: str, access: StoreAccess | None = None, overwr
 
 
 @contextmanager
-def upload_while_building(local: Path, url: str, access: StoreAccess | None = None, overwrite: bool = False,
-                          every_s: float = 1.0):
+def upload_while_building(
+    local: Path, url: str, access: StoreAccess | None = None, overwrite: bool = False, every_s: float = 1.0
+):
     """While the block builds a set in `local`, upload each shard (<split>-NNNNNN.tar) as soon as
     the writer renames it into place (vldist/shards/format/writer.py: a .tmp until it is whole);
     yields the SetPublisher, whose finish() the caller runs after the block once the set is complete. A watcher

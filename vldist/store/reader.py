@@ -53,7 +53,9 @@ class ResumableReader(io.RawIOBase):
                 while left:
                     chunk = stream.read(min(left, _SKIP_CHUNK))
                     if not chunk:
-                        raise ReadInterrupted(f"ended after {self.position - left} of the {self.position} bytes to skip")
+                        raise ReadInterrupted(
+                            f"ended after {self.position - left} of the {self.position} bytes to skip"
+                        )
                     left -= len(chunk)
             else:
                 stream.seek(self.position)
@@ -75,22 +77,30 @@ class ResumableReader(io.RawIOBase):
                     raise
                 if failures > self.access.retry.retries:
                     last = error.__cause__ if isinstance(error, FileNotFoundError) and error.__cause__ else error
-                    tried = (f"{failures} tries failed at byte {self.position}{f' of {self.size}' if self.size else ''}; "
-                             f"last: {type(last).__name__}: {last}")
+                    tried = (
+                        f"{failures} tries failed at byte {self.position}{f' of {self.size}' if self.size else ''}; "
+                        f"last: {type(last).__name__}: {last}"
+                    )
                     if not self._store_answers():
                         raise StoreLost(
                             f"the store of {redact(self.url)} stopped answering ({tried}; and its directory did not "
                             "answer either). Check that the store is up, the network from this machine and the "
                             "credentials; the checkpoints written before are whole: train.resume=latest carries on "
-                            "once the store is back") from None
+                            "once the store is back"
+                        ) from None
                     raise ShardUnavailable(f"{redact(self.url)}: {tried}") from None
                 wait = self.access.retry.wait(failures, self._rng)
-                log.debug("reading %s: %s at byte %d, again in %.1f s", redact(self.url), type(error).__name__,
-                          self.position, wait)
+                log.debug(
+                    "reading %s: %s at byte %d, again in %.1f s",
+                    redact(self.url),
+                    type(error).__name__,
+                    self.position,
+                    wait,
+                )
                 self.sleep(wait)
                 self.reopened += 1
                 continue
-            buffer[:len(data)] = data
+            buffer[: len(data)] = data
             self.position += len(data)
             return len(data)
 

@@ -10,10 +10,24 @@ import random
 from dataclasses import dataclass
 
 # error classes of the stores' client libraries, by name (no import of packages a job may lack)
-_TRANSIENT_NAMES = {"ClientPayloadError", "ClientConnectionError", "ServerDisconnectedError", "ClientOSError",
-                    "ServerTimeoutError", "ContentLengthError", "TransferEncodingError", "IncompleteRead",
-                    "IncompleteReadError", "ConnectionClosedError", "EndpointConnectionError", "ReadTimeoutError",
-                    "ConnectTimeoutError", "ResponseStreamingError", "FSTimeoutError", "ProtocolError"}
+_TRANSIENT_NAMES = {
+    "ClientPayloadError",
+    "ClientConnectionError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "ServerTimeoutError",
+    "ContentLengthError",
+    "TransferEncodingError",
+    "IncompleteRead",
+    "IncompleteReadError",
+    "ConnectionClosedError",
+    "EndpointConnectionError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ResponseStreamingError",
+    "FSTimeoutError",
+    "ProtocolError",
+}
 _TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "ThrottlingException"}
 
 

@@ -25,8 +25,14 @@ class TrainingProgress:
         self.enabled, self.total_steps, self.log_every, self.jsonl = enabled, total_steps, log_every, jsonl
         self.sink = sink
         # disable=None: a bar only on a terminal; logs and `ray job logs` get the lines instead
-        self.bar = tqdm(total=total_steps, initial=first_step, unit="step", desc="train", dynamic_ncols=True,
-                        disable=None if enabled else True)
+        self.bar = tqdm(
+            total=total_steps,
+            initial=first_step,
+            unit="step",
+            desc="train",
+            dynamic_ncols=True,
+            disable=None if enabled else True,
+        )
         if enabled:
             jsonl.parent.mkdir(parents=True, exist_ok=True)
         self._reset()
@@ -34,8 +40,9 @@ class TrainingProgress:
     def _reset(self) -> None:
         self.start, self.samples, self.steps, self.wait = time.perf_counter(), 0, 0, 0.0
 
-    def step(self, *, epoch: int, step: int, samples: int, wait: float, losses: dict, lr: float,
-             note: str | None = None) -> None:
+    def step(
+        self, *, epoch: int, step: int, samples: int, wait: float, losses: dict, lr: float, note: str | None = None
+    ) -> None:
         """After each optimizer step; `samples` counts every rank's rows; `note` ends the progress
         line (the straggler the watchdog names)."""
         self.samples, self.steps, self.wait = self.samples + samples, self.steps + 1, self.wait + wait
@@ -54,10 +61,19 @@ class TrainingProgress:
             f"| {rate:.0f} samples/s | data wait {100 * self.wait / elapsed:.0f}% | eta {hms(eta)}"
             + (f" | slowest: {note}" if note else "")
         )
-        self.record({
-            "event": "train", "epoch": epoch + 1, "step": step, **losses, "lr": lr, "samples_per_second": rate,
-            "data_wait_share": self.wait / elapsed, "eta_seconds": eta, **({"straggler": note} if note else {}),
-        })
+        self.record(
+            {
+                "event": "train",
+                "epoch": epoch + 1,
+                "step": step,
+                **losses,
+                "lr": lr,
+                "samples_per_second": rate,
+                "data_wait_share": self.wait / elapsed,
+                "eta_seconds": eta,
+                **({"straggler": note} if note else {}),
+            }
+        )
         self._reset()
 
     def write(self, line: str) -> None:
@@ -85,5 +101,12 @@ class TrainingProgress:
 
 def eval_batches(batches, total: int | None, split: str, enabled: bool):
     """Evaluation batches behind a progress bar (on a terminal, rank 0)."""
-    return tqdm(batches, total=total, unit="batch", desc=f"eval {split}", leave=False, dynamic_ncols=True,
-                disable=None if enabled else True)
+    return tqdm(
+        batches,
+        total=total,
+        unit="batch",
+        desc=f"eval {split}",
+        leave=False,
+        dynamic_ncols=True,
+        disable=None if enabled else True,
+    )

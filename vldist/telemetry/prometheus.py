@@ -88,17 +88,25 @@ class RankMetrics:
         self.samples = metric(Counter, "vldist_samples", "training samples this rank processed")
         self.steps = metric(Counter, "vldist_steps", "optimizer steps this rank took")
         self.skipped = metric(Counter, "vldist_skipped_samples", "corrupt samples this rank's loader skipped")
-        self.samples_per_second = metric(Gauge, "vldist_samples_per_second", "this rank's samples per second, last step")
+        self.samples_per_second = metric(
+            Gauge, "vldist_samples_per_second", "this rank's samples per second, last step"
+        )
         self.step_seconds = metric(
-            Histogram, "vldist_step_seconds", "compute time of an optimizer step (forward, backward, update)",
+            Histogram,
+            "vldist_step_seconds",
+            "compute time of an optimizer step (forward, backward, update)",
             buckets=STEP_BUCKETS,
         )
         self.data_wait_seconds = metric(
-            Histogram, "vldist_data_wait_seconds", "time the training loop blocked on the loader before a step",
+            Histogram,
+            "vldist_data_wait_seconds",
+            "time the training loop blocked on the loader before a step",
             buckets=WAIT_BUCKETS,
         )
         self.own_seconds = metric(
-            Gauge, "vldist_step_own_seconds", "this rank's own time of the last step: compute and data wait, without "
+            Gauge,
+            "vldist_step_own_seconds",
+            "this rank's own time of the last step: compute and data wait, without "
             "the time it waited in collectives for the other ranks (the straggler has the largest)",
         )
         self.loss = metric(Gauge, "vldist_loss", "global batch loss of the last step, by component", ["component"])
@@ -131,8 +139,18 @@ class RankMetrics:
             child = self._children[key] = metric.labels(**self.labels, **extra)
         return child
 
-    def observe_step(self, *, samples: int, step_seconds: float, wait_seconds: float, losses: dict[str, float],
-                     lr: float, grad_norm: float, skipped: int = 0, own_seconds: float | None = None) -> None:
+    def observe_step(
+        self,
+        *,
+        samples: int,
+        step_seconds: float,
+        wait_seconds: float,
+        losses: dict[str, float],
+        lr: float,
+        grad_norm: float,
+        skipped: int = 0,
+        own_seconds: float | None = None,
+    ) -> None:
         self._l(self.samples).inc(samples)
         self._l(self.steps).inc()
         if skipped:

@@ -44,7 +44,9 @@ def check_installed(names) -> None:
 
 def _require(name: str):
     check_installed([name])
-    return importlib.import_module({"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "mlflow": "mlflow"}[name])
+    return importlib.import_module(
+        {"tensorboard": "torch.utils.tensorboard", "wandb": "wandb", "mlflow": "mlflow"}[name]
+    )
 
 
 class TensorBoardTracker:
@@ -69,8 +71,14 @@ class WandbTracker:
         self.wandb = _require("wandb")
         os.environ.setdefault("WANDB_SILENT", "true")  # its banner would interleave with the progress lines
         directory.mkdir(parents=True, exist_ok=True)
-        self.run = self.wandb.init(mode=mode, dir=str(directory), project=project, name=run, config=config,
-                                   settings=self.wandb.Settings(console="off"))
+        self.run = self.wandb.init(
+            mode=mode,
+            dir=str(directory),
+            project=project,
+            name=run,
+            config=config,
+            settings=self.wandb.Settings(console="off"),
+        )
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
@@ -98,15 +106,18 @@ class MlflowTracker:
         self.run_id = self.client.create_run(experiment_id, run_name=run).info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in _flat(config).items()]
         for first in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
-            self.client.log_batch(self.run_id, params=params[first:first + 100])
+            self.client.log_batch(self.run_id, params=params[first : first + 100])
 
     def log(self, values: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[self.Metric(k, v, now, step) for k, v in values.items()])
 
     def table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
-        self.client.log_table(self.run_id, data={c: [r[i] for r in rows] for i, c in enumerate(columns)},
-                              artifact_file=f"{name}/step-{step:08d}.json")
+        self.client.log_table(
+            self.run_id,
+            data={c: [r[i] for r in rows] for i, c in enumerate(columns)},
+            artifact_file=f"{name}/step-{step:08d}.json",
+        )
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
@@ -130,8 +141,9 @@ class Trackers:
         made = {
             "tensorboard": lambda: TensorBoardTracker(directory, run, settings),
             "wandb": lambda: WandbTracker(directory, run, settings, job, m.wandb_mode),
-            "mlflow": lambda: MlflowTracker(m.mlflow_tracking_uri or (directory / "mlruns").resolve().as_uri(), run,
-                                            settings, job),
+            "mlflow": lambda: MlflowTracker(
+                m.mlflow_tracking_uri or (directory / "mlruns").resolve().as_uri(), run, settings, job
+            ),
         }
         trackers = [made[name]() for name in dict.fromkeys(m.trackers)]
         log.info("trackers: %s, in %s", ", ".join(m.trackers), directory)
@@ -142,9 +154,14 @@ class Trackers:
         scope = SCOPES.get(entry.get("event"))
         if scope is None:
             return
-        values = {f"{scope}/{k}": float(v) for k, v in entry.items()
-                  if k not in ("event", "epoch", "step", "time") and isinstance(v, (int, float))
-                  and not isinstance(v, bool) and math.isfinite(v)}
+        values = {
+            f"{scope}/{k}": float(v)
+            for k, v in entry.items()
+            if k not in ("event", "epoch", "step", "time")
+            and isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and math.isfinite(v)
+        }
         self._each("log", values, entry["step"])
 
     def examples(self, split: str, step: int, examples: list[dict]) -> None:

@@ -36,13 +36,27 @@ def write_captioner(directory: Path) -> Path:
     config = load_config("captioner", TINY)
     torch.manual_seed(0)
     model = CaptionerRecipe(config, VOCAB, DIM).build_model()
-    return save_checkpoint(directory, model_state=model.state_dict(), train_state={}, config_yaml=to_yaml(config),
-                           vocab=VOCAB, meta={"step": 1})
+    return save_checkpoint(
+        directory,
+        model_state=model.state_dict(),
+        train_state={},
+        config_yaml=to_yaml(config),
+        vocab=VOCAB,
+        meta={"step": 1},
+    )
 
 
 def make_recipe(captioner: Path) -> CLCaptionRecipe:
-    config = load_config("cl_caption", [*TINY, f"model.init_from={captioner}", "model.negatives=3",
-                                         "model.replace_reference_every=2", "train.grad_clip=null"])
+    config = load_config(
+        "cl_caption",
+        [
+            *TINY,
+            f"model.init_from={captioner}",
+            "model.negatives=3",
+            "model.replace_reference_every=2",
+            "train.grad_clip=null",
+        ],
+    )
     return CLCaptionRecipe(config, VOCAB, DIM)
 
 
@@ -50,9 +64,13 @@ def global_images() -> list[dict]:
     """Images with 2-4 regions and 1-3 captions of 1-6 words: ragged on purpose."""
     rng = np.random.default_rng(0)
     words = VOCAB.itos[4:]
-    return [{"regions": rng.standard_normal((2 + i % 3, DIM)).astype(np.float32),
-             "captions": [VOCAB.encode(" ".join(rng.choice(words, size=1 + (2 * i + j) % 6))) for j in range(1 + i % 3)]}
-            for i in range(IMAGES)]
+    return [
+        {
+            "regions": rng.standard_normal((2 + i % 3, DIM)).astype(np.float32),
+            "captions": [VOCAB.encode(" ".join(rng.choice(words, size=1 + (2 * i + j) % 6))) for j in range(1 + i % 3)],
+        }
+        for i in range(IMAGES)
+    ]
 
 
 def run(engine: Engine, recipe: CLCaptionRecipe, split: str) -> dict:

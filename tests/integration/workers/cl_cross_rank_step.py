@@ -61,19 +61,26 @@ def loss_shares(columns: slice) -> dict:
         pos_target = data["pos_target"][columns].clone().requires_grad_()
         neg_target = data["neg_target"][:, columns].clone().requires_grad_()
         pos_reference, neg_reference = data["pos_reference"][columns], data["neg_reference"][:, columns]
-        share = cross_rank_contrastive_captioning_loss(pos_target, pos_reference, neg_target, neg_reference,
-                                                       nu=NU, terms=terms)
+        share = cross_rank_contrastive_captioning_loss(
+            pos_target, pos_reference, neg_target, neg_reference, nu=NU, terms=terms
+        )
         share.backward()
-        out[terms] = {"share": share.detach(), "pos_grad": pos_target.grad, "neg_grad": neg_target.grad,
-                      "reference_untouched": pos_reference.grad is None and neg_reference.grad is None
-                      and not pos_reference.requires_grad and not neg_reference.requires_grad}
+        out[terms] = {
+            "share": share.detach(),
+            "pos_grad": pos_target.grad,
+            "neg_grad": neg_target.grad,
+            "reference_untouched": pos_reference.grad is None
+            and neg_reference.grad is None
+            and not pos_reference.requires_grad
+            and not neg_reference.requires_grad,
+        }
     return out
 
 
 def negatives(columns: slice) -> dict:
     """The global captions as gathered, and two consecutive draws (two steps) from them."""
     tokens, lengths, image_ids = global_captions()
-    mine_tokens = tokens[columns, :max(LENGTHS[columns])]  # padded to this rank's longest only
+    mine_tokens = tokens[columns, : max(LENGTHS[columns])]  # padded to this rank's longest only
     all_tokens, all_lengths, all_ids, offset = gather_captions(mine_tokens, lengths[columns], image_ids[columns])
     generator = torch.Generator().manual_seed(SEED)
     draws = [draw_negatives(all_ids, K, generator) for _ in range(2)]
@@ -85,7 +92,9 @@ if __name__ == "__main__":
     dist.init_process_group("gloo")
     rank, size = world()
     assert size == 2, size
-    result = {split: {"losses": loss_shares(my_columns(split, rank)), "negatives": negatives(my_columns(split, rank))}
-              for split in SPLITS}
+    result = {
+        split: {"losses": loss_shares(my_columns(split, rank)), "negatives": negatives(my_columns(split, rank))}
+        for split in SPLITS
+    }
     torch.save(result, out_dir / f"rank{rank}.pt")
     dist.destroy_process_group()

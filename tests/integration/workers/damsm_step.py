@@ -68,9 +68,11 @@ class DamsmRecipe:
 def global_batch() -> dict:
     """Word features (PAIRS, max length, F) with random padding, lengths, region features."""
     g = torch.Generator().manual_seed(0)
-    return {"words": torch.randn(PAIRS, max(LENGTHS), WORD_FEATURES, generator=g),
-            "lengths": torch.tensor(LENGTHS),
-            "regions": torch.randn(PAIRS, REGIONS, REGION_FEATURES, generator=g)}
+    return {
+        "words": torch.randn(PAIRS, max(LENGTHS), WORD_FEATURES, generator=g),
+        "lengths": torch.tensor(LENGTHS),
+        "regions": torch.randn(PAIRS, REGIONS, REGION_FEATURES, generator=g),
+    }
 
 
 def my_batch(engine: Engine, split: str) -> dict:

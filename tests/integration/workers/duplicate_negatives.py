@@ -38,12 +38,18 @@ def global_inputs(placement: str) -> dict:
         return same + 1e-3 * torch.randn(B, *shape, generator=g, dtype=torch.float64)
 
     image = F.normalize(images(D), dim=1)
-    return {"identity": identity, "image": image,
-            "text": F.normalize(image + 0.8 * torch.randn(B, D, generator=g, dtype=torch.float64), dim=1),
-            "sentences": F.normalize(image.repeat_interleave(2, 0) + 0.7 * torch.randn(2 * B, D, generator=g,
-                                                                                     dtype=torch.float64), dim=1),
-            "words": torch.randn(B, T, D, generator=g, dtype=torch.float64), "regions": images(R, D),
-            "sentence": torch.randn(B, D, generator=g, dtype=torch.float64), "global_image": images(D)}
+    return {
+        "identity": identity,
+        "image": image,
+        "text": F.normalize(image + 0.8 * torch.randn(B, D, generator=g, dtype=torch.float64), dim=1),
+        "sentences": F.normalize(
+            image.repeat_interleave(2, 0) + 0.7 * torch.randn(2 * B, D, generator=g, dtype=torch.float64), dim=1
+        ),
+        "words": torch.randn(B, T, D, generator=g, dtype=torch.float64),
+        "regions": images(R, D),
+        "sentence": torch.randn(B, D, generator=g, dtype=torch.float64),
+        "global_image": images(D),
+    }
 
 
 def share(objective: str, inputs: dict, rank: int, size: int) -> tuple[torch.Tensor, dict]:
@@ -52,26 +58,41 @@ def share(objective: str, inputs: dict, rank: int, size: int) -> tuple[torch.Ten
     identity = inputs["identity"][rows]
     if objective in ("hinge", "hinge_sum"):
         leaves = {k: inputs[k][rows].clone().requires_grad_() for k in ("image", "text")}
-        loss = cross_rank_vse_hinge_loss(leaves["image"], leaves["text"], 0.2, objective == "hinge",
-                                         identity=identity)
+        loss = cross_rank_vse_hinge_loss(leaves["image"], leaves["text"], 0.2, objective == "hinge", identity=identity)
     elif objective == "two_branch":
-        leaves = {"image": inputs["image"][rows].clone().requires_grad_(),
-                  "sentences": inputs["sentences"][2 * rows.start:2 * rows.stop].clone().requires_grad_()}
+        leaves = {
+            "image": inputs["image"][rows].clone().requires_grad_(),
+            "sentences": inputs["sentences"][2 * rows.start : 2 * rows.stop].clone().requires_grad_(),
+        }
         text_image = torch.arange(rows.stop - rows.start).repeat_interleave(2)
-        loss = cross_rank_two_branch_ranking_loss(leaves["image"], leaves["sentences"], text_image, 0.1, 3, 1.0, 2.0,
-                                                  0.2, identity=identity)
+        loss = cross_rank_two_branch_ranking_loss(
+            leaves["image"], leaves["sentences"], text_image, 0.1, 3, 1.0, 2.0, 0.2, identity=identity
+        )
     elif objective.startswith("damsm_"):
         leaves = {k: inputs[k][rows].clone().requires_grad_() for k in ("words", "regions", "sentence", "global_image")}
-        parts = cross_rank_damsm_parts(leaves["words"], LENGTHS[rows], leaves["regions"], leaves["sentence"],
-                                       leaves["global_image"], identity=identity)
-        loss = parts[objective[len("damsm_"):]]
+        parts = cross_rank_damsm_parts(
+            leaves["words"],
+            LENGTHS[rows],
+            leaves["regions"],
+            leaves["sentence"],
+            leaves["global_image"],
+            identity=identity,
+        )
+        loss = parts[objective[len("damsm_") :]]
     else:
         raise ValueError(objective)
     return loss, leaves
 
 
-OBJECTIVES = ["hinge", "hinge_sum", "two_branch", "damsm_words_t2i", "damsm_words_i2t", "damsm_sentence_t2i",
-              "damsm_sentence_i2t"]
+OBJECTIVES = [
+    "hinge",
+    "hinge_sum",
+    "two_branch",
+    "damsm_words_t2i",
+    "damsm_words_i2t",
+    "damsm_sentence_t2i",
+    "damsm_sentence_i2t",
+]
 
 
 def drawn_negatives(inputs: dict, rank: int, size: int) -> torch.Tensor:
@@ -83,7 +104,7 @@ def drawn_negatives(inputs: dict, rank: int, size: int) -> torch.Tensor:
     ids = local_identities(inputs["identity"][rows], n, torch.device("cpu"))[caption_images]
     tokens = torch.arange(2 * n)[:, None] + 2 * rows.start  # each caption's global row as its "token"
     _, _, all_ids, offset = gather_captions(tokens, torch.ones(2 * n, dtype=torch.long), ids)
-    draw = draw_negatives(all_ids, 50, step_generator(0, 3))[:, offset:offset + 2 * n]
+    draw = draw_negatives(all_ids, 50, step_generator(0, 3))[:, offset : offset + 2 * n]
     return all_gather_rows(draw.T.contiguous())[0].T
 
 
@@ -96,8 +117,10 @@ def run(rank: int, size: int) -> dict:
             loss.backward()
             results[placement, objective] = {
                 "loss": float(global_sum(loss.detach())),
-                "grads": {k: all_gather_rows(torch.zeros_like(v) if v.grad is None else v.grad)[0]
-                          for k, v in leaves.items()}}
+                "grads": {
+                    k: all_gather_rows(torch.zeros_like(v) if v.grad is None else v.grad)[0] for k, v in leaves.items()
+                },
+            }
         results[placement, "draw"] = drawn_negatives(inputs, rank, size)
     return results
 

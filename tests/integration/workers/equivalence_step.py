@@ -23,11 +23,21 @@ VOCAB = Vocab(["a", "red", "blue", "green", "circle", "square", "star", "left", 
 
 
 def make_recipe(gather: bool, *overrides: str) -> VSRNRecipe:
-    config = load_config("vsrn", [
-        "model.embed_size=16", "model.word_dim=8", "model.decoder_hidden=16", "model.decoder_dropout=0",
-        "model.max_violation_warmup_epochs=0", f"model.gather_negatives={str(gather).lower()}", "data.max_regions=5",
-        f"data.batch_size={GLOBAL_BATCH}", "train.grad_clip=null", *overrides,
-    ])
+    config = load_config(
+        "vsrn",
+        [
+            "model.embed_size=16",
+            "model.word_dim=8",
+            "model.decoder_hidden=16",
+            "model.decoder_dropout=0",
+            "model.max_violation_warmup_epochs=0",
+            f"model.gather_negatives={str(gather).lower()}",
+            "data.max_regions=5",
+            f"data.batch_size={GLOBAL_BATCH}",
+            "train.grad_clip=null",
+            *overrides,
+        ],
+    )
     return VSRNRecipe(config, VOCAB, feature_dim=12)
 
 
@@ -58,8 +68,10 @@ def my_rows(engine: Engine, ragged: bool, micro_batches: int) -> list[list[dict]
     takes 3 rows and rank 1 takes 5, as in the last batch of an exact epoch."""
     samples, m, world = global_samples(), GLOBAL_BATCH // micro_batches, engine.world_size
     if ragged and world == 2:
-        return [samples[[0, 3][engine.rank]:[3, 8][engine.rank]]]
-    return [samples[k * m + engine.rank * m // world:k * m + (engine.rank + 1) * m // world] for k in range(micro_batches)]
+        return [samples[[0, 3][engine.rank] : [3, 8][engine.rank]]]
+    return [
+        samples[k * m + engine.rank * m // world : k * m + (engine.rank + 1) * m // world] for k in range(micro_batches)
+    ]
 
 
 def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches: int = 1) -> dict:

@@ -22,30 +22,87 @@ from vldist.runner import run
 out, engine = Path(sys.argv[1]), sys.argv[2]
 planted, synth, pairs, singles, scenes = sys.argv[3:8]
 
-TINY_CAPTIONER = ["model.hidden=32", "model.embed=16", "data.batch_size=8", "data.eval_batch_size=8",
-                  "data.shuffle_buffer=16", "data.max_regions=3", "data.vocab_min_count=1"]
+TINY_CAPTIONER = [
+    "model.hidden=32",
+    "model.embed=16",
+    "data.batch_size=8",
+    "data.eval_batch_size=8",
+    "data.shuffle_buffer=16",
+    "data.max_regions=3",
+    "data.vocab_min_count=1",
+]
 JOBS = {
-    "vsrn": [f"data.shards={planted}", "model.embed_size=32", "model.decoder_hidden=32", "model.word_dim=16",
-             "data.batch_size=8", "data.shuffle_buffer=16"],
+    "vsrn": [
+        f"data.shards={planted}",
+        "model.embed_size=32",
+        "model.decoder_hidden=32",
+        "model.word_dim=16",
+        "data.batch_size=8",
+        "data.shuffle_buffer=16",
+    ],
     "captioner": [f"data.shards={planted}", *TINY_CAPTIONER],
     # the MLE stage runs model.captioner_job: a job file of the same sizes, written below
-    "cl_caption": [f"data.shards={planted}", *TINY_CAPTIONER, "model.replace_reference_every=1",
-                   f"model.captioner_job={out / 'tiny_captioner.yaml'}"],
-    "two_branch_embed": [f"data.shards={synth}", "model.hidden=32", "model.embed=16", "data.batch_size=8",
-                         "data.shuffle_buffer=16", "model.tasks=[retrieval]"],
-    "two_branch_sim": [f"data.shards={synth}", "model.hidden=32", "model.embed=16", "data.batch_size=8",
-                       "data.shuffle_buffer=16", "model.tasks=[retrieval]"],
-    "l2c": [f"data.shards={pairs}", f"model.single_shards={singles}", "model.hidden=32", "model.embed=16",
-            "data.batch_size=4", "data.shuffle_buffer=16"],
-    "laviter": [f"data.shards={scenes}", "model.pretrain_epochs=1", "model.vta_epochs=1", "model.assist_epochs=1",
-                "model.joint_epochs=1", "model.embed_dim=32", "model.text_heads=2", "model.gf_dim=4", "model.df_dim=4",
-                "model.itm_dim=32", "model.itm_heads=2", "model.itm_encoder_layers=1", "model.itm_decoder_layers=1",
-                "model.itm_feedforward=64", "model.z_dim=16", "model.condition_dim=16", "model.residual_blocks=1",
-                "data.batch_size=4", "data.shuffle_buffer=16"],
+    "cl_caption": [
+        f"data.shards={planted}",
+        *TINY_CAPTIONER,
+        "model.replace_reference_every=1",
+        f"model.captioner_job={out / 'tiny_captioner.yaml'}",
+    ],
+    "two_branch_embed": [
+        f"data.shards={synth}",
+        "model.hidden=32",
+        "model.embed=16",
+        "data.batch_size=8",
+        "data.shuffle_buffer=16",
+        "model.tasks=[retrieval]",
+    ],
+    "two_branch_sim": [
+        f"data.shards={synth}",
+        "model.hidden=32",
+        "model.embed=16",
+        "data.batch_size=8",
+        "data.shuffle_buffer=16",
+        "model.tasks=[retrieval]",
+    ],
+    "l2c": [
+        f"data.shards={pairs}",
+        f"model.single_shards={singles}",
+        "model.hidden=32",
+        "model.embed=16",
+        "data.batch_size=4",
+        "data.shuffle_buffer=16",
+    ],
+    "laviter": [
+        f"data.shards={scenes}",
+        "model.pretrain_epochs=1",
+        "model.vta_epochs=1",
+        "model.assist_epochs=1",
+        "model.joint_epochs=1",
+        "model.embed_dim=32",
+        "model.text_heads=2",
+        "model.gf_dim=4",
+        "model.df_dim=4",
+        "model.itm_dim=32",
+        "model.itm_heads=2",
+        "model.itm_encoder_layers=1",
+        "model.itm_decoder_layers=1",
+        "model.itm_feedforward=64",
+        "model.z_dim=16",
+        "model.condition_dim=16",
+        "model.residual_blocks=1",
+        "data.batch_size=4",
+        "data.shuffle_buffer=16",
+    ],
 }
 ENGINE = {"accelerate": [], "zero2": ["engine.backend=deepspeed", "engine.deepspeed_config=jobs/deepspeed/zero2.json"]}
-COMMON = ["train.max_steps=2", "eval.baseline=false", "train.validate_every=0", "metrics.enabled=false",
-          "train.replica_check_every=1", "engine.sync_batchnorm=true"]  # buffers replicated too
+COMMON = [
+    "train.max_steps=2",
+    "eval.baseline=false",
+    "train.validate_every=0",
+    "metrics.enabled=false",
+    "train.replica_check_every=1",
+    "engine.sync_batchnorm=true",
+]  # buffers replicated too
 
 fit = trainer.Trainer.fit
 
@@ -55,8 +112,12 @@ def fit_then_save(self):
     results = fit(self)
     model = self.engine.unwrap()
     # per-rank by design: image batch norm's running statistics (vldist's global batch norm is 1-d)
-    local = {f"{name}.{stat}" for name, module in model.named_modules() if isinstance(module, torch.nn.BatchNorm2d)
-             for stat in ("running_mean", "running_var", "num_batches_tracked")}
+    local = {
+        f"{name}.{stat}"
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.BatchNorm2d)
+        for stat in ("running_mean", "running_var", "num_batches_tracked")
+    }
     state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if k not in local}
     torch.save(state, out / f"{self.config.recipe}.{self.config.output_dir.name}.rank{self.engine.rank}.pt")
     return results
@@ -64,10 +125,23 @@ def fit_then_save(self):
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 trainer.Trainer.fit = fit_then_save
-(out / "tiny_captioner.yaml").write_text(yaml.safe_dump({
-    "recipe": "captioner", "model": {"hidden": 32, "embed": 16},
-    "data": {"batch_size": 8, "eval_batch_size": 8, "shuffle_buffer": 16, "max_regions": 3, "vocab_min_count": 1},
-    "train": {"max_steps": 2, "validate_every": 1}, "eval": {"baseline": False}}))  # validated (by nobody: see fit_then_save), so a best is kept
+(out / "tiny_captioner.yaml").write_text(
+    yaml.safe_dump(
+        {
+            "recipe": "captioner",
+            "model": {"hidden": 32, "embed": 16},
+            "data": {
+                "batch_size": 8,
+                "eval_batch_size": 8,
+                "shuffle_buffer": 16,
+                "max_regions": 3,
+                "vocab_min_count": 1,
+            },
+            "train": {"max_steps": 2, "validate_every": 1},
+            "eval": {"baseline": False},
+        }
+    )
+)  # validated (by nobody: see fit_then_save), so a best is kept
 vldist.train.run = lambda stage, **_: run(stage, last=False)  # one process group for every run
 
 jobs = sys.argv[8].split(",") if len(sys.argv) > 8 else list(JOBS)

@@ -43,10 +43,15 @@ class TinyRecipe:
 
 def make_engine(name: str, out: Path, resume: bool):
     stage = ENGINES[name]
-    overrides = [f"output.dir={out}", "train.device=cpu", f"data.batch_size={GLOBAL}", "train.grad_clip=1.0",
-                 *(["engine.backend=deepspeed", f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json"] if stage else []),
-                 *(["train.resume=latest"] if resume else []),
-                 *(["train.checkpoint_format=sharded", "train.async_checkpoints=true"] if name == "sharded" else [])]
+    overrides = [
+        f"output.dir={out}",
+        "train.device=cpu",
+        f"data.batch_size={GLOBAL}",
+        "train.grad_clip=1.0",
+        *(["engine.backend=deepspeed", f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json"] if stage else []),
+        *(["train.resume=latest"] if resume else []),
+        *(["train.checkpoint_format=sharded", "train.async_checkpoints=true"] if name == "sharded" else []),
+    ]
     config = load_config("vsrn", overrides)
     if stage:
         from vldist.distributed.deepspeed_engine import DeepSpeedEngine
@@ -76,11 +81,16 @@ def full_state(engine) -> dict:
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
         for n, p in params.items():
-            out[n] = (safe_get_full_fp32_param(p).clone(), safe_get_full_optimizer_state(p, "exp_avg").clone(),
-                      safe_get_full_optimizer_state(p, "exp_avg_sq").clone())
+            out[n] = (
+                safe_get_full_fp32_param(p).clone(),
+                safe_get_full_optimizer_state(p, "exp_avg").clone(),
+                safe_get_full_optimizer_state(p, "exp_avg_sq").clone(),
+            )
         return out
     state = engine.optimizers["main"].state
-    return {n: (p.detach().clone(), state[p]["exp_avg"].clone(), state[p]["exp_avg_sq"].clone()) for n, p in params.items()}
+    return {
+        n: (p.detach().clone(), state[p]["exp_avg"].clone(), state[p]["exp_avg_sq"].clone()) for n, p in params.items()
+    }
 
 
 def optimizer_steps(engine) -> list[float]:
@@ -107,8 +117,12 @@ def run(name: str, root: Path, mode: str) -> None:
     else:
         state.update(checkpointer.load())
         record["first_draws"] = gather_objects(float(torch.rand(())))
-    record.update(step=state["step"], state=full_state(engine), optimizer_steps=optimizer_steps(engine),
-                  lr=scheduler.get_last_lr()[0])
+    record.update(
+        step=state["step"],
+        state=full_state(engine),
+        optimizer_steps=optimizer_steps(engine),
+        lr=scheduler.get_last_lr()[0],
+    )
     record["losses"] = [train_step(engine, scheduler, step) for step in range(3, 6)]
     checkpointer.finish()
     if engine.is_main:

@@ -26,6 +26,11 @@ def sgd_steps(engine: Engine, recipe, module: torch.nn.Module, batch: dict, step
         engine.backward(losses["loss"])
         grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
         engine.step("main", None)
-        out.append({"losses": {k: float(global_sum(v)) for k, v in losses.items()}, "grads": grads,
-                    "state": engine.model_state_dict()})
+        out.append(
+            {
+                "losses": {k: float(global_sum(v)) for k, v in losses.items()},
+                "grads": grads,
+                "state": engine.model_state_dict(),
+            }
+        )
     return out

@@ -38,10 +38,19 @@ JOBS = {
     # phrases: region anchors rank every rank's phrases; "batch" adds every rank's regions. The
     # paper's lambdas 1 and 4 over a tenth: at full weight the summed hinges (~350) make lr 0.5
     # steps that blow the activations up to where float32 rounding fails the comparison
-    "two_branch_embed/phrases": ["model.phrase_top_k=3", "model.margin=0.5", "model.phrase_negatives=all",
-                                 *PHRASE_LAMBDAS],
-    "two_branch_embed/phrases-batch": ["model.phrase_top_k=3", "model.margin=0.5", "model.phrase_negatives=2",
-                                       "model.phrase_negatives_from=batch", *PHRASE_LAMBDAS],
+    "two_branch_embed/phrases": [
+        "model.phrase_top_k=3",
+        "model.margin=0.5",
+        "model.phrase_negatives=all",
+        *PHRASE_LAMBDAS,
+    ],
+    "two_branch_embed/phrases-batch": [
+        "model.phrase_top_k=3",
+        "model.margin=0.5",
+        "model.phrase_negatives=2",
+        "model.phrase_negatives_from=batch",
+        *PHRASE_LAMBDAS,
+    ],
     "two_branch_sim/phrases": ["model.phrase_negatives=2", "model.fusion_layers=2"],
 }
 # Images of rank 0 and rank 1: 4 + 4, and 3 + 5 (the ragged last batch of an exact epoch).
@@ -58,9 +67,13 @@ def global_images() -> list[dict]:
     """Images with 1-3 captions of 1-6 words: ragged on purpose."""
     rng = np.random.default_rng(0)
     words = VOCAB.itos[4:]
-    return [{"image": rng.standard_normal(DIM).astype(np.float32),
-             "captions": [VOCAB.encode(" ".join(rng.choice(words, size=1 + (2 * i + j) % 6))) for j in range(1 + i % 3)]}
-            for i in range(IMAGES)]
+    return [
+        {
+            "image": rng.standard_normal(DIM).astype(np.float32),
+            "captions": [VOCAB.encode(" ".join(rng.choice(words, size=1 + (2 * i + j) % 6))) for j in range(1 + i % 3)],
+        }
+        for i in range(IMAGES)
+    ]
 
 
 def _npy(array) -> bytes:
@@ -86,9 +99,14 @@ def phrase_raws() -> list[dict]:
             proposals += [box, [x0, y0, x0 + 20, y0 + 18], [x0, y0, x0 + 20, y0 + 10], [x0 + 10, y0, x0 + 30, y0 + 20]]
         proposals += [[0, 60, 10, 70], [50, 50, 70, 80], [5, 40, 25, 45]]
         meta = {"captions": [o["phrase"] for o in objects], "objects": objects, "proposal_boxes": proposals}
-        raws.append({"__key__": f"image-{i}", "json": json.dumps(meta).encode(),
-                     "regions.npy": _npy(rng.standard_normal((4, DIM))),
-                     "proposals.npy": _npy(rng.standard_normal((len(proposals), DIM)))})
+        raws.append(
+            {
+                "__key__": f"image-{i}",
+                "json": json.dumps(meta).encode(),
+                "regions.npy": _npy(rng.standard_normal((4, DIM))),
+                "proposals.npy": _npy(rng.standard_normal((len(proposals), DIM))),
+            }
+        )
     return raws[:6] + [raws[1]] + raws[6:]
 
 

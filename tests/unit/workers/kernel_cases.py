@@ -18,11 +18,16 @@ import torch  # noqa: E402
 from vldist.kernels.region_affinity import region_affinity, region_affinity_torch  # noqa: E402
 
 CASES = [  # (B, K, D, normalize, mask kind)
-    (2, 1, 16, "count", "none"), (2, 1, 16, "softmax", "random"),
-    (3, 5, 40, "count", "random"), (3, 5, 40, "softmax", "random"),
-    (2, 7, 70, "count", "none"), (2, 7, 70, "softmax", "none"),
-    (3, 9, 64, "count", "padded_image"), (3, 9, 64, "softmax", "padded_image"),
-    (2, 36, 48, "count", "random"), (2, 36, 48, "softmax", "random"),
+    (2, 1, 16, "count", "none"),
+    (2, 1, 16, "softmax", "random"),
+    (3, 5, 40, "count", "random"),
+    (3, 5, 40, "softmax", "random"),
+    (2, 7, 70, "count", "none"),
+    (2, 7, 70, "softmax", "none"),
+    (3, 9, 64, "count", "padded_image"),
+    (3, 9, 64, "softmax", "padded_image"),
+    (2, 36, 48, "count", "random"),
+    (2, 36, 48, "softmax", "random"),
     (1, 128, 32, "softmax", "random"),
 ]
 
@@ -31,7 +36,7 @@ def case(B, K, D, normalize, mask_kind, seed, dtype=torch.float32):
     """Largest differences to the fp32 reference on the same (rounded) inputs, over its scale."""
     gen = torch.Generator().manual_seed(seed)
     inputs = [torch.randn(B, K, D, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
-    theta, phi, g = ([x.detach().float().requires_grad_() for x in inputs])
+    theta, phi, g = [x.detach().float().requires_grad_() for x in inputs]
     mask = None
     if mask_kind != "none":
         mask = torch.rand(B, K, generator=gen) > 0.3
@@ -48,7 +53,9 @@ def case(B, K, D, normalize, mask_kind, seed, dtype=torch.float32):
     return {
         "case": [B, K, D, normalize, mask_kind],
         "forward": float((out - ref).abs().max()) / scale,
-        "grads": [float((a - b).abs().max()) / max(float(b.abs().max()), 1e-6) for a, b in zip(grads, ref_grads, strict=True)],
+        "grads": [
+            float((a - b).abs().max()) / max(float(b.abs().max()), 1e-6) for a, b in zip(grads, ref_grads, strict=True)
+        ],
     }
 
 
@@ -78,5 +85,12 @@ if __name__ == "__main__":
     half = [case(*c, seed=i, dtype=torch.float16) for i, c in enumerate(CASES[2:9:3])]
     torch_run, triton_run = vsrn_run("torch"), vsrn_run("triton")
     diff = max(float((triton_run["params"][n] - p).abs().max()) for n, p in torch_run["params"].items())
-    print(json.dumps({"cases": results, "fp16": half, "vsrn": {"torch": torch_run["losses"], "triton": triton_run["losses"],
-                                                 "max_param_diff": diff}}))
+    print(
+        json.dumps(
+            {
+                "cases": results,
+                "fp16": half,
+                "vsrn": {"torch": torch_run["losses"], "triton": triton_run["losses"], "max_param_diff": diff},
+            }
+        )
+    )

@@ -19,8 +19,19 @@ from vldist.files import sha256_file
 from vldist.shards.convert.base import BadInput, Converter, Item, Problems
 from vldist.shards.convert.images import ImageSamples, add_feature_arguments, feature_options, image_plan
 
-COLUMNS = ("img1ObservationURL", "img1ImgURL", "img1Species", "img1Selection", "img2ObservationURL",
-           "img2ImgURL", "img2Species", "img2Selection", "split", "annN", "description")
+COLUMNS = (
+    "img1ObservationURL",
+    "img1ImgURL",
+    "img1Species",
+    "img1Selection",
+    "img2ObservationURL",
+    "img2ImgURL",
+    "img2Species",
+    "img2Selection",
+    "split",
+    "annN",
+    "description",
+)
 SPLITS = ("train", "val", "test")
 
 
@@ -43,8 +54,12 @@ class BirdsToWordsConverter(Converter):
     @classmethod
     def add_arguments(cls, parser) -> None:
         parser.add_argument("--images", type=Path, required=True, help="folder holding the downloaded images")
-        parser.add_argument("--image-map", type=Path, default=None,
-                            help="TSV of `url<TAB>path` (path relative to --images) for other naming schemes")
+        parser.add_argument(
+            "--image-map",
+            type=Path,
+            default=None,
+            help="TSV of `url<TAB>path` (path relative to --images) for other naming schemes",
+        )
         add_feature_arguments(parser, default_on=False)
 
     @classmethod
@@ -87,12 +102,23 @@ class BirdsToWordsConverter(Converter):
             for side, url in (("img1", url1), ("img2", url2)):
                 name = mapping.get(url) or local_name(url)
                 paths[side] = str(images / name)
-                meta[side] = {"image_url": url, "observation_url": fields[f"{side}ObservationURL"],
-                              "species": fields[f"{side}Species"], "selection": fields[f"{side}Selection"],
-                              "filename": name}
+                meta[side] = {
+                    "image_url": url,
+                    "observation_url": fields[f"{side}ObservationURL"],
+                    "species": fields[f"{side}Species"],
+                    "selection": fields[f"{side}Selection"],
+                    "filename": name,
+                }
             descriptions = [text for _, _, text in sorted(entry["descriptions"])]
-            items.append(Item(f"{split}-{len(items):07d}", split, f"{entry['where']} (pair {url1} | {url2})",
-                              descriptions, {"images": paths, "meta": meta}))
+            items.append(
+                Item(
+                    f"{split}-{len(items):07d}",
+                    split,
+                    f"{entry['where']} (pair {url1} | {url2})",
+                    descriptions,
+                    {"images": paths, "meta": meta},
+                )
+            )
         splits = {name: items for name, items in splits.items() if items}
         inputs = {"dataset": "birds-to-words", "index": src.name, "index_sha256": sha256_file(src)}
         if args.image_map:

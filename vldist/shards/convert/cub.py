@@ -47,10 +47,18 @@ class CubConverter(Converter):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--text", type=Path, required=True,
-                            help="Reed et al.'s cvpr2016_cub folder (text_c10/ and the *classes.txt lists)")
-        parser.add_argument("--split", choices=["reed", "standard"], default="reed",
-                            help="reed: class-disjoint train/val/test lists (default); standard: train_test_split.txt")
+        parser.add_argument(
+            "--text",
+            type=Path,
+            required=True,
+            help="Reed et al.'s cvpr2016_cub folder (text_c10/ and the *classes.txt lists)",
+        )
+        parser.add_argument(
+            "--split",
+            choices=["reed", "standard"],
+            default="reed",
+            help="reed: class-disjoint train/val/test lists (default); standard: train_test_split.txt",
+        )
         add_feature_arguments(parser, default_on=False)
 
     @classmethod
@@ -79,7 +87,9 @@ class CubConverter(Converter):
                     continue
             else:
                 split = "train" if standard.get(image_id) == ["1"] else "test"
-            caption_file = text_dirs.get(_class_number(class_dir), text / "text_c10" / class_dir) / (Path(file).stem + ".txt")
+            caption_file = text_dirs.get(_class_number(class_dir), text / "text_c10" / class_dir) / (
+                Path(file).stem + ".txt"
+            )
             items = splits[split]
             key = f"{split}-{len(items):07d}"
             captions = cls._captions(caption_file)
@@ -106,8 +116,7 @@ class CubConverter(Converter):
         for split, file in lists.items():
             path = text / file
             if not path.is_file():
-                raise BadInput(str(path), "is missing: --split reed needs Reed's class lists "
-                                          "(or use --split standard)")
+                raise BadInput(str(path), "is missing: --split reed needs Reed's class lists (or use --split standard)")
             for line in path.read_text(encoding="utf-8").split():
                 split_of[_class_number(line)] = split
         return split_of

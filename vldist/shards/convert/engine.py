@@ -34,8 +34,14 @@ from vldist.shards.format.writer import ShardFile, build_manifest, check_split, 
 STATE_DIR = ".convert"
 SKIPPED_NAME = "skipped.jsonl"
 ITEMS_PER_CALL = 32  # items handed to the sample maker at once (feature extraction batches them)
-_SET_FILES = (MANIFEST_NAME, VOCAB_NAME, SKIPPED_NAME, MANIFEST_NAME + ".tmp", STANDARDIZATION_NAME,
-              STANDARDIZATION_NAME + ".tmp")
+_SET_FILES = (
+    MANIFEST_NAME,
+    VOCAB_NAME,
+    SKIPPED_NAME,
+    MANIFEST_NAME + ".tmp",
+    STANDARDIZATION_NAME,
+    STANDARDIZATION_NAME + ".tmp",
+)
 
 
 @dataclass
@@ -59,8 +65,16 @@ class Result:
     already_done: bool = False
 
 
-def convert(converter: type[Converter], args, out: str | Path, shard_size: int = 1000, workers: int = 1,
-            on_error: str = "stop", progress: bool = True, overwrite: bool = False) -> Result:
+def convert(
+    converter: type[Converter],
+    args,
+    out: str | Path,
+    shard_size: int = 1000,
+    workers: int = 1,
+    on_error: str = "stop",
+    progress: bool = True,
+    overwrite: bool = False,
+) -> Result:
     start = time.perf_counter()
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1, got {shard_size}")
@@ -79,8 +93,13 @@ def convert(converter: type[Converter], args, out: str | Path, shard_size: int =
     done = _finished_records(state, out, tasks)
     todo = [t for t in tasks if t.record_name not in done]
     total = sum(len(t.items) for t in tasks)
-    bar = tqdm(total=total, initial=total - sum(len(t.items) for t in todo), unit="sample",
-               desc=f"convert {converter.name}", disable=not progress)
+    bar = tqdm(
+        total=total,
+        initial=total - sum(len(t.items) for t in todo),
+        unit="sample",
+        desc=f"convert {converter.name}",
+        disable=not progress,
+    )
     try:
         if todo:
             setup = plan.prepare()
@@ -96,11 +115,17 @@ def convert(converter: type[Converter], args, out: str | Path, shard_size: int =
     records = [done[t.record_name] for t in tasks]
     skipped = plan.skipped + [s for r in records for s in r["skipped"]]
     manifest = _finish(out, converter, options, plan, tasks, records, skipped, fingerprint)
-    return Result(manifest, skipped, reused_shards=len(tasks) - len(todo),
-                  samples_written=sum(r["samples"] for r in records), seconds=time.perf_counter() - start)
+    return Result(
+        manifest,
+        skipped,
+        reused_shards=len(tasks) - len(todo),
+        samples_written=sum(r["samples"] for r in records),
+        seconds=time.perf_counter() - start,
+    )
 
 
 # ---------------------------------------------------------------------------------- the plan
+
 
 def _tasks(splits: dict[str, list[Item]], shard_size: int) -> list[ShardTask]:
     seen: dict[str, str] = {}
@@ -112,7 +137,7 @@ def _tasks(splits: dict[str, list[Item]], shard_size: int) -> list[ShardTask]:
                 raise RuntimeError(f"converter produced key {item.key!r} twice ({seen[item.key]}, {item.where})")
             seen[item.key] = item.where
         for index, start in enumerate(range(0, len(items), shard_size)):
-            tasks.append(ShardTask(split, index, items[start:start + shard_size]))
+            tasks.append(ShardTask(split, index, items[start : start + shard_size]))
     if not tasks:
         raise BadInput("the source", "holds no samples to convert (see the skipped list, or check --src)")
     return tasks
@@ -129,6 +154,7 @@ def _fingerprint(converter: type[Converter], options: dict, shard_size: int, pla
 
 
 # ----------------------------------------------------------------------- the output directory
+
 
 def _is_set_file(path: Path) -> bool:
     name = path.name
@@ -167,11 +193,15 @@ def _prepare_out(out: Path, fingerprint: str, overwrite: bool) -> dict | None:
             manifest = json.loads((out / MANIFEST_NAME).read_text())
             if manifest.get("conversion", {}).get("fingerprint") == fingerprint:
                 return manifest
-            raise FileExistsError(f"--out {out} already holds a shard set made from other input or options; "
-                                  "pass --overwrite to replace it, or choose another --out")
+            raise FileExistsError(
+                f"--out {out} already holds a shard set made from other input or options; "
+                "pass --overwrite to replace it, or choose another --out"
+            )
         else:
-            raise FileExistsError(f"--out {out} holds shards without a manifest or a conversion record; "
-                                  "pass --overwrite to replace them, or choose another --out")
+            raise FileExistsError(
+                f"--out {out} holds shards without a manifest or a conversion record; "
+                "pass --overwrite to replace them, or choose another --out"
+            )
     for path in entries:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     (state / "done").mkdir(parents=True, exist_ok=True)
@@ -206,13 +236,14 @@ def _finished_records(state: Path, out: Path, tasks: list[ShardTask]) -> dict[st
 
 # ----------------------------------------------------------------------------- the writing
 
+
 def write_shard(task: ShardTask, out: Path, make: SampleMaker, on_error: str, tick) -> dict:
     """Write one shard from its items; under `skip` bad items are left out and listed."""
     shard = ShardFile(out, task.split, task.index)
     skipped = []
     try:
         for start in range(0, len(task.items), ITEMS_PER_CALL):
-            items = task.items[start:start + ITEMS_PER_CALL]
+            items = task.items[start : start + ITEMS_PER_CALL]
             results = make(items)
             if len(results) != len(items):
                 raise RuntimeError(f"sample maker returned {len(results)} results for {len(items)} items")
@@ -244,8 +275,9 @@ def _run(converter, setup, todo: list[ShardTask], out: Path, on_error: str, work
     context = multiprocessing.get_context("spawn")  # no fork of a process that may hold torch threads
     ticks = context.Queue()
     failure: BaseException | None = None
-    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context, initializer=_init_worker,
-                             initargs=(converter.name, setup, ticks)) as pool:
+    with ProcessPoolExecutor(
+        min(workers, len(todo)), mp_context=context, initializer=_init_worker, initargs=(converter.name, setup, ticks)
+    ) as pool:
         futures = {pool.submit(_run_task, task, out, on_error): task for task in todo}
         pending = set(futures)
         try:
@@ -293,11 +325,26 @@ def _run_task(task: ShardTask, out: Path, on_error: str) -> dict:
 
 # ------------------------------------------------------------------------------ the ending
 
-def _finish(out: Path, converter, options: dict, plan: Plan, tasks: list[ShardTask], records: list[dict],
-            skipped: list[dict], fingerprint: str) -> dict:
+
+def _finish(
+    out: Path,
+    converter,
+    options: dict,
+    plan: Plan,
+    tasks: list[ShardTask],
+    records: list[dict],
+    skipped: list[dict],
+    fingerprint: str,
+) -> dict:
     skipped_keys = {s["key"] for s in skipped}
-    train = [c for t in tasks if t.split == "train" for item in t.items if item.key not in skipped_keys
-             for c in item.captions]
+    train = [
+        c
+        for t in tasks
+        if t.split == "train"
+        for item in t.items
+        if item.key not in skipped_keys
+        for c in item.captions
+    ]
     if train:
         Vocab.build(train).save(out / VOCAB_NAME)
     (out / SKIPPED_NAME).unlink(missing_ok=True)
@@ -311,8 +358,11 @@ def _finish(out: Path, converter, options: dict, plan: Plan, tasks: list[ShardTa
             listed.append({k: record[k] for k in ("file", "samples", "sha256")})
     extra = {
         "conversion": {
-            "converter": converter.name, "converter_version": converter.version, "options": options,
-            "inputs": plan.inputs, "fingerprint": fingerprint,
+            "converter": converter.name,
+            "converter_version": converter.version,
+            "options": options,
+            "inputs": plan.inputs,
+            "fingerprint": fingerprint,
             "skipped": dict(Counter(s["split"] or "unplaced" for s in skipped)),
         },
     }

@@ -56,6 +56,7 @@ _PHRASE = re.compile(r"\[/EN#(\d+)((?:/[^\s/\[\]]+)+)\s+([^\[\]]*)\]")
 
 # ------------------------------------------------------------------------------ annotations
 
+
 @dataclass
 class Annotation:
     width: int
@@ -102,8 +103,11 @@ def read_annotation(path: Path) -> Annotation:
         corners = [_number(bndbox.findtext(k), f"<{k}>", where) for k in ("xmin", "ymin", "xmax", "ymax")]
         box = pixel_box(*corners, width, height)
         if box is None:
-            raise BadInput(where, f"box xmin, ymin, xmax, ymax = {corners} lies outside the {width} x {height} image "
-                                  "or is empty; fix or remove the object (--on-error skip leaves the image out)")
+            raise BadInput(
+                where,
+                f"box xmin, ymin, xmax, ymax = {corners} lies outside the {width} x {height} image "
+                "or is empty; fix or remove the object (--on-error skip leaves the image out)",
+            )
         for name in obj.iter("name"):
             boxes.setdefault((name.text or "").strip(), []).append(box)
     return Annotation(width, height, boxes)
@@ -114,6 +118,7 @@ def union(boxes: list[list]) -> list:
 
 
 # -------------------------------------------------------------------------------- sentences
+
 
 @dataclass
 class Phrase:
@@ -131,7 +136,7 @@ def parse_sentence(line: str, where: str) -> tuple[str, list[Phrase]]:
         text = " ".join(match.group(3).split())
         if not text:
             raise BadInput(f"{where} column {match.start() + 1}", f"phrase {match.group(0)!r} has no words")
-        words += [line[end:match.start()], text]
+        words += [line[end : match.start()], text]
         phrases.append(Phrase(text, match.group(1), match.group(2).strip("/").split("/")))
         end = match.end()
     _check_plain(line, end, len(line), where)
@@ -143,8 +148,10 @@ def _check_plain(line: str, start: int, stop: int, where: str) -> None:
     """Text between phrases holds no bracket: one there is markup that did not parse."""
     for column, char in enumerate(line[start:stop], start + 1):
         if char in "[]":
-            raise BadInput(f"{where} column {column}", f"{char!r} is not part of a well-formed phrase "
-                                                       "'[/EN#<id>/<type> <words>]'; fix the markup")
+            raise BadInput(
+                f"{where} column {column}",
+                f"{char!r} is not part of a well-formed phrase '[/EN#<id>/<type> <words>]'; fix the markup",
+            )
 
 
 def read_sentences(path: Path) -> list[tuple[str, list[Phrase]]]:
@@ -158,8 +165,9 @@ def read_sentences(path: Path) -> list[tuple[str, list[Phrase]]]:
     return sentences
 
 
-def image_objects(sentences: list[tuple[str, list[Phrase]]], boxes: dict[str, list[list]],
-                  first_row: int | None) -> tuple[list[dict], list[list]]:
+def image_objects(
+    sentences: list[tuple[str, list[Phrase]]], boxes: dict[str, list[list]], first_row: int | None
+) -> tuple[list[dict], list[list]]:
     """(objects, distinct union boxes in first-seen order). With `first_row` (features on), each
     object's `region` is first_row + the index of its box among the distinct ones."""
     rows: dict[tuple, int] = {}
@@ -171,8 +179,14 @@ def image_objects(sentences: list[tuple[str, list[Phrase]]], boxes: dict[str, li
                 continue
             box = union(entity_boxes)
             row = rows.setdefault(tuple(box), len(rows))
-            obj = {"phrase": phrase.text, "box": box, "sentence": index, "entity": phrase.entity,
-                   "type": "/".join(phrase.types), "types": phrase.types}
+            obj = {
+                "phrase": phrase.text,
+                "box": box,
+                "sentence": index,
+                "entity": phrase.entity,
+                "type": "/".join(phrase.types),
+                "types": phrase.types,
+            }
             if first_row is not None:
                 obj["region"] = first_row + row
             objects.append(obj)
@@ -180,6 +194,7 @@ def image_objects(sentences: list[tuple[str, list[Phrase]]], boxes: dict[str, li
 
 
 # -------------------------------------------------------------------------------- proposals
+
 
 def generated_proposals(image_id: str, width: int, height: int, count: int) -> list[list[int]]:
     """`count` boxes from the image size and id alone: make_proposals without object boxes gives
@@ -190,22 +205,32 @@ def generated_proposals(image_id: str, width: int, height: int, count: int) -> l
 def file_proposals(boxes, image_id: str, width: int, height: int, cap: int, where: str) -> list[list]:
     """The first `cap` boxes the file ranks for the image, clipped to it."""
     if not isinstance(boxes, list) or not boxes:
-        raise BadInput(where, f"has no proposals for image {image_id}; give every image of the split lists a "
-                              "non-empty list of [x0, y0, x1, y1] boxes")
+        raise BadInput(
+            where,
+            f"has no proposals for image {image_id}; give every image of the split lists a "
+            "non-empty list of [x0, y0, x1, y1] boxes",
+        )
     kept = []
     for index, box in enumerate(boxes[:cap]):
-        if not (isinstance(box, list) and len(box) == 4
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)):
+        if not (
+            isinstance(box, list)
+            and len(box) == 4
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+        ):
             raise BadInput(f"{where}[{index}]", f"{box!r} is not a box [x0, y0, x1, y1] of numbers")
         x0, y0, x1, y1 = max(0, box[0]), max(0, box[1]), min(width, box[2]), min(height, box[3])
         if x1 <= x0 or y1 <= y0:
-            raise BadInput(f"{where}[{index}]", f"box {box} lies outside the {width} x {height} image or is empty; "
-                                                "boxes must be [x0, y0, x1, y1] pixels (not x, y, width, height)")
+            raise BadInput(
+                f"{where}[{index}]",
+                f"box {box} lies outside the {width} x {height} image or is empty; "
+                "boxes must be [x0, y0, x1, y1] pixels (not x, y, width, height)",
+            )
         kept.append([x0, y0, x1, y1])
     return kept
 
 
 # ------------------------------------------------------------------------------ the converter
+
 
 @dataclass
 class _Source:
@@ -232,15 +257,34 @@ class Flickr30kEntitiesConverter(Converter):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--images", type=Path, default=None,
-                            help="the flickr30k-images folder, <id>.jpg (default: <src>/flickr30k-images)")
-        parser.add_argument("--proposals", type=Path, default=None, metavar="FILE",
-                            help="JSON object: image id -> ranked [x0, y0, x1, y1] boxes (e.g. EdgeBoxes); "
-                                 "default: boxes generated from each image's size")
-        parser.add_argument("--max-proposals", type=int, default=200, metavar="N",
-                            help="with --proposals: keep each image's first N boxes (default 200, as the paper)")
-        parser.add_argument("--proposals-per-image", type=int, default=100, metavar="N",
-                            help="without --proposals: N generated boxes per image (default 100; 0: none)")
+        parser.add_argument(
+            "--images",
+            type=Path,
+            default=None,
+            help="the flickr30k-images folder, <id>.jpg (default: <src>/flickr30k-images)",
+        )
+        parser.add_argument(
+            "--proposals",
+            type=Path,
+            default=None,
+            metavar="FILE",
+            help="JSON object: image id -> ranked [x0, y0, x1, y1] boxes (e.g. EdgeBoxes); "
+            "default: boxes generated from each image's size",
+        )
+        parser.add_argument(
+            "--max-proposals",
+            type=int,
+            default=200,
+            metavar="N",
+            help="with --proposals: keep each image's first N boxes (default 200, as the paper)",
+        )
+        parser.add_argument(
+            "--proposals-per-image",
+            type=int,
+            default=100,
+            metavar="N",
+            help="without --proposals: N generated boxes per image (default 100; 0: none)",
+        )
         add_feature_arguments(parser, default_on=True)
 
     @classmethod
@@ -266,9 +310,14 @@ class Flickr30kEntitiesConverter(Converter):
                 raise BadInput(str(src / folder), f"is not a folder; {LAYOUT}")
         split_ids = {split: read_split_ids(src / f"{split}.txt") for split in SPLITS}
         features = feature_options(args)
-        source = _Source(src, images_root, first_row=features["region_grid"] ** 2 if features else None,
-                         proposals=cls._proposal_options(args), proposals_file=args.proposals,
-                         table=cls._proposal_table(args.proposals) if args.proposals is not None else None)
+        source = _Source(
+            src,
+            images_root,
+            first_row=features["region_grid"] ** 2 if features else None,
+            proposals=cls._proposal_options(args),
+            proposals_file=args.proposals,
+            table=cls._proposal_table(args.proposals) if args.proposals is not None else None,
+        )
         splits: dict[str, list[Item]] = {split: [] for split in SPLITS}
         seen: dict[str, str] = {}
         for split, ids in split_ids.items():
@@ -285,8 +334,7 @@ class Flickr30kEntitiesConverter(Converter):
                     continue
                 splits[split].append(item)
         splits = {name: items for name, items in splits.items() if items}
-        return image_plan(splits, cls._inputs(src, args), args, problems.skipped,
-                          cls._features_extra(splits, source))
+        return image_plan(splits, cls._inputs(src, args), args, problems.skipped, cls._features_extra(splits, source))
 
     @classmethod
     def _item(cls, source: _Source, split: str, image_id: str, where: str, key: str) -> Item:
@@ -297,8 +345,11 @@ class Flickr30kEntitiesConverter(Converter):
         sentences = read_sentences(source.src / "Sentences" / f"{image_id}.txt")
         objects, extra = image_objects(sentences, annotation.boxes, source.first_row)
         size = [annotation.width, annotation.height]
-        data = {"images": {"": str(source.images / f"{image_id}.jpg")}, "sizes": {"": size},
-                "meta": {"image_id": image_id, "filename": f"{image_id}.jpg", "objects": objects}}
+        data = {
+            "images": {"": str(source.images / f"{image_id}.jpg")},
+            "sizes": {"": size},
+            "meta": {"image_id": image_id, "filename": f"{image_id}.jpg", "objects": objects},
+        }
         if source.first_row is not None and extra:
             data["extra_boxes"] = {"": extra}
         if source.proposals is not None:
@@ -310,8 +361,9 @@ class Flickr30kEntitiesConverter(Converter):
         options = source.proposals
         if options["source"] == "generated":
             return generated_proposals(image_id, *size, options["count"])
-        return file_proposals(source.table.get(image_id), image_id, *size, options["max"],
-                              f"{source.proposals_file} [{image_id!r}]")
+        return file_proposals(
+            source.table.get(image_id), image_id, *size, options["max"], f"{source.proposals_file} [{image_id!r}]"
+        )
 
     @staticmethod
     def _proposal_table(path: Path) -> dict:
@@ -322,8 +374,10 @@ class Flickr30kEntitiesConverter(Converter):
 
     @staticmethod
     def _inputs(src: Path, args) -> dict:
-        inputs = {"dataset": "Flickr30K Entities",
-                  "files": {f"{split}.txt": sha256_file(src / f"{split}.txt") for split in SPLITS}}
+        inputs = {
+            "dataset": "Flickr30K Entities",
+            "files": {f"{split}.txt": sha256_file(src / f"{split}.txt") for split in SPLITS},
+        }
         if args.proposals is not None:
             inputs["proposals"] = {"file": Path(args.proposals).name, "sha256": sha256_file(args.proposals)}
         return inputs

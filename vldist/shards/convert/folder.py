@@ -37,16 +37,24 @@ class FolderConverter(Converter):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--index", type=Path, default=None,
-                            help="a .csv or .jsonl caption index (default: a <name>.txt beside each image)")
-        parser.add_argument("--split", default="train",
-                            help="split of images the index or folder layout does not place (default train)")
+        parser.add_argument(
+            "--index",
+            type=Path,
+            default=None,
+            help="a .csv or .jsonl caption index (default: a <name>.txt beside each image)",
+        )
+        parser.add_argument(
+            "--split", default="train", help="split of images the index or folder layout does not place (default train)"
+        )
         add_feature_arguments(parser, default_on=False)
 
     @classmethod
     def options(cls, args) -> dict:
-        return {"index": str(args.index) if args.index else None, "split": args.split,
-                "features": feature_options(args)}
+        return {
+            "index": str(args.index) if args.index else None,
+            "split": args.split,
+            "features": feature_options(args),
+        }
 
     @classmethod
     def plan(cls, args, problems: Problems):
@@ -71,8 +79,15 @@ class FolderConverter(Converter):
         for image, (where, captions, split) in entries.items():
             split = split or cls._folder_split(image) or args.split
             items = splits.setdefault(split, [])
-            items.append(Item(f"{split}-{len(items):07d}", split, where, captions,
-                              {"images": {"": str(src / image)}, "meta": {"filename": image}}))
+            items.append(
+                Item(
+                    f"{split}-{len(items):07d}",
+                    split,
+                    where,
+                    captions,
+                    {"images": {"": str(src / image)}, "meta": {"filename": image}},
+                )
+            )
         return image_plan(splits, inputs, args, problems.skipped)
 
     @staticmethod
@@ -86,7 +101,9 @@ class FolderConverter(Converter):
         for path in sorted(p for p in src.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
             image = path.relative_to(src).as_posix()
             sidecar = path.with_suffix(".txt")
-            captions = [c.strip() for c in sidecar.read_text(encoding="utf-8").splitlines()] if sidecar.is_file() else []
+            captions = (
+                [c.strip() for c in sidecar.read_text(encoding="utf-8").splitlines()] if sidecar.is_file() else []
+            )
             captions = [c for c in captions if c]
             if not captions:
                 problems.report(str(path), f"has no captions: {sidecar.name} is missing or empty")
@@ -120,10 +137,19 @@ class FolderConverter(Converter):
             reader = csv.DictReader(f)
             missing = {"image", "caption"} - set(reader.fieldnames or [])
             if missing:
-                raise BadInput(f"{index} line 1", f"has columns {reader.fieldnames}; needs image and caption (and optionally split)")
+                raise BadInput(
+                    f"{index} line 1",
+                    f"has columns {reader.fieldnames}; needs image and caption (and optionally split)",
+                )
             for row in reader:
-                cls._add(entries, row.get("image"), row.get("caption"), row.get("split") or None,
-                         f"{index} line {reader.line_num}", problems)
+                cls._add(
+                    entries,
+                    row.get("image"),
+                    row.get("caption"),
+                    row.get("split") or None,
+                    f"{index} line {reader.line_num}",
+                    problems,
+                )
         return entries
 
     @classmethod
@@ -141,8 +167,9 @@ class FolderConverter(Converter):
             if not isinstance(row, dict):
                 problems.report(where, "is not a JSON object")
                 continue
-            cls._add(entries, row.get("image"), row.get("captions", row.get("caption")), row.get("split"),
-                     where, problems)
+            cls._add(
+                entries, row.get("image"), row.get("captions", row.get("caption")), row.get("split"), where, problems
+            )
         return entries
 
     @classmethod

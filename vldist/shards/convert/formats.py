@@ -11,6 +11,13 @@ from vldist.shards.convert.karpathy import KarpathyConverter
 from vldist.shards.convert.precomp import PrecompConverter
 
 FORMATS: dict[str, type[Converter]] = {
-    c.name: c for c in (KarpathyConverter, PrecompConverter, CubConverter, BirdsToWordsConverter, FolderConverter,
-                         Flickr30kEntitiesConverter)
+    c.name: c
+    for c in (
+        KarpathyConverter,
+        PrecompConverter,
+        CubConverter,
+        BirdsToWordsConverter,
+        FolderConverter,
+        Flickr30kEntitiesConverter,
+    )
 }

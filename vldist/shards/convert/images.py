@@ -69,14 +69,28 @@ def grid_boxes(width: int, height: int, cells: int) -> list[list[int]]:
 
 # ------------------------------------------------------------------------- feature options
 
+
 def add_feature_arguments(parser: argparse.ArgumentParser, default_on: bool = True) -> None:
     group = parser.add_argument_group("region features (CNN over a grid of boxes)")
-    group.add_argument("--features", dest="features", action="store_true", default=default_on,
-                       help="store regions.npy per image" + (" (default)" if default_on else ""))
-    group.add_argument("--no-features", dest="features", action="store_false",
-                       help="store images and text only" + ("" if default_on else " (default)"))
-    group.add_argument("--region-grid", type=int, default=6,
-                       help="regions are the cells of a G x G grid (default 6: 36 regions, as VSRN)")
+    group.add_argument(
+        "--features",
+        dest="features",
+        action="store_true",
+        default=default_on,
+        help="store regions.npy per image" + (" (default)" if default_on else ""),
+    )
+    group.add_argument(
+        "--no-features",
+        dest="features",
+        action="store_false",
+        help="store images and text only" + ("" if default_on else " (default)"),
+    )
+    group.add_argument(
+        "--region-grid",
+        type=int,
+        default=6,
+        help="regions are the cells of a G x G grid (default 6: 36 regions, as VSRN)",
+    )
     add_extractor_arguments(group, input_size=224)
     group.add_argument("--device", default="cpu", help="where features are computed: cpu or cuda (default cpu)")
 
@@ -86,8 +100,14 @@ def feature_options(args: argparse.Namespace) -> dict | None:
         return None
     if args.region_grid < 1:
         raise ValueError(f"--region-grid must be at least 1, got {args.region_grid}")
-    return {"backbone": args.backbone, "weights": args.weights, "layer": args.layer, "grid": args.grid,
-            "input_size": args.feature_size, "region_grid": args.region_grid}
+    return {
+        "backbone": args.backbone,
+        "weights": args.weights,
+        "layer": args.layer,
+        "grid": args.grid,
+        "input_size": args.feature_size,
+        "region_grid": args.region_grid,
+    }
 
 
 def manifest_features(options: dict | None, dim: int | None, extra: dict | None = None) -> dict | None:
@@ -95,11 +115,19 @@ def manifest_features(options: dict | None, dim: int | None, extra: dict | None 
     extra_boxes or proposal_boxes says so here: "regions", "max_regions", "proposals")."""
     if options is None:
         return None
-    return {"extractor": options["backbone"], "weights": options["weights"], "layer": options["layer"],
-            "grid": options["grid"], "input_size": options["input_size"], "dim": dim,
-            "regions": "grid", "region_grid": options["region_grid"],
-            "max_regions": options["region_grid"] ** 2,
-            "standardized_on": f"the first {CALIBRATION_IMAGES} readable train images", **(extra or {})}
+    return {
+        "extractor": options["backbone"],
+        "weights": options["weights"],
+        "layer": options["layer"],
+        "grid": options["grid"],
+        "input_size": options["input_size"],
+        "dim": dim,
+        "regions": "grid",
+        "region_grid": options["region_grid"],
+        "max_regions": options["region_grid"] ** 2,
+        "standardized_on": f"the first {CALIBRATION_IMAGES} readable train images",
+        **(extra or {}),
+    }
 
 
 @contextmanager
@@ -119,8 +147,14 @@ def one_thread():
 def _extractor(options: dict, device: str):
     from vldist.shards.features.extractor import RegionFeatureExtractor
 
-    return RegionFeatureExtractor(options["backbone"], weights=options["weights"], input_size=options["input_size"],
-                                  layer=options["layer"], grid=options["grid"], device=device)
+    return RegionFeatureExtractor(
+        options["backbone"],
+        weights=options["weights"],
+        input_size=options["input_size"],
+        layer=options["layer"],
+        grid=options["grid"],
+        device=device,
+    )
 
 
 def feature_dim(options: dict | None) -> int | None:
@@ -149,8 +183,11 @@ def calibrated_setup(options: dict | None, device: str, paths: list[Path]) -> di
         if len(images) == CALIBRATION_IMAGES:
             break
     if not images:
-        raise BadInput("region features", f"none of the first {len(paths)} train images can be read to calibrate "
-                                          f"them on; the first: {first_problem.what}")
+        raise BadInput(
+            "region features",
+            f"none of the first {len(paths)} train images can be read to calibrate "
+            f"them on; the first: {first_problem.what}",
+        )
     with one_thread():
         extractor.calibrate(images, [grid_boxes(im.width, im.height, options["region_grid"]) for im in images])
     shift, scale = extractor.standardization()
@@ -172,8 +209,9 @@ class RegionFeatures:
         """Rows of each image's grid boxes, then of its `extra` boxes: one backbone pass for all."""
         extra = extra or [[] for _ in images]
         with one_thread():
-            return self.extractor.extract([im.image for im in images],
-                                          [self.boxes(im) + more for im, more in zip(images, extra, strict=True)])
+            return self.extractor.extract(
+                [im.image for im in images], [self.boxes(im) + more for im, more in zip(images, extra, strict=True)]
+            )
 
 
 @dataclass
@@ -212,8 +250,12 @@ class ImageSamples:
             except BadInput as bad:
                 results.append(bad)
                 continue
-            meta = {"id": item.key, "split": item.split, **copy.deepcopy(item.data.get("meta", {})),
-                    "captions": item.captions}
+            meta = {
+                "id": item.key,
+                "split": item.split,
+                **copy.deepcopy(item.data.get("meta", {})),
+                "captions": item.captions,
+            }
             sample = {"json": meta}
             for name, image in images.items():
                 prefix = f"{name}." if name else ""
@@ -223,17 +265,18 @@ class ImageSamples:
                 proposals = item.data.get("proposal_boxes", {}).get(name, [])
                 if proposals:
                     about["proposal_boxes"] = proposals
-                loaded.append(_Featurised(sample, prefix, about, image, item.data.get("extra_boxes", {}).get(name, []),
-                                          proposals))
+                loaded.append(
+                    _Featurised(sample, prefix, about, image, item.data.get("extra_boxes", {}).get(name, []), proposals)
+                )
             results.append(sample)
         if self.features and loaded:
             rows = self.features([x.image for x in loaded], [x.extra + x.proposals for x in loaded])
             for entry, feats in zip(loaded, rows, strict=True):
                 regions = self.features.boxes(entry.image) + entry.extra
                 entry.about["region_boxes"] = regions
-                entry.sample[entry.prefix + "regions.npy"] = feats[:len(regions)]
+                entry.sample[entry.prefix + "regions.npy"] = feats[: len(regions)]
                 if entry.proposals:
-                    entry.sample[entry.prefix + "proposals.npy"] = feats[len(regions):]
+                    entry.sample[entry.prefix + "proposals.npy"] = feats[len(regions) :]
         return results
 
 
@@ -241,17 +284,30 @@ def _check_sizes(item: Item, images: dict[str, LoadedImage]) -> None:
     for name, (width, height) in item.data.get("sizes", {}).items():
         image = images[name]
         if (image.width, image.height) != (width, height):
-            raise BadInput(item.where, f"image {item.data['images'][name]} is {image.width} x {image.height} pixels "
-                                       f"but its annotation was made on {width} x {height}; is --images the "
-                                       "dataset's own image folder (not resized copies)?")
+            raise BadInput(
+                item.where,
+                f"image {item.data['images'][name]} is {image.width} x {image.height} pixels "
+                f"but its annotation was made on {width} x {height}; is --images the "
+                "dataset's own image folder (not resized copies)?",
+            )
 
 
-def image_plan(splits: dict[str, list[Item]], inputs: dict, args: argparse.Namespace, skipped: list[dict],
-               features_extra: dict | None = None) -> Plan:
+def image_plan(
+    splits: dict[str, list[Item]],
+    inputs: dict,
+    args: argparse.Namespace,
+    skipped: list[dict],
+    features_extra: dict | None = None,
+) -> Plan:
     """The Plan of an image format: features (if asked for) are calibrated on the first train
     images, and only when some shard is still to be written. `features_extra`: manifest_features."""
     options = feature_options(args)
     first = splits.get("train") or [item for items in splits.values() for item in items]
     train_paths = [Path(p) for item in first[: 2 * CALIBRATION_IMAGES] for p in item.data["images"].values()]
-    return Plan(splits, inputs, features=manifest_features(options, feature_dim(options), features_extra),
-                prepare=lambda: calibrated_setup(options, args.device, train_paths), skipped=skipped)
+    return Plan(
+        splits,
+        inputs,
+        features=manifest_features(options, feature_dim(options), features_extra),
+        prepare=lambda: calibrated_setup(options, args.device, train_paths),
+        skipped=skipped,
+    )

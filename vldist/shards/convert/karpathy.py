@@ -40,21 +40,34 @@ class KarpathyConverter(Converter):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--images", type=Path, default=None,
-                            help="image root: COCO's dir holding train2014/ and val2014/, or Flickr30K's "
-                                 "image dir (default: the directory of --src)")
-        parser.add_argument("--restval", choices=["train", "keep", "drop"], default="train",
-                            help="COCO's restval images: join train (default, as VSE++/VSRN), keep as "
-                                 "their own split, or drop")
-        parser.add_argument("--captions-per-image", type=int, default=5,
-                            help="keep each image's first N sentences (default 5; 0 keeps all); an image "
-                                 "with fewer is bad input")
+        parser.add_argument(
+            "--images",
+            type=Path,
+            default=None,
+            help="image root: COCO's dir holding train2014/ and val2014/, or Flickr30K's "
+            "image dir (default: the directory of --src)",
+        )
+        parser.add_argument(
+            "--restval",
+            choices=["train", "keep", "drop"],
+            default="train",
+            help="COCO's restval images: join train (default, as VSE++/VSRN), keep as their own split, or drop",
+        )
+        parser.add_argument(
+            "--captions-per-image",
+            type=int,
+            default=5,
+            help="keep each image's first N sentences (default 5; 0 keeps all); an image with fewer is bad input",
+        )
         add_feature_arguments(parser, default_on=True)
 
     @classmethod
     def options(cls, args) -> dict:
-        return {"restval": args.restval, "captions_per_image": args.captions_per_image,
-                "features": feature_options(args)}
+        return {
+            "restval": args.restval,
+            "captions_per_image": args.captions_per_image,
+            "features": feature_options(args),
+        }
 
     @classmethod
     def plan(cls, args, problems: Problems):
@@ -62,8 +75,10 @@ class KarpathyConverter(Converter):
         images_root = Path(args.images) if args.images else src.parent
         data = read_json(src)
         if not isinstance(data, dict) or not isinstance(data.get("images"), list):
-            raise BadInput(str(src), "has no top-level 'images' list; is it Karpathy's dataset_coco.json "
-                                     "or dataset_flickr30k.json?")
+            raise BadInput(
+                str(src),
+                "has no top-level 'images' list; is it Karpathy's dataset_coco.json or dataset_flickr30k.json?",
+            )
         dataset = str(data.get("dataset", "unknown"))
         cpi = args.captions_per_image
         splits: dict[str, list[Item]] = {"train": [], "val": [], "test": []}
@@ -103,13 +118,17 @@ class KarpathyConverter(Converter):
             raise BadInput("", f"has split {split!r}; expected one of {', '.join(SOURCE_SPLITS)}")
         if not isinstance(filename, str) or not filename:
             raise BadInput("", "has no 'filename'")
-        if not isinstance(sentences, list) or not all(isinstance(s, dict) and isinstance(s.get("raw"), str)
-                                                      for s in sentences):
+        if not isinstance(sentences, list) or not all(
+            isinstance(s, dict) and isinstance(s.get("raw"), str) for s in sentences
+        ):
             raise BadInput(f"({filename})", "has no 'sentences' list of objects with a 'raw' text")
         sentences = [s for s in sentences if s["raw"].strip()]
         if len(sentences) < max(cpi, 1):
-            raise BadInput(f"({filename})", f"has {len(sentences)} non-empty sentences; --captions-per-image "
-                                            f"{cpi} needs {max(cpi, 1)} (0 keeps each image's own count)")
+            raise BadInput(
+                f"({filename})",
+                f"has {len(sentences)} non-empty sentences; --captions-per-image "
+                f"{cpi} needs {max(cpi, 1)} (0 keeps each image's own count)",
+            )
         if cpi:
             sentences = sentences[:cpi]
         return split, filename, [s["raw"].strip() for s in sentences], [s.get("tokens", []) for s in sentences]

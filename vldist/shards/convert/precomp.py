@@ -44,13 +44,19 @@ class PrecompConverter(Converter):
 
     @classmethod
     def add_arguments(cls, parser) -> None:
-        parser.add_argument("--splits", default=None,
-                            help="comma-separated source splits (default: every {split}_caps.txt with its "
-                                 "{split}_ims.npy, e.g. train,dev,test,testall)")
+        parser.add_argument(
+            "--splits",
+            default=None,
+            help="comma-separated source splits (default: every {split}_caps.txt with its "
+            "{split}_ims.npy, e.g. train,dev,test,testall)",
+        )
         parser.add_argument("--captions-per-image", type=int, default=5, help="captions per image (default 5)")
-        parser.add_argument("--dtype", choices=["float16", "float32"], default="float16",
-                            help="stored feature type (default float16: half the size; float32 keeps the "
-                                 "values exactly)")
+        parser.add_argument(
+            "--dtype",
+            choices=["float16", "float32"],
+            default="float16",
+            help="stored feature type (default float16: half the size; float32 keeps the values exactly)",
+        )
 
     @classmethod
     def options(cls, args) -> dict:
@@ -60,10 +66,17 @@ class PrecompConverter(Converter):
     def plan(cls, args, problems: Problems) -> Plan:
         src = Path(args.src)
         if not src.is_dir():
-            raise BadInput(str(src), "is not a directory; --src is the folder holding {split}_ims.npy and {split}_caps.txt")
-        names = args.splits.split(",") if args.splits else sorted(
-            (p.name.removesuffix("_caps.txt") for p in src.glob("*_caps.txt")),
-            key=lambda s: (KNOWN_SPLITS.index(s) if s in KNOWN_SPLITS else len(KNOWN_SPLITS), s))
+            raise BadInput(
+                str(src), "is not a directory; --src is the folder holding {split}_ims.npy and {split}_caps.txt"
+            )
+        names = (
+            args.splits.split(",")
+            if args.splits
+            else sorted(
+                (p.name.removesuffix("_caps.txt") for p in src.glob("*_caps.txt")),
+                key=lambda s: (KNOWN_SPLITS.index(s) if s in KNOWN_SPLITS else len(KNOWN_SPLITS), s),
+            )
+        )
         if not names:
             raise BadInput(str(src), "holds no {split}_caps.txt files; is it a coco_precomp or f30k_precomp folder?")
         cpi = args.captions_per_image
@@ -78,10 +91,14 @@ class PrecompConverter(Converter):
         if len(shapes) > 1:
             raise BadInput(str(src), f"splits have different feature shapes {sorted(shapes)}; convert them separately")
         regions, dim = shapes.pop() if shapes else (None, None)
-        features = {"extractor": "precomputed", "dim": dim, "regions": "as given", "max_regions": regions,
-                    "dtype": args.dtype}
-        return Plan(splits, inputs, features=features, prepare=lambda: {"dtype": args.dtype},
-                    skipped=problems.skipped)
+        features = {
+            "extractor": "precomputed",
+            "dim": dim,
+            "regions": "as given",
+            "max_regions": regions,
+            "dtype": args.dtype,
+        }
+        return Plan(splits, inputs, features=features, prepare=lambda: {"dtype": args.dtype}, skipped=problems.skipped)
 
     @classmethod
     def _split(cls, src: Path, name: str, split: str, cpi: int, problems: Problems):
@@ -98,23 +115,33 @@ class PrecompConverter(Converter):
         elif len(captions) == rows and rows % cpi == 0 and rows:
             step = cpi  # one row per caption: image i is row cpi*i (its repeats are not read)
             if not np.array_equal(ims[0], ims[cpi - 1]):
-                raise BadInput(str(ims_path), f"has one row per caption ({rows}) but rows 0 and {cpi - 1} differ, "
-                                              "so they are not repeats of one image; check the files")
+                raise BadInput(
+                    str(ims_path),
+                    f"has one row per caption ({rows}) but rows 0 and {cpi - 1} differ, "
+                    "so they are not repeats of one image; check the files",
+                )
         else:
-            raise BadInput(f"{ims_path} and {caps_path.name}",
-                           f"{ims_path.name} holds {rows} rows but {caps_path.name} has {len(captions)} lines; expected "
-                           f"{cpi} captions per image ({cpi * rows} lines), or one row per caption. "
-                           "Is one of the files truncated, or from another split?")
+            raise BadInput(
+                f"{ims_path} and {caps_path.name}",
+                f"{ims_path.name} holds {rows} rows but {caps_path.name} has {len(captions)} lines; expected "
+                f"{cpi} captions per image ({cpi * rows} lines), or one row per caption. "
+                "Is one of the files truncated, or from another split?",
+            )
         images = rows // step
         ids = cls._optional_lines(src / f"{name}_ids.txt", images, step)
         boxes_path = src / f"{name}_ims_bbx.npy"
         boxes = _mapped(boxes_path) if boxes_path.is_file() else None
         if boxes is not None and (boxes.ndim != 3 or boxes.shape[0] != rows or boxes.shape[1:] != (ims.shape[1], 4)):
-            raise BadInput(str(boxes_path), f"has shape {boxes.shape}; expected ({rows}, {ims.shape[1]}, 4) to match {ims_path.name}")
-        files = {p.name: sha256_file(p) for p in (ims_path, caps_path, src / f"{name}_ids.txt", boxes_path) if p.is_file()}
+            raise BadInput(
+                str(boxes_path),
+                f"has shape {boxes.shape}; expected ({rows}, {ims.shape[1]}, 4) to match {ims_path.name}",
+            )
+        files = {
+            p.name: sha256_file(p) for p in (ims_path, caps_path, src / f"{name}_ids.txt", boxes_path) if p.is_file()
+        }
         items = []
         for i in range(images):
-            texts = [c.strip() for c in captions[i * cpi:(i + 1) * cpi]]
+            texts = [c.strip() for c in captions[i * cpi : (i + 1) * cpi]]
             where = f"{ims_path} row {i * step} ({caps_path.name} lines {i * cpi + 1}-{(i + 1) * cpi})"
             key = f"{split}-{i:07d}"
             if not all(texts):
@@ -164,12 +191,21 @@ class PrecompSamples:
         if not np.isfinite(regions).all():
             return BadInput(item.where, "region features hold NaN or inf")
         if self.dtype == np.float16 and np.abs(regions).max() > FLOAT16_MAX:
-            return BadInput(item.where, f"a feature value exceeds float16's range ({np.abs(regions).max():.4g}); "
-                                        "convert with --dtype float32")
-        meta = {"id": item.key, "split": item.split, "source_split": item.data["source_split"],
-                "index": item.data["index"], "captions": item.captions}
+            return BadInput(
+                item.where,
+                f"a feature value exceeds float16's range ({np.abs(regions).max():.4g}); convert with --dtype float32",
+            )
+        meta = {
+            "id": item.key,
+            "split": item.split,
+            "source_split": item.data["source_split"],
+            "index": item.data["index"],
+            "captions": item.captions,
+        }
         if "source_id" in item.data:
             meta["source_id"] = item.data["source_id"]
         if "boxes" in item.data:
-            meta["region_boxes"] = np.asarray(self._array(item.data["boxes"])[item.data["row"]], dtype=np.float64).round(2).tolist()
+            meta["region_boxes"] = (
+                np.asarray(self._array(item.data["boxes"])[item.data["row"]], dtype=np.float64).round(2).tolist()
+            )
         return {"json": meta, "regions.npy": regions.astype(self.dtype)}

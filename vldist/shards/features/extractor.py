@@ -57,8 +57,16 @@ def fold_batchnorm(module: nn.Module) -> nn.Module:
 class RegionFeatureExtractor:
     """Turns images and their region boxes (pixel [x0, y0, x1, y1]) into float16 feature rows."""
 
-    def __init__(self, backbone: str = "resnet50", weights: str | None = None, input_size: int = 96,
-                 seed: int = 0, device: str = "cpu", layer: str = "layer2", grid: int = 2):
+    def __init__(
+        self,
+        backbone: str = "resnet50",
+        weights: str | None = None,
+        input_size: int = 96,
+        seed: int = 0,
+        device: str = "cpu",
+        layer: str = "layer2",
+        grid: int = 2,
+    ):
         if input_size < MIN_INPUT:
             raise ValueError(f"input_size must be at least {MIN_INPUT} pixels, got {input_size}")
         if layer not in STAGES:
@@ -116,8 +124,14 @@ class RegionFeatureExtractor:
         with torch.inference_mode():
             fmap = self.trunk(self._batch(images))
             rois = self._rois(images, boxes, fmap.shape[2], fmap.shape[3])
-            pooled = roi_align(fmap, rois, output_size=self.grid * ROI_SUBBINS, spatial_scale=1.0,
-                               sampling_ratio=ROI_SAMPLING, aligned=True)
+            pooled = roi_align(
+                fmap,
+                rois,
+                output_size=self.grid * ROI_SUBBINS,
+                spatial_scale=1.0,
+                sampling_ratio=ROI_SAMPLING,
+                aligned=True,
+            )
             return nn.functional.avg_pool2d(pooled, ROI_SUBBINS).flatten(1).float()  # (R, C * grid * grid)
 
     def calibrate(self, images: list[Image.Image], boxes: list[list]) -> None:
@@ -153,6 +167,6 @@ class RegionFeatureExtractor:
             raise FloatingPointError("region features are not finite; check the backbone weights")
         out, start = [], 0
         for image_boxes in boxes:
-            out.append(feats[start:start + len(image_boxes)])
+            out.append(feats[start : start + len(image_boxes)])
             start += len(image_boxes)
         return out

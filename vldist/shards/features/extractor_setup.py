@@ -81,8 +81,10 @@ def extractor_for(shard_set: ShardSet | str | Path, device: str = "cpu") -> Imag
     name = features.get("standardization")
     if name:
         if not (Path(where) / name).is_file():
-            raise ShardsUnfitError(f"{Path(where) / name} (the feature standardisation manifest.json names) is "
-                                   "missing; rebuild the shard set to restore it")
+            raise ShardsUnfitError(
+                f"{Path(where) / name} (the feature standardisation manifest.json names) is "
+                "missing; rebuild the shard set to restore it"
+            )
         extractor = _build(features, device, where)
         try:
             shift, scale = load_standardization(Path(where) / name, features["dim"])
@@ -104,23 +106,36 @@ def _build(features: dict, device: str, where, make=None):
     """The extractor the manifest describes (built by `make(settings, device, where)` when given)."""
     from vldist.shards.features.extractor import RegionFeatureExtractor
 
-    settings = {"backbone": features.get("extractor", "resnet50"), "weights": features.get("weights"),
-                "input_size": features.get("input_size", 96), "layer": features.get("layer", "layer2"),
-                "grid": features.get("grid", 2), "seed": features.get("seed", 0)}
+    settings = {
+        "backbone": features.get("extractor", "resnet50"),
+        "weights": features.get("weights"),
+        "input_size": features.get("input_size", 96),
+        "layer": features.get("layer", "layer2"),
+        "grid": features.get("grid", 2),
+        "seed": features.get("seed", 0),
+    }
     try:
         if make is not None:
             extractor = make(settings, device, where)
         else:
-            extractor = RegionFeatureExtractor(settings["backbone"], weights=settings["weights"],
-                                               input_size=settings["input_size"], seed=settings["seed"],
-                                               device=device, layer=settings["layer"], grid=settings["grid"])
+            extractor = RegionFeatureExtractor(
+                settings["backbone"],
+                weights=settings["weights"],
+                input_size=settings["input_size"],
+                seed=settings["seed"],
+                device=device,
+                layer=settings["layer"],
+                grid=settings["grid"],
+            )
     except ShardsUnfitError:
         raise
     except (ValueError, RuntimeError) as err:
         raise ShardsUnfitError(f"cannot rebuild the feature extractor of {where}: {err}") from None
     if extractor.dim != features["dim"]:
-        raise ShardsUnfitError(f"the feature extractor of {where} as its manifest.json describes it gives "
-                               f"{extractor.dim} features, but the manifest says {features['dim']}")
+        raise ShardsUnfitError(
+            f"the feature extractor of {where} as its manifest.json describes it gives "
+            f"{extractor.dim} features, but the manifest says {features['dim']}"
+        )
     return extractor
 
 
@@ -131,10 +146,18 @@ def _recalibrated_synth(config: dict):
 
     def make(settings: dict, device: str, where):
         if settings["seed"] != EXTRACTOR_SEED:
-            raise ShardsUnfitError(f"the synth set {where} records extractor seed {settings['seed']}, not "
-                                   f"{EXTRACTOR_SEED}; rebuild it with `python -m vldist.shards synth --overwrite`")
-        return calibrated_extractor(settings["backbone"], settings["weights"], settings["input_size"],
-                                    settings["layer"], settings["grid"], image_size=config.get("image_size", 128),
-                                    device=device)
+            raise ShardsUnfitError(
+                f"the synth set {where} records extractor seed {settings['seed']}, not "
+                f"{EXTRACTOR_SEED}; rebuild it with `python -m vldist.shards synth --overwrite`"
+            )
+        return calibrated_extractor(
+            settings["backbone"],
+            settings["weights"],
+            settings["input_size"],
+            settings["layer"],
+            settings["grid"],
+            image_size=config.get("image_size", 128),
+            device=device,
+        )
 
     return make

@@ -1,9 +1,9 @@
 """What a shard-set directory holds, by name: the one place these file names are spelled.
 
-    manifest.json                          format, source, splits with their shards (written last)
-    vocab.json                             the vocabulary of the train captions
-    feature_standardization.safetensors    the region features' (shift, scale), when the set has features
-    <split>-NNNNNN.tar                     the shards
+manifest.json                          format, source, splits with their shards (written last)
+vocab.json                             the vocabulary of the train captions
+feature_standardization.safetensors    the region features' (shift, scale), when the set has features
+<split>-NNNNNN.tar                     the shards
 """
 
 from __future__ import annotations

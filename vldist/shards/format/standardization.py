@@ -46,11 +46,14 @@ def load_standardization(path: str | Path, dim: int | None = None) -> tuple[np.n
         tensors = load_file(path)
         shift, scale = tensors["shift"], tensors["scale"]
     except Exception as err:  # noqa: BLE001 - safetensors raises several types on damage
-        raise ValueError(f"cannot read the feature standardisation {path} ({type(err).__name__}: {err}); "
-                         "the shard set is damaged") from None
+        raise ValueError(
+            f"cannot read the feature standardisation {path} ({type(err).__name__}: {err}); the shard set is damaged"
+        ) from None
     if shift.ndim != 1 or shift.shape != scale.shape or (dim is not None and shift.shape[0] != dim):
-        raise ValueError(f"{path} holds shift {shift.shape} and scale {scale.shape}; the manifest's features "
-                         f"have dim {dim}: the shard set is damaged")
+        raise ValueError(
+            f"{path} holds shift {shift.shape} and scale {scale.shape}; the manifest's features "
+            f"have dim {dim}: the shard set is damaged"
+        )
     if not (np.isfinite(shift).all() and np.isfinite(scale).all()):
         raise ValueError(f"{path} holds NaN or inf; the shard set is damaged")
     return shift, scale

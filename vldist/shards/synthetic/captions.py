@@ -16,8 +16,16 @@ N_CAPTIONS = 5
 NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
 GROUP_NOUNS = ("shapes", "objects", "figures")
 OPENINGS = (
-    "", "there is", "an image of", "a picture of", "this picture shows", "the image shows",
-    "we can see", "a drawing of", "a scene with", "in this image there is",
+    "",
+    "there is",
+    "an image of",
+    "a picture of",
+    "this picture shows",
+    "the image shows",
+    "we can see",
+    "a drawing of",
+    "a scene with",
+    "in this image there is",
 )
 BACKGROUNDS = ("on a plain background", "on a light background", "against a pale background")
 RELATION_WORDS = {
@@ -93,8 +101,9 @@ def true_relations(a: SceneObject, b: SceneObject, width: int, height: int) -> l
 
 # --- phrases -----------------------------------------------------------------------------------
 
+
 def noun_phrase(obj: SceneObject, rnd: random.Random, size_prob: float = 0.6) -> str:
-    """"a small red circle" or "a red circle": the size is said often but not always."""
+    """ "a small red circle" or "a red circle": the size is said often but not always."""
     if rnd.random() < size_prob:
         return obj.phrase
     return f"{'an' if obj.color[0] in 'aeiou' else 'a'} {obj.color} {obj.shape}"
@@ -115,6 +124,7 @@ def _position(obj: SceneObject, scene: Scene, rnd: random.Random) -> str:
 
 # --- caption kinds: each returns a caption, or None when the scene does not allow it ----------
 
+
 def listing_caption(scene: Scene, rnd: random.Random) -> str:
     objs = rnd.sample(scene.objects, len(scene.objects))
     text = join_list([noun_phrase(o, rnd, 0.8) for o in objs])
@@ -127,7 +137,9 @@ def count_caption(scene: Scene, rnd: random.Random) -> str:
     objs = rnd.sample(scene.objects, len(scene.objects))
     n = len(objs)
     if n == 1:
-        template = rnd.choice(("a single {a}", "just one shape, {a}", "only one object: {a}", "one {c} {s} and nothing else"))
+        template = rnd.choice(
+            ("a single {a}", "just one shape, {a}", "only one object: {a}", "one {c} {s} and nothing else")
+        )
         return template.format(a=noun_phrase(objs[0], rnd), c=objs[0].color, s=objs[0].shape)
     number, noun = NUMBER_WORDS[n], rnd.choice(GROUP_NOUNS)
     style = rnd.randrange(3)
@@ -152,8 +164,11 @@ def position_caption(scene: Scene, rnd: random.Random) -> str | None:
 def _pairs_with(scene: Scene, kinds: set[str]) -> list[tuple[SceneObject, SceneObject, str]]:
     return [
         (a, b, r)
-        for a in scene.objects for b in scene.objects if a is not b
-        for r in true_relations(a, b, scene.width, scene.height) if r in kinds
+        for a in scene.objects
+        for b in scene.objects
+        if a is not b
+        for r in true_relations(a, b, scene.width, scene.height)
+        if r in kinds
     ]
 
 

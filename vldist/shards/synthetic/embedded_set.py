@@ -60,8 +60,9 @@ def check_target(out: Path, overwrite: bool) -> None:
         )
     if not overwrite:
         what = "a shard set" if MANIFEST_NAME in entries else "an unfinished shard set (no manifest.json)"
-        raise FileExistsError(f"{out} already holds {what}; pass --overwrite (overwrite=True) to "
-                              "replace it, or choose another --out")
+        raise FileExistsError(
+            f"{out} already holds {what}; pass --overwrite (overwrite=True) to replace it, or choose another --out"
+        )
 
 
 @contextmanager

@@ -107,6 +107,7 @@ def mask_png(mask: np.ndarray) -> bytes:
 
 # --- one controlled change ------------------------------------------------------------------
 
+
 @dataclass
 class _Change:
     kind: str
@@ -160,8 +161,9 @@ def _move(objects: list[SceneObject], rnd: random.Random, size: int) -> _Change 
             # whole-pixel steps: the moved shape is drawn exactly as before, only elsewhere
             dx = round(rnd.uniform(margin, size - margin) - cx)
             dy = round(rnd.uniform(margin, size - margin) - cy)
-            if math.hypot(dx, dy) < MIN_SHIFT * size or not (margin <= cx + dx <= size - margin
-                                                               and margin <= cy + dy <= size - margin):
+            if math.hypot(dx, dy) < MIN_SHIFT * size or not (
+                margin <= cx + dx <= size - margin and margin <= cy + dy <= size - margin
+            ):
                 continue
             points = [(x + dx, y + dy) for x, y in obj.points]
             new = SceneObject(obj.shape, obj.color, obj.size, bounding_box(points, size, size), points)
@@ -213,6 +215,7 @@ def make_pair(rng, image_size: int = 128) -> Pair:
 
 # --- descriptions ---------------------------------------------------------------------------
 
+
 @dataclass
 class _Difference:
     kind: str
@@ -227,12 +230,22 @@ class _Difference:
         if self.kind == "size":
             return {"kind": "size", "shape": one.shape, "color": one.color, "image1": one.size, "image2": two.size}
         if self.kind == "position":
-            return {"kind": "position", "shape": one.shape, "color": one.color,
-                    "image1": list(one.center), "image2": list(two.center)}
+            return {
+                "kind": "position",
+                "shape": one.shape,
+                "color": one.color,
+                "image1": list(one.center),
+                "image2": list(two.center),
+            }
         present = one or two
-        return {"kind": "count", "shape": present.shape, "color": present.color,
-                "only_in": "image1" if one else "image2",
-                "image1": len(self.scenes["image1"].objects), "image2": len(self.scenes["image2"].objects)}
+        return {
+            "kind": "count",
+            "shape": present.shape,
+            "color": present.color,
+            "only_in": "image1" if one else "image2",
+            "image1": len(self.scenes["image1"].objects),
+            "image2": len(self.scenes["image2"].objects),
+        }
 
     def unchanged(self) -> list[SceneObject]:
         """Objects drawn identically in both images."""
@@ -249,7 +262,7 @@ def _name(obj: SceneObject) -> str:
 
 
 def _named(obj: SceneObject, rnd: random.Random, size_prob: float = 0.5) -> str:
-    """"red circle" or, sometimes, "small red circle"."""
+    """ "red circle" or, sometimes, "small red circle"."""
     return f"{obj.size} {_name(obj)}" if rnd.random() < size_prob else _name(obj)
 
 
@@ -274,8 +287,10 @@ def _color_description(d: _Difference, rnd: random.Random) -> str:
         f"the {_named(a, rnd)} in {x} is {b.color} in {y}",
     ]
     if _shape_is_unique(d, s):  # "the triangle" names one object only if no other triangle is there
-        options += [f"the {s} is {a.color} in {x} and {b.color} in {y}",
-                    f"the {s} has a different colour in {x} and {y}"]
+        options += [
+            f"the {s} is {a.color} in {x} and {b.color} in {y}",
+            f"the {s} has a different colour in {x} and {y}",
+        ]
     return rnd.choice(options)
 
 
@@ -284,15 +299,17 @@ def _size_description(d: _Difference, rnd: random.Random) -> str:
     a, b = d.objects[x], d.objects[y]
     n = _name(a)
     more = rnd.choice(("larger", "bigger")) if a.size == "large" else "smaller"
-    return rnd.choice([
-        f"{x} has a {more} {n} than {y}",
-        f"the {n} is {more} in {x} than in {y}",
-        f"the {n} in {x} is {more} than the one in {y}",
-        f"the {n} is {a.size} in {x} and {b.size} in {y}",
-        f"the {n} is {a.size} in {x} but {b.size} in {y}",
-        f"{x} shows the {n} {more} than {y} does",
-        f"{x} has {_a(a.size)} {n} where {y} has {_a(b.size)} one",
-    ])
+    return rnd.choice(
+        [
+            f"{x} has a {more} {n} than {y}",
+            f"the {n} is {more} in {x} than in {y}",
+            f"the {n} in {x} is {more} than the one in {y}",
+            f"the {n} is {a.size} in {x} and {b.size} in {y}",
+            f"the {n} is {a.size} in {x} but {b.size} in {y}",
+            f"{x} shows the {n} {more} than {y} does",
+            f"{x} has {_a(a.size)} {n} where {y} has {_a(b.size)} one",
+        ]
+    )
 
 
 def _directions(a: SceneObject, b: SceneObject, size: int) -> list[str]:
@@ -314,8 +331,12 @@ def _position_description(d: _Difference, rnd: random.Random) -> str:
     for where in _directions(a, b, size):
         words = rnd.choice(DIRECTION_WORDS[where])
         moved = {"left": "right", "right": "left", "up": "down", "down": "up"}[where]  # from x to y
-        options += [f"the {n} is {words} in {x} than in {y}", f"the {n} is {words} in {x}",
-                    f"in {x} the {n} is {words} than in {y}", f"the {n} moves {moved} from {x} to {y}"]
+        options += [
+            f"the {n} is {words} in {x} than in {y}",
+            f"the {n} is {words} in {x}",
+            f"in {x} the {n} is {words} than in {y}",
+            f"the {n} moves {moved} from {x} to {y}",
+        ]
     za, zb = zone(a, size, size), zone(b, size, size)
     if za and zb and za != zb:
         here, there = rnd.choice(POSITION_WORDS[za]), rnd.choice(POSITION_WORDS[zb])
@@ -335,18 +356,20 @@ def _count_description(d: _Difference, rnd: random.Random) -> str:
     singular, plural = rnd.choice(GROUP_NOUNS)
     first, second = _order(rnd)
     number, noun = _count_words(len(d.scenes[first].objects), rnd)
-    return rnd.choice([
-        f"{x} has {_a(n)} that {y} does not have",
-        f"there is {_a(n)} in {x} but not in {y}",
-        f"the {n} of {x} is missing from {y}",
-        f"{y} does not have the {_name(obj)} that {x} has",
-        f"only {x} contains {_a(n)}",
-        f"{y} lacks the {n} of {x}",
-        f"{first} has {number} {noun} and {second} has {NUMBER_WORDS[len(d.scenes[second].objects)]}",
-        f"{x} has one more {singular} than {y}",
-        f"{y} has one {singular} fewer than {x}",
-        f"{first} has {'more' if first == x else 'fewer'} {plural} than {second}",
-    ])
+    return rnd.choice(
+        [
+            f"{x} has {_a(n)} that {y} does not have",
+            f"there is {_a(n)} in {x} but not in {y}",
+            f"the {n} of {x} is missing from {y}",
+            f"{y} does not have the {_name(obj)} that {x} has",
+            f"only {x} contains {_a(n)}",
+            f"{y} lacks the {n} of {x}",
+            f"{first} has {number} {noun} and {second} has {NUMBER_WORDS[len(d.scenes[second].objects)]}",
+            f"{x} has one more {singular} than {y}",
+            f"{y} has one {singular} fewer than {x}",
+            f"{first} has {'more' if first == x else 'fewer'} {plural} than {second}",
+        ]
+    )
 
 
 def _shared_description(d: _Difference, rnd: random.Random) -> str | None:
@@ -355,16 +378,25 @@ def _shared_description(d: _Difference, rnd: random.Random) -> str | None:
     for obj in d.unchanged():
         n = _named(obj, rnd)
         x, y = _order(rnd)
-        options += [f"both images have {_a(n)}", f"both images show {_a(n)}", f"{x} and {y} both have {_a(n)}",
-                    f"there is {_a(n)} in both images", f"the {_name(obj)} is the same in both images"]
+        options += [
+            f"both images have {_a(n)}",
+            f"both images show {_a(n)}",
+            f"{x} and {y} both have {_a(n)}",
+            f"there is {_a(n)} in both images",
+            f"the {_name(obj)} is the same in both images",
+        ]
     if d.kind != "count":
         number, noun = _count_words(len(d.scenes["image1"].objects), rnd)
         options.append(f"both images have {number} {noun}")
     return rnd.choice(options) if options else None
 
 
-_DESCRIBE = {"color": _color_description, "size": _size_description, "position": _position_description,
-             "count": _count_description}
+_DESCRIBE = {
+    "color": _color_description,
+    "size": _size_description,
+    "position": _position_description,
+    "count": _count_description,
+}
 
 
 def describe(d: _Difference, rnd: random.Random, n: int = N_DESCRIPTIONS) -> list[str]:
@@ -387,8 +419,9 @@ def describe(d: _Difference, rnd: random.Random, n: int = N_DESCRIPTIONS) -> lis
                 continue
             said.add(wording)
             opening = rnd.choice(OPENINGS) if kind != "shared" else ""
-            found.append(f"{opening} {text}" if opening and len(tokenize(text)) + len(opening.split()) <= MAX_TOKENS
-                         else text)
+            found.append(
+                f"{opening} {text}" if opening and len(tokenize(text)) + len(opening.split()) <= MAX_TOKENS else text
+            )
             break
     if len(found) < n:
         raise RuntimeError(f"could only write {len(found)} distinct descriptions of a {d.kind} change")
@@ -398,25 +431,49 @@ def describe(d: _Difference, rnd: random.Random, n: int = N_DESCRIPTIONS) -> lis
 
 # --- the shard set --------------------------------------------------------------------------
 
+
 def _image_metadata(scene: Scene) -> dict:
-    return {"width": scene.width, "height": scene.height,
-            "objects": [{"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size}
-                        for o in scene.objects]}
+    return {
+        "width": scene.width,
+        "height": scene.height,
+        "objects": [
+            {"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size}
+            for o in scene.objects
+        ],
+    }
 
 
 def pair_sample(key: str, split: str, pair: Pair) -> dict:
     """The sample of a pair in the pair schema of shards/README.md."""
-    meta = {"id": key, "split": split, "captions": pair.descriptions, "change": pair.change,
-            "img1": _image_metadata(pair.first), "img2": _image_metadata(pair.second)}
-    return {"__key__": key, "json": meta,
-            "img1.jpg": jpeg_bytes(pair.first), "img2.jpg": jpeg_bytes(pair.second),
-            "img1.mask.png": mask_png(foreground_mask(pair.first)),
-            "img2.mask.png": mask_png(foreground_mask(pair.second))}
+    meta = {
+        "id": key,
+        "split": split,
+        "captions": pair.descriptions,
+        "change": pair.change,
+        "img1": _image_metadata(pair.first),
+        "img2": _image_metadata(pair.second),
+    }
+    return {
+        "__key__": key,
+        "json": meta,
+        "img1.jpg": jpeg_bytes(pair.first),
+        "img2.jpg": jpeg_bytes(pair.second),
+        "img1.mask.png": mask_png(foreground_mask(pair.first)),
+        "img2.mask.png": mask_png(foreground_mask(pair.second)),
+    }
 
 
-def build_synth_pairs(out_dir, n_train: int = 2000, n_val: int = 250, n_test: int = 500, seed: int = 0,
-                      shard_size: int = 500, image_size: int = 128, progress: bool = True,
-                      overwrite: bool = False) -> dict:
+def build_synth_pairs(
+    out_dir,
+    n_train: int = 2000,
+    n_val: int = 250,
+    n_test: int = 500,
+    seed: int = 0,
+    shard_size: int = 500,
+    image_size: int = 128,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> dict:
     """Render and describe the synthetic image pairs into a shard set at `out_dir`; returns the
     manifest. vocab.json covers the train descriptions and the single-image captions of the same
     scenes, since L2C trains on both with one vocabulary."""
@@ -424,13 +481,21 @@ def build_synth_pairs(out_dir, n_train: int = 2000, n_val: int = 250, n_test: in
     check_counts(counts)
     if image_size < 32:
         raise ValueError(f"image_size must be at least 32 pixels, got {image_size}")
-    config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
-              "image_size": image_size}
+    config = {
+        "n_train": n_train,
+        "n_val": n_val,
+        "n_test": n_test,
+        "seed": seed,
+        "shard_size": shard_size,
+        "image_size": image_size,
+    }
     caption_rng = random.Random(f"vldist-synth-pairs-captions:{seed}")  # apart: pairs stay as they are
     vocab_texts: list[str] = []
-    with building(out_dir, overwrite) as partial, \
-            tqdm(total=sum(counts.values()), unit="pair", desc="synth-pairs", disable=not progress) as bar, \
-            ShardSetWriter(partial, shard_size=shard_size, source="synth-pairs") as writer:
+    with (
+        building(out_dir, overwrite) as partial,
+        tqdm(total=sum(counts.values()), unit="pair", desc="synth-pairs", disable=not progress) as bar,
+        ShardSetWriter(partial, shard_size=shard_size, source="synth-pairs") as writer,
+    ):
         for split in SPLITS:
             rng = split_rng(STREAM_NAME, seed, split)
             for index in range(counts[split]):
@@ -441,6 +506,5 @@ def build_synth_pairs(out_dir, n_train: int = 2000, n_val: int = 250, n_test: in
                 writer.write(split, pair_sample(sample_key(split, index), split, pair))
                 bar.update()
         Vocab.build(vocab_texts).save(partial / VOCAB_NAME)
-        manifest = writer.close(extra={"config": config,
-                                       "pairs": {"masks": True, "image_tokens": list(IMAGE_TOKENS)}})
+        manifest = writer.close(extra={"config": config, "pairs": {"masks": True, "image_tokens": list(IMAGE_TOKENS)}})
     return manifest

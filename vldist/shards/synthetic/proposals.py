@@ -32,8 +32,9 @@ def _jittered(box, scale: float, rng: random.Random, width: int, height: int) ->
     return _clip([x0 + dx0, y0 + dy0, x1 + dx1, y1 + dy1], width, height)
 
 
-def make_proposals(width: int, height: int, object_boxes: list[list[int]], count: int,
-                   rng: random.Random) -> list[list[int]]:
+def make_proposals(
+    width: int, height: int, object_boxes: list[list[int]], count: int, rng: random.Random
+) -> list[list[int]]:
     """`count` distinct pixel boxes [x0, y0, x1, y1]: per object one jitter of each size in
     JITTERS, then the whole image and the grid cells, then random boxes. With many objects the
     jitters alone may exceed `count`: they are cut, the first objects keeping theirs."""
@@ -52,8 +53,18 @@ def make_proposals(width: int, height: int, object_boxes: list[list[int]], count
     for cells in GRIDS:
         for row in range(cells):
             for col in range(cells):
-                add(_clip([col * width / cells, row * height / cells, (col + 1) * width / cells,
-                           (row + 1) * height / cells], width, height))
+                add(
+                    _clip(
+                        [
+                            col * width / cells,
+                            row * height / cells,
+                            (col + 1) * width / cells,
+                            (row + 1) * height / cells,
+                        ],
+                        width,
+                        height,
+                    )
+                )
     for _attempt in range(100 * count):  # random boxes of at least 1/8 of each side
         if len(boxes) == count:
             break

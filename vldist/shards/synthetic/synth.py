@@ -43,8 +43,9 @@ def _by_area(scene: Scene) -> list:
     return sorted(scene.objects, key=lambda o: -o.area)  # stable: ties keep scene order
 
 
-def sample_metadata(key: str, split: str, scene: Scene, captions: list[str], seed: int = 0,
-                    proposals: int = PROPOSALS) -> dict:
+def sample_metadata(
+    key: str, split: str, scene: Scene, captions: list[str], seed: int = 0, proposals: int = PROPOSALS
+) -> dict:
     """The sample's JSON. Each object names its row in region_boxes ("region"); with `proposals`,
     `proposal_boxes` are drawn from a stream of their own per sample, so that adding them left
     every image and caption of the set as it was."""
@@ -56,37 +57,64 @@ def sample_metadata(key: str, split: str, scene: Scene, captions: list[str], see
         "height": scene.height,
         "captions": captions,
         "objects": [
-            {"box": list(o.box), "phrase": o.phrase, "shape": o.shape, "color": o.color, "size": o.size,
-             "region": rows[id(o)]}
+            {
+                "box": list(o.box),
+                "phrase": o.phrase,
+                "shape": o.shape,
+                "color": o.color,
+                "size": o.size,
+                "region": rows[id(o)],
+            }
             for o in scene.objects
         ],
         "region_boxes": region_boxes(scene),
     }
     if proposals:
         rng = random.Random(f"vldist-synth-proposals:{seed}:{key}")
-        meta["proposal_boxes"] = make_proposals(scene.width, scene.height, [list(o.box) for o in scene.objects],
-                                                proposals, rng)
+        meta["proposal_boxes"] = make_proposals(
+            scene.width, scene.height, [list(o.box) for o in scene.objects], proposals, rng
+        )
     return meta
 
 
-def calibrated_extractor(backbone: str = "resnet50", weights: str | None = None, feature_size: int = 96,
-                         layer: str = "layer2", grid: int = 2, image_size: int = 128,
-                         device: str = "cpu") -> RegionFeatureExtractor:
+def calibrated_extractor(
+    backbone: str = "resnet50",
+    weights: str | None = None,
+    feature_size: int = 96,
+    layer: str = "layer2",
+    grid: int = 2,
+    image_size: int = 128,
+    device: str = "cpu",
+) -> RegionFeatureExtractor:
     """The extractor of a synth set: seeded with EXTRACTOR_SEED and standardised on the regions of
     CALIBRATION_SCENES scenes of their own fixed stream (the same for every data seed). A set built
     before its statistics were stored gets them back from here (vldist/shards/features/extractor_setup.py)."""
-    extractor = RegionFeatureExtractor(backbone, weights=weights, input_size=feature_size, seed=EXTRACTOR_SEED,
-                                       layer=layer, grid=grid, device=device)
+    extractor = RegionFeatureExtractor(
+        backbone, weights=weights, input_size=feature_size, seed=EXTRACTOR_SEED, layer=layer, grid=grid, device=device
+    )
     calibration_rng = split_rng(STREAM_NAME, EXTRACTOR_SEED, "calibration")
     calibration = [generate_scene(calibration_rng, image_size) for _ in range(CALIBRATION_SCENES)]
     extractor.calibrate([s.image for s in calibration], [region_boxes(s) for s in calibration])
     return extractor
 
 
-def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 1000, seed: int = 0,
-                shard_size: int = 1000, image_size: int = 128, feature_size: int = 96,
-                backbone: str = "resnet50", weights: str | None = None, progress: bool = True,
-                overwrite: bool = False, layer: str = "layer2", grid: int = 2, proposals: int = PROPOSALS) -> dict:
+def build_synth(
+    out_dir,
+    n_train: int = 5000,
+    n_val: int = 500,
+    n_test: int = 1000,
+    seed: int = 0,
+    shard_size: int = 1000,
+    image_size: int = 128,
+    feature_size: int = 96,
+    backbone: str = "resnet50",
+    weights: str | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    layer: str = "layer2",
+    grid: int = 2,
+    proposals: int = PROPOSALS,
+) -> dict:
     """Render, caption and featurise the synthetic splits into a shard set at `out_dir`.
 
     feature_size is the side the extractor resizes images to; layer and grid pick the ResNet stage
@@ -96,18 +124,40 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
     """
     counts = {"train": n_train, "val": n_val, "test": n_test}
     check_counts(counts)
-    config = {"n_train": n_train, "n_val": n_val, "n_test": n_test, "seed": seed, "shard_size": shard_size,
-              "image_size": image_size, "feature_size": feature_size, "backbone": backbone, "weights": weights,
-              "layer": layer, "grid": grid, "proposals": proposals}
+    config = {
+        "n_train": n_train,
+        "n_val": n_val,
+        "n_test": n_test,
+        "seed": seed,
+        "shard_size": shard_size,
+        "image_size": image_size,
+        "feature_size": feature_size,
+        "backbone": backbone,
+        "weights": weights,
+        "layer": layer,
+        "grid": grid,
+        "proposals": proposals,
+    }
     with building(out_dir, overwrite) as partial:  # refuses a taken --out before the costly calibration
         extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
-        features = {"extractor": backbone, "layer": layer, "grid": grid, "dim": extractor.dim, "weights": weights,
-                    "input_size": feature_size, "max_regions": MAX_REGIONS, "seed": EXTRACTOR_SEED,
-                    "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
-                    "standardization": STANDARDIZATION_NAME, "proposals": proposals}
+        features = {
+            "extractor": backbone,
+            "layer": layer,
+            "grid": grid,
+            "dim": extractor.dim,
+            "weights": weights,
+            "input_size": feature_size,
+            "max_regions": MAX_REGIONS,
+            "seed": EXTRACTOR_SEED,
+            "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
+            "standardization": STANDARDIZATION_NAME,
+            "proposals": proposals,
+        }
         train_captions: list[str] = []
-        with tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress) as bar, \
-                ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer:
+        with (
+            tqdm(total=sum(counts.values()), unit="img", desc="synth", disable=not progress) as bar,
+            ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer,
+        ):
             for split in SPLITS:
                 rng = split_rng(STREAM_NAME, seed, split)
                 pending: list[tuple[Scene, dict]] = []
@@ -128,8 +178,9 @@ def build_synth(out_dir, n_train: int = 5000, n_val: int = 500, n_test: int = 10
     return manifest
 
 
-def _write_batch(writer: ShardSetWriter, split: str, pending: list[tuple[Scene, dict]],
-                 extractor: RegionFeatureExtractor) -> None:
+def _write_batch(
+    writer: ShardSetWriter, split: str, pending: list[tuple[Scene, dict]], extractor: RegionFeatureExtractor
+) -> None:
     scenes = [scene for scene, _ in pending]
     # one pass of the backbone for both: region rows first, then proposal rows
     boxes = [meta["region_boxes"] + meta.get("proposal_boxes", []) for _, meta in pending]

@@ -18,10 +18,14 @@ import sys
 SMALL = {
     # VSRN learns on it within about a hundred steps (test recall above chance on its 64 test
     # images), which 64 scenes of 32-pixel features did not show reliably
-    "vldist.shards.synthetic.synth": ("build_synth", {"n_train": 256, "n_val": 16, "n_test": 64, "shard_size": 64,
-                                                      "feature_size": 64}),
-    "vldist.shards.synthetic.pairs": ("build_synth_pairs", {"n_train": 64, "n_val": 16, "n_test": 16,
-                                                            "shard_size": 16, "image_size": 64}),
+    "vldist.shards.synthetic.synth": (
+        "build_synth",
+        {"n_train": 256, "n_val": 16, "n_test": 64, "shard_size": 64, "feature_size": 64},
+    ),
+    "vldist.shards.synthetic.pairs": (
+        "build_synth_pairs",
+        {"n_train": 64, "n_val": 16, "n_test": 16, "shard_size": 16, "image_size": 64},
+    ),
 }
 
 
