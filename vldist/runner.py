@@ -52,8 +52,9 @@ def _opened_on_every_rank(open_sets):
     return opened
 
 
-def run(config: JobConfig, on_checkpoint=None, stop_watch: Callable[[], str | None] | None = None,
-        last: bool = True) -> dict | None:
+def run(
+    config: JobConfig, on_checkpoint=None, stop_watch: Callable[[], str | None] | None = None, last: bool = True
+) -> dict | None:
     """Train in this process, one rank of however many the launcher started; rank 0 returns the
     results. `on_checkpoint(path, metrics)` is called on every rank after each step checkpoint.
     A stop signal (or `stop_watch()` returning a reason) ends it with TrainingStopped after a checkpoint.
@@ -76,8 +77,14 @@ def run(config: JobConfig, on_checkpoint=None, stop_watch: Callable[[], str | No
                 recipe = recipe_cls(config, vocab, shards.main.feature_dim(), uniform_shapes=engine.uniform_shapes)
                 recipe.preflight(shards.main)
                 start = read_starting_weights(recipe.starts_from()) if recipe.starts_from() else None
-                log.info("%s on %s (%s x %d), output in %s", config.recipe, shards.main.directory, engine.device,
-                         engine.world_size, config.output_dir)
+                log.info(
+                    "%s on %s (%s x %d), output in %s",
+                    config.recipe,
+                    shards.main.directory,
+                    engine.device,
+                    engine.world_size,
+                    config.output_dir,
+                )
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
                 set_negatives_group_size(config.train.negatives_group_size)  # collective
                 with peer_loss_reported(engine.rank, engine.world_size, config.output_dir / "checkpoints"):

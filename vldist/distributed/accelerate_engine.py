@@ -27,8 +27,11 @@ class AccelerateEngine(Engine):
         adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
         choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         on_cpu = pick_device(job.train.device).type == "cpu"
-        self.accelerator = Accelerator(cpu=on_cpu, mixed_precision="no" if on_cpu else job.engine.mixed_precision,
-                                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))])
+        self.accelerator = Accelerator(
+            cpu=on_cpu,
+            mixed_precision="no" if on_cpu else job.engine.mixed_precision,
+            kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))],
+        )
         state = self.accelerator.state
         self.rank, self.world_size = state.process_index, state.num_processes
         self.local_rank, self.is_main = state.local_process_index, state.is_main_process
@@ -38,18 +41,21 @@ class AccelerateEngine(Engine):
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
         self._checkpoint_group = None  # asynchronous sharded saves' own process group
 
-    def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
+    def setup(
+        self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
+    ) -> nn.Module:
         from accelerate.utils import DistributedDataParallelKwargs
 
         # broadcast_buffers=False: no buffer broadcast from rank 0 before every forward. Rank 0
         # evaluates and checkpoints, so other ranks' buffers (BatchNorm running statistics, global
         # over ranks anyway with engine.sync_batchnorm) are never read; and a forward without a
         # hidden collective lets the watchdog time each rank's own forward (distributed/heartbeat.py).
-        self.accelerator.ddp_handler = DistributedDataParallelKwargs(find_unused_parameters=dynamic_graph,
-                                                                     broadcast_buffers=False)
+        self.accelerator.ddp_handler = DistributedDataParallelKwargs(
+            find_unused_parameters=dynamic_graph, broadcast_buffers=False
+        )
         names = list(optimizers)
         self.model, *prepared = self.accelerator.prepare(model.to(self.device), *optimizers.values())
-        self.optimizers, self._prepared = dict(optimizers), dict(zip(names, prepared))
+        self.optimizers, self._prepared = dict(optimizers), dict(zip(names, prepared, strict=True))
         self._params = {n: [p for g in o.param_groups for p in g["params"]] for n, o in self._prepared.items()}
         return self.model
 
@@ -103,8 +109,14 @@ class AccelerateEngine(Engine):
             # never interleave with the training step's on the default group; and gloo, which DCP's
             # asynchronous save requires (it refuses an NCCL-only group, measured on an H100).
             self._checkpoint_group = dist.new_group(backend="gloo")
-        return sharded_state.save(self.unwrap(), self.optimizers, directory, asynchronous,
-                                  self._checkpoint_group if asynchronous else None, self._scaler_state())
+        return sharded_state.save(
+            self.unwrap(),
+            self.optimizers,
+            directory,
+            asynchronous,
+            self._checkpoint_group if asynchronous else None,
+            self._scaler_state(),
+        )
 
     def _scaler_state(self) -> dict:
         """fp16 on CUDA: the loss scaler's state, which a checkpoint keeps beside the optimizer's."""
@@ -112,16 +124,17 @@ class AccelerateEngine(Engine):
 
     def load_training_state(self, directory: Path, saved: dict) -> None:
         # DDP's optimizer state is whole on every rank and saved whole: it loads on any number of ranks.
-        from vldist.checkpoint import load_torch_file
-
-        from vldist.checkpoint import CheckpointError
+        from vldist.checkpoint import CheckpointError, load_torch_file
 
         if (Path(directory) / sharded_state.SHARDED_DIR).is_dir():  # the model's weights come with it
             try:
-                extra = sharded_state.load(self.unwrap(), self.optimizers, Path(directory) / sharded_state.SHARDED_DIR,
-                                           self._scaler_state())
+                extra = sharded_state.load(
+                    self.unwrap(), self.optimizers, Path(directory) / sharded_state.SHARDED_DIR, self._scaler_state()
+                )
             except Exception as err:  # noqa: BLE001 - DCP raises CheckpointException, RuntimeError, ...
-                raise CheckpointError(f"cannot read the sharded state in {directory} ({err}); the checkpoint is damaged") from err
+                raise CheckpointError(
+                    f"cannot read the sharded state in {directory} ({err}); the checkpoint is damaged"
+                ) from err
             if "scaler" in extra:
                 self.accelerator.scaler.load_state_dict(extra["scaler"])
             return

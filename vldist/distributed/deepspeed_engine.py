@@ -76,17 +76,20 @@ class DeepSpeedEngine(Engine):
     def __init__(self, job):
         """job: the JobConfig (train.device, the engine section, the batch and clipping settings)."""
         if job.train.checkpoint_format != "plain" or job.train.async_checkpoints:
-            raise ConfigError("train.checkpoint_format=sharded and train.async_checkpoints are the Accelerate engine's; "
-                              "DeepSpeed writes its own shards, each rank its part, synchronously. Leave them at their "
-                              "defaults under engine.backend=deepspeed")
+            raise ConfigError(
+                "train.checkpoint_format=sharded and train.async_checkpoints are the Accelerate engine's; "
+                "DeepSpeed writes its own shards, each rank its part, synchronously. Leave them at their "
+                "defaults under engine.backend=deepspeed"
+            )
         device = pick_device(job.train.device)
         adopt_slurm_environment()
         if not dist.is_initialized():  # Ray Train made the group itself
             adopt_single_process_environment()  # plain `python -m vldist.train`: a world of one, not MPI
         choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
         self.deepspeed = _import_deepspeed(device.type == "cuda")
-        self.deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo",
-                                        timeout=timedelta(seconds=job.engine.timeout_s))
+        self.deepspeed.init_distributed(
+            dist_backend="nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=job.engine.timeout_s)
+        )
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.is_main = self.rank == 0
@@ -99,13 +102,15 @@ class DeepSpeedEngine(Engine):
         self.uniform_shapes = self.stage == 3
         self.optimizers = {}
 
-    def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
+    def setup(
+        self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
+    ) -> nn.Module:
         if len(optimizers) != 1:
             raise ConfigError(
                 f"engine.backend=deepspeed drives one optimizer; this recipe has {len(optimizers)} "
                 f"({', '.join(optimizers)}). Use engine.backend=accelerate."
             )
-        (name, optimizer), = optimizers.items()
+        ((name, optimizer),) = optimizers.items()
         self.model, _, _, _ = self.deepspeed.initialize(
             model=model.to(self.device), optimizer=optimizer, config=self.config, dist_init_required=False
         )
@@ -125,7 +130,9 @@ class DeepSpeedEngine(Engine):
 
     def step(self, name: str = "main", max_norm: float | None = None) -> float:
         if (max_norm or 0.0) != self.config["gradient_clipping"]:
-            raise ValueError(f"clip norm {max_norm} differs from DeepSpeed's gradient_clipping {self.config['gradient_clipping']}")
+            raise ValueError(
+                f"clip norm {max_norm} differs from DeepSpeed's gradient_clipping {self.config['gradient_clipping']}"
+            )
         self.model.set_gradient_accumulation_boundary(True)
         self.model.step()  # clip, update, zero the gradients
         norm = self.model.get_global_grad_norm()
@@ -178,7 +185,9 @@ class DeepSpeedEngine(Engine):
         path = Path(directory) / SUBDIR
         saved_world, saved_stage = saved.get("world_size", self.world_size), saved.get("zero_stage", self.stage)
         refuse_unconvertible(directory, saved_stage, self.stage)
-        if self.stage and (saved_world != self.world_size or saved_stage != self.stage):  # stage 0: whole state, any size
+        if self.stage and (
+            saved_world != self.world_size or saved_stage != self.stage
+        ):  # stage 0: whole state, any size
             load_resharded(self.model, path, TAG, _weights_only_classes(), directory, saved_world, self.world_size)
             return
         try:
@@ -186,9 +195,13 @@ class DeepSpeedEngine(Engine):
                 str(path), tag=TAG, load_module_strict=False, load_lr_scheduler_states=False
             )
         except Exception as err:  # noqa: BLE001 - DeepSpeed raises many types on damaged files
-            raise CheckpointError(f"cannot read the DeepSpeed state in {path} ({err}); the checkpoint is damaged") from err
+            raise CheckpointError(
+                f"cannot read the DeepSpeed state in {path} ({err}); the checkpoint is damaged"
+            ) from err
         if loaded is None:
-            raise CheckpointError(f"no DeepSpeed state in {path}: written by another engine? Resume with the same engine.backend")
+            raise CheckpointError(
+                f"no DeepSpeed state in {path}: written by another engine? Resume with the same engine.backend"
+            )
 
     def barrier(self) -> None:
         dist.barrier()

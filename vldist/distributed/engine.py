@@ -51,7 +51,9 @@ class Engine(ABC):
     optimizers: dict[str, torch.optim.Optimizer]  # the torch optimizers (LR schedulers attach here)
 
     @abstractmethod
-    def setup(self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False) -> nn.Module:
+    def setup(
+        self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
+    ) -> nn.Module:
         """Move and wrap the model; returns what the recipe calls. `dynamic_graph`: some steps
         leave parameters without gradient (alternating updates, phases)."""
 
@@ -118,4 +120,3 @@ class Engine(ABC):
         and joins the same group; a second rendezvous of the same ranks is not reliable.
         `peers_lost`: another rank is gone or frozen (PeerLost): no closing barrier, which would
         only wait engine.timeout_s again for it."""
-

@@ -12,8 +12,11 @@ from pathlib import Path
 # What torch's backends say when the other end of a collective went away: gloo's TCP pairs, and
 # NCCL's watchdog (a remote process exited, or the collective timed out waiting for it).
 LOST_PEER_SIGNS = (
-    "Connection reset by peer", "Connection closed by peer", "Broken pipe",
-    "remote process exited or there was a network error", "Watchdog caught collective operation timeout",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited or there was a network error",
+    "Watchdog caught collective operation timeout",
 )
 # What gloo says when a collective waited engine.timeout_s (the other rank alive but silent).
 TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure")

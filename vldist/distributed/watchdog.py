@@ -56,17 +56,31 @@ def watchdog_store(timeout_s: float):
     if not isinstance(store, dist.TCPStore):
         return None
     try:
-        return dist.TCPStore(store.host, store.port, is_master=False, timeout=timedelta(seconds=timeout_s),
-                             wait_for_workers=False)
+        return dist.TCPStore(
+            store.host, store.port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+        )
     except Exception as err:  # noqa: BLE001 - watching this rank alone beats not training
-        log.warning("the watchdog cannot reach the run's store at %s:%d (%s); it watches this rank alone",
-                    store.host, store.port, err)
+        log.warning(
+            "the watchdog cannot reach the run's store at %s:%d (%s); it watches this rank alone",
+            store.host,
+            store.port,
+            err,
+        )
         return None
 
 
 class Watchdog:
-    def __init__(self, heartbeat: Heartbeat, store, rank: int, world_size: int, hang_timeout_s: float,
-                 straggler_ratio: float | None, resume_hint: str, on_hang=None):
+    def __init__(
+        self,
+        heartbeat: Heartbeat,
+        store,
+        rank: int,
+        world_size: int,
+        hang_timeout_s: float,
+        straggler_ratio: float | None,
+        resume_hint: str,
+        on_hang=None,
+    ):
         """store: watchdog_store()'s, or None (this rank alone); on_hang(message): what a hang
         does after the report (default: exit HUNG at once, whatever the main thread is in)."""
         self.heartbeat, self.store, self.rank, self.world_size = heartbeat, store, rank, world_size
@@ -118,9 +132,17 @@ class Watchdog:
 
     def _record(self, reporting: bool = False) -> dict:
         hb, times = self.heartbeat, self.heartbeat.window_mean()
-        return {"rank": self.rank, "host": self.host, "pid": self.pid, "step": hb.step, "phase": hb.phase,
-                "seq": self._seq, "own": times.own if times else None, "data_wait": times.data_wait if times else None,
-                "reporting": reporting}
+        return {
+            "rank": self.rank,
+            "host": self.host,
+            "pid": self.pid,
+            "step": hb.step,
+            "phase": hb.phase,
+            "seq": self._seq,
+            "own": times.own if times else None,
+            "data_wait": times.data_wait if times else None,
+            "reporting": reporting,
+        }
 
     def _publish(self, reporting: bool = False) -> None:
         self._seq += 1
@@ -146,10 +168,13 @@ class Watchdog:
     # ------------------------------------------------------------------ hangs
 
     def _hang_report(self, stalled_s: float) -> str:
-        head = (f"error: no rank of the run advanced for {stalled_s:.0f} s (train.hang_timeout_s="
-                f"{self.hang_timeout_s:g}): ")
-        tail = (f" Rank {self.rank} on {self.host} exits {HUNG} so that the launcher restarts the job; "
-                f"{self.resume_hint} Its stack follows.")
+        head = (
+            f"error: no rank of the run advanced for {stalled_s:.0f} s (train.hang_timeout_s={self.hang_timeout_s:g}): "
+        )
+        tail = (
+            f" Rank {self.rank} on {self.host} exits {HUNG} so that the launcher restarts the job; "
+            f"{self.resume_hint} Its stack follows."
+        )
         if self.store is None:
             hb = self.heartbeat
             return head + f"rank {self.rank} on {self.host} (pid {self.pid}) is in {hb.phase} at step {hb.step}." + tail
@@ -160,8 +185,14 @@ class Watchdog:
             self._publish(reporting=True)
             after = self._records()
         except Exception as err:  # noqa: BLE001
-            return head + (f"the run's store does not answer ({err}); the process hosting it (rank 0, or the "
-                           "launcher's agent on the first node) is stopped or gone.") + tail
+            return (
+                head
+                + (
+                    f"the run's store does not answer ({err}); the process hosting it (rank 0, or the "
+                    "launcher's agent on the first node) is stopped or gone."
+                )
+                + tail
+            )
         return head + describe_hang(before, after, self.world_size) + tail
 
     # ------------------------------------------------------------------ stragglers
@@ -172,8 +203,9 @@ class Watchdog:
         now = time.monotonic()
         if found and now - self._last_warning.get(found[0], -WARN_EVERY_S) >= WARN_EVERY_S:
             self._last_warning[found[0]] = now
-            log.warning("straggler: %s (train.straggler_ratio=%g; docs/observability.md)", found[1],
-                        self.straggler_ratio)
+            log.warning(
+                "straggler: %s (train.straggler_ratio=%g; docs/observability.md)", found[1], self.straggler_ratio
+            )
 
 
 def _who(r: dict) -> str:
@@ -183,8 +215,9 @@ def _who(r: dict) -> str:
 def describe_hang(before: dict[int, dict], after: dict[int, dict], world_size: int) -> str:
     """Which ranks stopped, from two reads of the heartbeats some intervals apart."""
     missing = [rank for rank in range(world_size) if rank not in after]
-    frozen = [after[r] for r in sorted(after)
-              if not after[r]["reporting"] and before.get(r, {}).get("seq") == after[r]["seq"]]
+    frozen = [
+        after[r] for r in sorted(after) if not after[r]["reporting"] and before.get(r, {}).get("seq") == after[r]["seq"]
+    ]
     alive = [after[r] for r in sorted(after) if after[r] not in frozen]
     if frozen:
         culprits = frozen
@@ -214,7 +247,8 @@ def find_straggler(records: dict[int, dict], ratio: float) -> tuple[int, str] | 
         return None
     return slowest["rank"], (
         f"rank {slowest['rank']} on {slowest['host']} takes {slowest['own'] / median:.1f}x the other ranks' "
-        f"median step ({slowest['own']:.2f} s against {median:.2f} s, {slowest['data_wait']:.2f} s of it data wait)")
+        f"median step ({slowest['own']:.2f} s against {median:.2f} s, {slowest['data_wait']:.2f} s of it data wait)"
+    )
 
 
 def _exit_hung(message: str) -> None:
