@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 import yaml
 
+import vldist.runner
 import vldist.train
 from vldist import trainer
 from vldist.recipes.jobs import load_config
-from vldist.runner import run
 
 out, engine = Path(sys.argv[1]), sys.argv[2]
 planted, synth, pairs, singles, scenes = sys.argv[3:8]
@@ -142,7 +142,9 @@ trainer.Trainer.fit = fit_then_save
         }
     )
 )  # validated (by nobody: see fit_then_save), so a best is kept
-vldist.train.run = lambda stage, **_: run(stage, last=False)  # one process group for every run
+run = vldist.runner.run
+# one process group for every run (run_stages imports the runner's run when it is called)
+vldist.runner.run = lambda stage, **_: run(stage, last=False)
 
 jobs = sys.argv[8].split(",") if len(sys.argv) > 8 else list(JOBS)
 for job in jobs:
