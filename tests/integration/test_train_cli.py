@@ -141,7 +141,16 @@ def test_a_recipe_whose_evaluation_lacks_its_counts_is_refused_before_training(
 
     monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", Countless)
     out = tmp_path / "run"
-    code = main(["vsrn", f"data.shards={planted_shards}", f"output.dir={out}", f"eval.baseline={baseline}", *SMALL])
+    code = main(
+        [
+            "vsrn",
+            f"data.shards={planted_shards}",
+            f"output.dir={out}",
+            f"eval.baseline={baseline}",
+            "data.workers=0",  # the recipe, a local class, would not pickle to a fork server's worker
+            *SMALL,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert "error: recipe 'vsrn': evaluate() returned no 'n_images' (the number of images" in err
