@@ -179,6 +179,21 @@ SMALL_VSRN = [
     "eval.baseline=false",
     "metrics.enabled=false",
 ]
+# A LAViTeR of a few thousand parameters a phase (test_laviter_train.py, the replica check of every recipe)
+TINY_LAVITER_MODEL = [
+    "model.embed_dim=32",
+    "model.text_heads=2",
+    "model.gf_dim=4",
+    "model.df_dim=4",
+    "model.itm_dim=32",
+    "model.itm_heads=2",
+    "model.itm_encoder_layers=1",
+    "model.itm_decoder_layers=1",
+    "model.itm_feedforward=64",
+    "model.z_dim=16",
+    "model.condition_dim=16",
+    "model.residual_blocks=1",
+]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 # On PYTHONPATH, it makes the embedded sets' builders build small sets (the real code and format)
 SMALL_EMBEDDED_SETS = str(Path(__file__).parent / "integration" / "workers" / "small_embedded_set")

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers import TORCHRUN
+from helpers import TINY_LAVITER_MODEL, TORCHRUN
 from PIL import Image
 
 from vldist.caption import main as caption_main
@@ -17,18 +17,7 @@ from vldist.train import main as train_main
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
 
 TINY = [
-    "model.embed_dim=32",
-    "model.text_heads=2",
-    "model.gf_dim=4",
-    "model.df_dim=4",
-    "model.itm_dim=32",
-    "model.itm_heads=2",
-    "model.itm_encoder_layers=1",
-    "model.itm_decoder_layers=1",
-    "model.itm_feedforward=64",
-    "model.z_dim=16",
-    "model.condition_dim=16",
-    "model.residual_blocks=1",
+    *TINY_LAVITER_MODEL,
     "data.batch_size=16",
     "data.eval_batch_size=16",
     "data.shuffle_buffer=64",

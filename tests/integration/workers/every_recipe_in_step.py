@@ -19,6 +19,9 @@ import vldist.train
 from vldist import trainer
 from vldist.recipes.jobs import load_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for its helpers
+from helpers import TINY_LAVITER_MODEL  # noqa: E402
+
 out, engine = Path(sys.argv[1]), sys.argv[2]
 planted, synth, pairs, singles, scenes = sys.argv[3:8]
 
@@ -78,18 +81,7 @@ JOBS = {
         "model.vta_epochs=1",
         "model.assist_epochs=1",
         "model.joint_epochs=1",
-        "model.embed_dim=32",
-        "model.text_heads=2",
-        "model.gf_dim=4",
-        "model.df_dim=4",
-        "model.itm_dim=32",
-        "model.itm_heads=2",
-        "model.itm_encoder_layers=1",
-        "model.itm_decoder_layers=1",
-        "model.itm_feedforward=64",
-        "model.z_dim=16",
-        "model.condition_dim=16",
-        "model.residual_blocks=1",
+        *TINY_LAVITER_MODEL,
         "data.batch_size=4",
         "data.shuffle_buffer=16",
     ],
