@@ -8,7 +8,7 @@ modules import torchvision, ~2 s).
 
 With VLDIST_TEST_DRIFT_AFTER_STEP=N in its environment (test_ray.py's replica check under Ray),
 rank 1's trainer also adds 1e-3 to its model's first parameter after optimizer step N, as a faulty
-device would: what tests/integration/workers/replica_drift.py does under torchrun."""
+device would: workers/drift.py, as replica_drift.py does under torchrun."""
 
 import functools
 import importlib.abc
@@ -47,6 +47,9 @@ class ShrinkWhenImported(importlib.abc.MetaPathFinder):
         def run_and_shrink(module):
             run(module)
             if name == "vldist.trainer":
+                sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # workers/, for drift.py
+                from drift import drift_after
+
                 drift_after(module.Trainer, int(os.environ["VLDIST_TEST_DRIFT_AFTER_STEP"]))
                 return
             builder, sizes = SMALL[name]
@@ -54,23 +57,6 @@ class ShrinkWhenImported(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = run_and_shrink
         return spec
-
-
-def drift_after(trainer, step: int) -> None:
-    import torch
-
-    take_step = trainer._step
-
-    def step_then_drift(self, micro_batches):
-        logged = take_step(self, micro_batches)
-        if self.engine.rank == 1 and self.state.step + 1 == step:  # the counter moves after _step
-            name, parameter = next(iter(self.engine.unwrap().named_parameters()))
-            with torch.no_grad():
-                parameter.add_(1e-3)
-            print(f"drifted: {name} after step {step}", flush=True)
-        return logged
-
-    trainer._step = step_then_drift
 
 
 if os.environ.get("VLDIST_TEST_DRIFT_AFTER_STEP"):
