@@ -43,10 +43,11 @@ from pathlib import Path
 
 import torch
 
-from vldist.checkpoint import CheckpointError, find_checkpoint, read_meta
-from vldist.eval_split import SkipTally, eval_loader
+from vldist.checkpoint.format import find_checkpoint, read_meta
+from vldist.checkpoint.trained_model import load_checkpoint
+from vldist.errors import CheckpointError
 from vldist.models.gcn import RegionRelationReasoning
-from vldist.trained_model import load_checkpoint
+from vldist.training.split_evaluation import SkipTally, eval_loader
 
 RECIPES = ("vsrn", "l2c")
 

@@ -14,11 +14,10 @@ import logging
 import sys
 from pathlib import Path
 
-from vldist.checkpoint import CheckpointError
-from vldist.config import ConfigError
+from vldist.checkpoint.trained_model import load_checkpoint
+from vldist.errors import CheckpointError, ConfigError
 from vldist.exit_codes import DONE, REFUSED, REPORTED_ERRORS, exit_status
 from vldist.recipes.capabilities import CaptionsPixels, CaptionsRegions
-from vldist.trained_model import load_checkpoint
 
 EPILOG = """\
 Region features: computed on the CPU by the feature extractor recorded in the shard set's
@@ -63,7 +62,7 @@ def caption_images(
     checkpoint, images: list, shards: str | None = None, device: str = "auto", beam_size: int | None = None
 ) -> list[str]:
     """One caption per PIL image, from a checkpoint or run directory. Raises CaptionError (and the
-    checkpoint and shard-set errors of vldist.trained_model.load_checkpoint)."""
+    checkpoint and shard-set errors of vldist.checkpoint.trained_model.load_checkpoint)."""
     from vldist.shards.features.extractor_setup import extractor_for
 
     if device == "cuda":
@@ -164,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 def images_per_caption(checkpoint) -> int:
     """How many images one caption of this run's recipe reads (2 for L2C's pairs, else 1). A
     checkpoint that cannot be read counts 1: loading it then says what is wrong."""
-    from vldist.checkpoint import find_checkpoint, read_config
+    from vldist.checkpoint.format import find_checkpoint, read_config
     from vldist.recipes import get_recipe
 
     try:

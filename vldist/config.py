@@ -15,14 +15,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from vldist.errors import ConfigError
+
 # The built-in job files. In a checkout vldist/jobs is a link to the top-level jobs/ (the files
 # users see and copy); a wheel holds the files themselves, so an installed vldist has them too.
 PACKAGE_DIR = Path(__file__).resolve().parent
 JOBS_DIR = PACKAGE_DIR / "jobs"
-
-
-class ConfigError(ValueError):
-    """A job file or override is wrong; the message says which key and what is allowed."""
 
 
 class Section(BaseModel):
@@ -145,7 +143,7 @@ class TrainConfig(Section):
     @field_validator("stop_signals")
     @classmethod
     def _signal_names(cls, names: list[str]) -> list[str]:
-        from vldist.preemption import signal_numbers
+        from vldist.training.stopping import signal_numbers
 
         signal_numbers(names)  # raises ValueError naming an unknown signal
         return names

@@ -7,13 +7,13 @@ import json
 import logging
 import sys
 
-from vldist.checkpoint import find_checkpoint
+from vldist.checkpoint.format import find_checkpoint
+from vldist.checkpoint.object_store import local_checkpoint
+from vldist.checkpoint.trained_model import load_checkpoint
 from vldist.config import JobConfig
-from vldist.eval_split import eval_loader, evaluate_split
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
 from vldist.recipes import get_recipe
-from vldist.store.checkpoint_store import local_checkpoint
-from vldist.trained_model import load_checkpoint
+from vldist.training.split_evaluation import eval_loader, evaluate_split
 
 
 def evaluate_checkpoint(

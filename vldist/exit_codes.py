@@ -1,31 +1,40 @@
 """Exit codes of the commands (`vldist.train`, `vldist.evaluate`, `vldist.caption`) and the one
-table that says which error ends a command with which code and message (docs/bad-input.md)."""
+table that says which error ends a command with which code and message (docs/bad-input.md).
+It imports the error types alone (errors.py), none of the platform that raises them."""
 
 from __future__ import annotations
 
-from vldist.checkpoint import CheckpointError, CheckpointWriteError
-from vldist.compat import IncompatibleCheckpoint
-from vldist.config import ConfigError
-from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
-from vldist.distributed.peer_loss import PeerLost
-from vldist.distributed.replicas import ReplicasDiverged
-from vldist.distributed.watchdog import HUNG as WATCHDOG_HUNG
-from vldist.eval_split import EmptySplitError
-from vldist.launch.ray_train import RunFailed, RunStopped
-from vldist.launch.resubmission import RunDirectoryTaken
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
-from vldist.preemption import EXIT_STOPPED, TrainingStopped
-from vldist.run_lock import OutputDirInUse
-from vldist.store.location import StoreSupportMissing, StoreUnreachable
-from vldist.store.retry import StoreLost
-from vldist.trainer import NonFiniteLossError
+from vldist.errors import (
+    CaptionMetricsError,
+    CheckpointError,
+    CheckpointWriteError,
+    ConfigError,
+    EmptySplitError,
+    IncompatibleCheckpoint,
+    JavaNotFoundError,
+    NonFiniteLossError,
+    OutputDirInUse,
+    PeerLost,
+    ReplicasDiverged,
+    RunDirectoryTaken,
+    RunFailed,
+    RunStopped,
+    ShardsNotFoundError,
+    ShardsUnfitError,
+    StoreLost,
+    StoreSupportMissing,
+    StoreUnreachable,
+    TrainingStopped,
+)
 
 DONE = 0
 FAILED = 1  # failed while it ran; what was checkpointed before stays usable
 REFUSED = 2  # refused before anything ran or was written
-HUNG = WATCHDOG_HUNG  # 3: no rank advanced for train.hang_timeout_s (the watchdog's os._exit, no exception)
+HUNG = 3  # no rank advanced for train.hang_timeout_s (the watchdog's os._exit, no exception)
 DIVERGED = 4  # the ranks' replicas of the model differ (train.replica_check_every)
-STOPPED = EXIT_STOPPED  # 75: stopped on request after checkpointing; the same command carries on
+# sysexits.h EX_TEMPFAIL, "try again later": stopped on request after checkpointing, and the same
+# command with train.resume=auto carries on. Slurm's train.sbatch requeues on it.
+STOPPED = 75
 INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, what a shell reports): ended at once
 
 # Checked in this order, so that an error of two rows takes the first: JavaNotFoundError is a

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from vldist.checkpoint import (
+from vldist.checkpoint.format import (
     CHOICES,
-    CheckpointError,
     begin,
     chosen_name,
     commit,
@@ -32,9 +31,10 @@ from vldist.checkpoint import (
     verify,
     write_files,
 )
+from vldist.checkpoint.object_store import local_checkpoint
 from vldist.data.vocab import Vocab
+from vldist.errors import CheckpointError
 from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
-from vldist.store.checkpoint_store import local_checkpoint
 from vldist.store.location import is_url
 
 

@@ -16,7 +16,8 @@ import sys
 
 # Only what --help needs at the top: the platform (runner, trainer, engines, Ray, checkpoints) is
 # imported inside the functions that train, so that `--help` answers without loading it.
-from vldist.config import ConfigError, JobConfig, describe_keys, list_job_files
+from vldist.config import JobConfig, describe_keys, list_job_files
+from vldist.errors import ConfigError
 from vldist.recipes import get_recipe, recipe_names
 from vldist.recipes.jobs import load_config
 
@@ -52,7 +53,7 @@ def usage(job: str) -> str:
 def print_results(config: JobConfig, results: dict) -> None:
     """The results table; a job of several stages shows each stage's model side by side (and the
     untrained model of the first)."""
-    from vldist.checkpoint import step_checkpoints
+    from vldist.checkpoint.format import step_checkpoints
     from vldist.store.location import redact
 
     recipe = get_recipe(config.recipe)  # its report is a class method: no model or vocabulary needed
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != len([a for a in argv if a not in ("-h", "--help")]):
         print(usage(job))
         return 0  # exit_codes.DONE, not imported for this: exit_codes imports the trainer
-    from vldist.distributed.peer_loss import PeerLost
+    from vldist.errors import PeerLost
     from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
     from vldist.launch.environment import rejoin_warning
 
@@ -114,7 +115,7 @@ def run_stages(config: JobConfig) -> tuple[JobConfig, dict | None]:
     Returns the last stage's config and, on rank 0, its results with `stages`: every stage's."""
     from vldist.launch import ray_train
     from vldist.launch.resubmission import refuse_other_settings, start_afresh
-    from vldist.runner import run
+    from vldist.training.on_each_rank import run
 
     use_ray = ray_train.wanted(config)
     if use_ray:  # the stages' directories go under the Ray run directory

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import SMALL_VSRN, train_vsrn, wait_for_step, write_planted_shards
 
-from vldist.checkpoint import step_checkpoints, verify
+from vldist.checkpoint.format import step_checkpoints, verify
 from vldist.evaluate import main as evaluate_main
 from vldist.shards.format.writer import ShardSetWriter
 from vldist.train import main as train_main

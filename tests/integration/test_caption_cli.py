@@ -25,7 +25,7 @@ from helpers import write_planted_shards
 from PIL import Image
 
 from vldist import caption as caption_cli
-from vldist.data.shardset import ShardsUnfitError
+from vldist.errors import ShardsUnfitError
 from vldist.shards.__main__ import main as shards_main
 from vldist.shards.features.extractor_setup import extractor_for
 from vldist.shards.format.layout import STANDARDIZATION_NAME

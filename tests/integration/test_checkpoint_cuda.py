@@ -5,7 +5,7 @@ engine restores it exactly."""
 import pytest
 import torch
 
-from vldist.checkpointer import Checkpointer
+from vldist.checkpoint.manager import Checkpointer
 from vldist.data.vocab import Vocab
 from vldist.distributed.accelerate_engine import AccelerateEngine
 from vldist.recipes.jobs import load_config

@@ -9,8 +9,8 @@ import pytest
 from dataset_fixtures import make_karpathy, make_precomp, make_scene_folder
 
 from vldist.recipes.jobs import load_config
-from vldist.runner import run
 from vldist.shards.__main__ import main
+from vldist.training.on_each_rank import run
 
 SMALL_MODEL = [
     "model.embed_size=128",

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from vldist.checkpoint import step_checkpoints, verify
+from vldist.checkpoint.format import step_checkpoints, verify
 from vldist.evaluate import evaluate_checkpoint
 from vldist.export import main as export_main
 

@@ -8,7 +8,7 @@ import webdataset as wds
 from helpers import npy_bytes, planted_sample, write_tar
 
 from vldist.recipes.jobs import load_config
-from vldist.runner import run
+from vldist.training.on_each_rank import run
 
 
 def _sample(rng, key):

@@ -20,7 +20,7 @@ import time
 import pytest
 from helpers import PREEMPT_JOB, free_port, wait_for_step
 
-from vldist.distributed.watchdog import HUNG
+from vldist.exit_codes import HUNG
 
 pytestmark = pytest.mark.slow
 

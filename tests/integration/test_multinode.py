@@ -38,7 +38,7 @@ from helpers import (  # noqa: E402
 )
 from netns import Nodes, unavailable  # noqa: E402
 
-from vldist.distributed.watchdog import HUNG  # noqa: E402
+from vldist.exit_codes import HUNG  # noqa: E402
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=f"no test nodes: {unavailable()}")
 RENDEZVOUS_PORT = 29400  # inside the first node's namespace: no other process can hold it

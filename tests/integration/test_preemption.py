@@ -20,8 +20,8 @@ from helpers import (
     weights,
 )
 
-from vldist.checkpoint import step_checkpoints, verify
-from vldist.preemption import EXIT_STOPPED
+from vldist.checkpoint.format import step_checkpoints, verify
+from vldist.exit_codes import STOPPED as EXIT_STOPPED
 
 
 def _torchrun(shards, out, *extra):

@@ -29,7 +29,7 @@ from helpers import (
     wait_for_step,
 )
 
-from vldist.checkpoint import verify
+from vldist.checkpoint.format import verify
 
 pytest.importorskip("ray")
 

@@ -87,7 +87,7 @@ def test_killed_run_resumes_to_identical_weights(planted_shards, tmp_path, unint
 
 
 def _sharded_checkpoints_keep_whole_weights_for_best_and_final_and_still_evaluate(out, uninterrupted, tmp_path):
-    from vldist.checkpoint import load_model_state
+    from vldist.checkpoint.format import load_model_state
     from vldist.evaluate import evaluate_checkpoint
     from vldist.export import export
 

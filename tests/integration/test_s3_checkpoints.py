@@ -16,7 +16,7 @@ import torch
 from helpers import SMALL_VSRN
 from safetensors.torch import load_file
 
-from vldist.checkpoint import MARKER
+from vldist.checkpoint.format import MARKER
 
 
 @pytest.fixture(autouse=True)

@@ -159,7 +159,8 @@ def test_synth_writes_to_the_store_as_to_disk_and_verify_checks_it_there(s3_stor
 
 
 def test_a_set_being_written_is_refused_and_an_interrupted_upload_resumes(s3_store, planted_shards, tmp_path):
-    from vldist.data.shardset import ShardSet, ShardsNotFoundError
+    from vldist.data.shardset import ShardSet
+    from vldist.errors import ShardsNotFoundError
     from vldist.store.publish import INCOMPLETE, publish_set
 
     url, fs = "s3://vldist-tests/resumed", s3_store.filesystem()
@@ -207,7 +208,8 @@ def test_a_conversion_writes_to_the_store_as_to_disk(s3_store, tmp_path):
 def test_each_shard_goes_up_when_finished_and_the_set_opens_only_when_whole(s3_store, tmp_path):
     import time
 
-    from vldist.data.shardset import ShardSet, ShardsNotFoundError
+    from vldist.data.shardset import ShardSet
+    from vldist.errors import ShardsNotFoundError
     from vldist.shards.format.writer import ShardSetWriter
     from vldist.store.publish import INCOMPLETE, upload_while_building
 

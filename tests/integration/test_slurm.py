@@ -24,7 +24,7 @@ from netns import Nodes  # noqa: E402
 from netns import unavailable as no_nodes  # noqa: E402
 from slurm_cluster import available, slurm_cluster  # noqa: E402
 
-from vldist.checkpoint import step_checkpoints  # noqa: E402
+from vldist.checkpoint.format import step_checkpoints  # noqa: E402
 from vldist.launch.environment import adopt_slurm_environment  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
+from vldist.errors import NonFiniteLossError
 from vldist.recipes.jobs import load_config
-from vldist.runner import run
-from vldist.trainer import NonFiniteLossError
+from vldist.training.on_each_rank import run
 
 SMALL = [
     "model.embed_size=64",

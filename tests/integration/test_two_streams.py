@@ -12,7 +12,7 @@ import vldist.recipes
 from vldist.data.streams import StreamSource
 from vldist.recipes.jobs import load_config
 from vldist.recipes.vsrn import VSRNRecipe
-from vldist.runner import run
+from vldist.training.on_each_rank import run
 
 SMALL = [
     "model.embed_size=32",
@@ -91,7 +91,7 @@ class PacedStreamVSRN(TwoStreamVSRN):
 def test_a_stream_from_another_shard_set_with_its_own_batch_paced_by_the_first(planted_shards, tmp_path, monkeypatch):
     import shutil
 
-    from vldist.data.shardset import ShardsNotFoundError
+    from vldist.errors import ShardsNotFoundError
 
     other = tmp_path / "other"
     monkeypatch.setitem(vldist.recipes.RECIPES, "vsrn", PacedStreamVSRN)

@@ -3,8 +3,8 @@
 import pytest
 
 from vldist.recipes.jobs import load_config
-from vldist.runner import run
 from vldist.shards.synthetic.synth import build_synth
+from vldist.training.on_each_rank import run
 
 
 @pytest.fixture(scope="module")

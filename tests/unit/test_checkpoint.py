@@ -3,8 +3,7 @@ import os
 import pytest
 import torch
 
-from vldist.checkpoint import (
-    CheckpointError,
+from vldist.checkpoint.format import (
     find_checkpoint,
     load_model_state,
     load_train_state,
@@ -13,6 +12,7 @@ from vldist.checkpoint import (
     step_checkpoints,
 )
 from vldist.data.vocab import Vocab
+from vldist.errors import CheckpointError
 
 
 def _save(directory, value=1.0):
@@ -101,7 +101,7 @@ def test_prune_keeps_the_newest_complete_steps(tmp_path):
 
 
 def test_verify_finds_a_changed_or_truncated_file_in_any_subdirectory(tmp_path):
-    from vldist.checkpoint import begin, commit, verify, write_files
+    from vldist.checkpoint.format import begin, commit, verify, write_files
 
     directory = tmp_path / "step-00000003"
     tmp = begin(directory)

@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-from vldist.checkpoint import load_model_state, save_checkpoint
-from vldist.compat import IncompatibleCheckpoint
-from vldist.config import ConfigError, to_yaml
+from vldist.checkpoint.format import load_model_state, save_checkpoint
+from vldist.checkpoint.starting_weights import read_starting_weights
+from vldist.config import to_yaml
 from vldist.data.vocab import Vocab
+from vldist.errors import ConfigError, IncompatibleCheckpoint
 from vldist.losses import contrastive_captioning_loss
 from vldist.recipes import get_recipe
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionConfig, CLCaptionModel, CLCaptionRecipe
 from vldist.recipes.jobs import load_config
 from vldist.shards.convert.images import one_thread
-from vldist.starting_weights import read_starting_weights
-from vldist.trainer import build_optimizers
+from vldist.training.loop import build_optimizers
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small"])
 DIM = 6

@@ -1,6 +1,7 @@
 import pytest
 
-from vldist.config import ConfigError, parse_overrides
+from vldist.config import parse_overrides
+from vldist.errors import ConfigError
 from vldist.recipes.jobs import load_config
 from vldist.train import usage
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from vldist.config import ConfigError
 from vldist.distributed.deepspeed_config import deepspeed_config
+from vldist.errors import ConfigError
 from vldist.recipes.jobs import load_config
 
 

@@ -4,12 +4,27 @@ from pathlib import Path
 
 import pytest
 
-from vldist.checkpoint import CheckpointError, CheckpointWriteError
-from vldist.compat import IncompatibleCheckpoint
-from vldist.config import ConfigError
-from vldist.data.shardset import ShardsNotFoundError, ShardsUnfitError
-from vldist.distributed.replicas import ReplicasDiverged
-from vldist.eval_split import EmptySplitError
+from vldist.errors import (
+    CaptionMetricsError,
+    CheckpointError,
+    CheckpointWriteError,
+    ConfigError,
+    EmptySplitError,
+    IncompatibleCheckpoint,
+    JavaNotFoundError,
+    NonFiniteLossError,
+    OutputDirInUse,
+    ReplicasDiverged,
+    RunDirectoryTaken,
+    RunFailed,
+    RunStopped,
+    ShardsNotFoundError,
+    ShardsUnfitError,
+    StoreLost,
+    StoreSupportMissing,
+    StoreUnreachable,
+    TrainingStopped,
+)
 from vldist.exit_codes import (
     DIVERGED,
     FAILED,
@@ -20,14 +35,6 @@ from vldist.exit_codes import (
     STOPPED,
     exit_status,
 )
-from vldist.launch.ray_train import RunFailed, RunStopped
-from vldist.launch.resubmission import RunDirectoryTaken
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError
-from vldist.preemption import TrainingStopped
-from vldist.run_lock import OutputDirInUse
-from vldist.store.location import StoreSupportMissing, StoreUnreachable
-from vldist.store.retry import StoreLost
-from vldist.trainer import NonFiniteLossError
 
 
 @pytest.mark.parametrize(

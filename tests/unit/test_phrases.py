@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vldist.data.phrases import chains, random_ranking_recall, read_proposals, training_image
-from vldist.data.shardset import ShardSet, ShardsUnfitError
+from vldist.data.shardset import ShardSet
+from vldist.errors import ShardsUnfitError
 from vldist.recipes.jobs import load_config
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe
 

@@ -11,7 +11,8 @@ import pytest
 from helpers import write_tar
 
 from vldist.data.pipeline import EvalStream, StreamSpec, TrainStream, batches_per_rank, make_loader
-from vldist.data.shardset import ShardSet, ShardsNotFoundError
+from vldist.data.shardset import ShardSet
+from vldist.errors import ShardsNotFoundError
 
 
 def _sample(raw, rng):

@@ -57,14 +57,14 @@ def test_a_worker_count_or_an_elastic_range(given, expected):
 
 @pytest.mark.parametrize("given", ["0", "2:1", "a", "1:2:3", "0:2"])
 def test_a_bad_worker_range_is_refused_by_name(given):
-    from vldist.config import ConfigError
+    from vldist.errors import ConfigError
 
     with pytest.raises(ConfigError, match=f"'{given}' is neither a number of workers"):
         load_config("vsrn", [f"ray.num_workers={given}"])
 
 
 def test_every_size_of_an_elastic_range_must_split_the_global_batch():
-    from vldist.config import ConfigError
+    from vldist.errors import ConfigError
 
     ray_train.check_batch_splits(load_config("vsrn", ["data.batch_size=24", "ray.num_workers=1:4"]), 1, 4)
     config = load_config("vsrn", ["data.batch_size=32", "ray.num_workers=2:6"])

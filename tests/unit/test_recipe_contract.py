@@ -4,9 +4,10 @@ registry key and the recipe's name cannot disagree; the default headline flatten
 
 import pytest
 
+from vldist.errors import RecipeContractError
 from vldist.recipes import RECIPES, get_recipe
 from vldist.recipes.base import Recipe
-from vldist.recipes.contract import RecipeContractError, check_evaluation
+from vldist.recipes.contract import check_evaluation
 from vldist.recipes.vsrn import VSRNRecipe
 
 GOOD = {

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from vldist.checkpoint import save_checkpoint, step_name
+from vldist.checkpoint.format import save_checkpoint, step_name
 from vldist.config import to_yaml
 from vldist.data.vocab import Vocab
+from vldist.errors import RunDirectoryTaken
 from vldist.launch.ray_train import worker_config
-from vldist.launch.resubmission import RunDirectoryTaken, check_run_directory, settings_differences
+from vldist.launch.resubmission import check_run_directory, settings_differences
 from vldist.recipes.jobs import load_config
 
 

@@ -147,14 +147,14 @@ def test_transient_errors_are_told_from_lasting_ones(error, expected):
 
 def test_a_lost_store_ends_the_stream_and_reaches_the_user_without_the_workers_traceback():
     from vldist.data.skips import SkipCounter
-    from vldist.store.retry import StoreLost
+    from vldist.errors import StoreLost
 
     with pytest.raises(StoreLost):
         SkipCounter()(StoreLost("the store of s3://b/set stopped answering"))  # not counted and skipped
     # what torch's DataLoader makes of a worker's exception: exc_type("Caught ... Original Traceback ...")
     relayed = StoreLost(
         "Caught StoreLost in DataLoader worker process 0.\nOriginal Traceback (most recent call "
-        'last):\n  File "x.py", line 1, in f\nvldist.store.retry.StoreLost: the store of s3://b/set '
+        'last):\n  File "x.py", line 1, in f\nvldist.errors.StoreLost: the store of s3://b/set '
         "stopped answering\n"
     )
     assert str(relayed) == "the store of s3://b/set stopped answering"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vldist.metrics import retrieval_protocols, retrieval_recall
-from vldist.report import chance_recall
+from vldist.metrics.report import chance_recall
 
 KEYS = {
     "i2t_r1",

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from vldist.run_lock import OutputDirInUse, RunLock, check_free
+from vldist.errors import OutputDirInUse
+from vldist.training.run_lock import RunLock, check_free
 
 
 def test_the_lock_refuses_a_second_holder_naming_it_and_dies_with_its_process(tmp_path):
@@ -16,7 +17,7 @@ def test_the_lock_refuses_a_second_holder_naming_it_and_dies_with_its_process(tm
             "-c",
             textwrap.dedent(f"""
             import sys, time
-            from vldist.run_lock import RunLock
+            from vldist.training.run_lock import RunLock
             RunLock({str(tmp_path)!r}).acquire()
             print("held", flush=True)
             time.sleep(60)

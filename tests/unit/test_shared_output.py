@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vldist.config import ConfigError
 from vldist.distributed import shared_output
+from vldist.errors import ConfigError
 from vldist.recipes.jobs import load_config
 
 

@@ -1,4 +1,4 @@
-"""Stop requests (vldist/preemption.py)."""
+"""Stop requests (vldist/training/stopping.py)."""
 
 import os
 import signal
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from vldist import preemption
-from vldist.preemption import (
+from vldist.training import stopping
+from vldist.training.stopping import (
     StopRequest,
     interrupts_deferred,
     raise_if_interrupted,
@@ -23,7 +23,7 @@ def test_signal_names_with_or_without_sig_and_unknown_ones_refused():
 
 
 def test_ctrl_c_inside_a_deferred_block_raises_when_the_block_ends_and_is_not_lost(monkeypatch):
-    monkeypatch.setattr(preemption, "_interrupted", False)
+    monkeypatch.setattr(stopping, "_interrupted", False)
     finished = []
     with pytest.raises(KeyboardInterrupt):
         with interrupts_deferred():
@@ -37,7 +37,7 @@ def test_ctrl_c_inside_a_deferred_block_raises_when_the_block_ends_and_is_not_lo
 
 
 def test_a_block_without_ctrl_c_or_with_sigint_as_a_stop_signal_is_left_alone(monkeypatch):
-    monkeypatch.setattr(preemption, "_interrupted", False)
+    monkeypatch.setattr(stopping, "_interrupted", False)
     with interrupts_deferred():
         pass
     raise_if_interrupted()  # nothing pending
@@ -52,7 +52,7 @@ def test_a_block_without_ctrl_c_or_with_sigint_as_a_stop_signal_is_left_alone(mo
 
 
 def test_an_unknown_signal_in_the_job_is_a_config_error():
-    from vldist.config import ConfigError
+    from vldist.errors import ConfigError
     from vldist.recipes.jobs import load_config
 
     with pytest.raises(ConfigError, match="train.stop_signals.*'SIGFOO' is not a signal name"):

@@ -12,10 +12,11 @@ import fsspec
 import pytest
 
 from vldist.data.shard_stream import shard_samples
-from vldist.data.shardset import ShardSet, ShardsNotFoundError
+from vldist.data.shardset import ShardSet
 from vldist.data.skips import skipped
+from vldist.errors import ShardsNotFoundError, StoreSupportMissing
 from vldist.shards.format.layout import MANIFEST_NAME
-from vldist.store.location import StoreSupportMissing, filesystem, is_url, join, redact
+from vldist.store.location import filesystem, is_url, join, redact
 
 
 @pytest.fixture
@@ -79,7 +80,7 @@ def test_a_job_on_a_url_without_its_filesystem_exits_2_with_one_line(monkeypatch
     ],
 )
 def test_credentials_in_the_configuration_are_refused(override):
-    from vldist.config import ConfigError
+    from vldist.errors import ConfigError
     from vldist.recipes.jobs import load_config
 
     with pytest.raises(ConfigError, match="environment") as raised:

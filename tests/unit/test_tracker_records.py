@@ -5,7 +5,8 @@ import importlib.util
 
 import pytest
 
-from vldist.config import ConfigError, JobConfig
+from vldist.config import JobConfig
+from vldist.errors import ConfigError
 from vldist.telemetry import trackers
 from vldist.telemetry.trackers import Trackers, check_installed
 

@@ -28,10 +28,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
-from vldist.preemption import ignore_in_worker, interrupts_deferred
 from vldist.store.access import StoreAccess
 from vldist.store.location import is_url
 from vldist.store.retry import ShardLostInExactEpoch, ShardUnavailable
+from vldist.training.stopping import ignore_in_worker, interrupts_deferred
 
 SampleFn = Callable[[dict, random.Random], "dict | None"]
 CollateFn = Callable[[list[dict]], dict]

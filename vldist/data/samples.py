@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 
-from vldist.data.shardset import ShardsUnfitError
+from vldist.errors import ShardsUnfitError
 
 
 def read_meta(raw: dict) -> dict:

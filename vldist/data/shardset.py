@@ -16,19 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from vldist.data.vocab import Vocab
+from vldist.errors import ShardsNotFoundError, ShardsUnfitError, StoreSupportMissing
 from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
 from vldist.store.access import StoreAccess
-from vldist.store.location import StoreSupportMissing, filesystem, is_url, join, list_names, redact, unreachable
+from vldist.store.location import filesystem, is_url, join, list_names, redact, unreachable
 from vldist.store.publish import INCOMPLETE
 from vldist.store.reader import open_shard
-
-
-class ShardsNotFoundError(FileNotFoundError):
-    """The shard directory or a split in it is missing; the message says how to make it."""
-
-
-class ShardsUnfitError(ValueError):
-    """The shard set lacks what the recipe reads (e.g. region features); the message says how to add it."""
 
 
 def _how_to_build(directory: str | Path) -> str:

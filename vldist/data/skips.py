@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 
-from vldist.store.retry import ShardUnavailable, StoreLost
+from vldist.errors import StoreLost
+from vldist.store.retry import ShardUnavailable
 
 log = logging.getLogger("vldist.data")
 

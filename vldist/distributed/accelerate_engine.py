@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vldist.distributed import sharded_state
+from vldist.checkpoint import sharded_state
 from vldist.distributed.engine import Engine, grad_norm, pick_device
 from vldist.launch.environment import adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -124,7 +124,8 @@ class AccelerateEngine(Engine):
 
     def load_training_state(self, directory: Path, saved: dict) -> None:
         # DDP's optimizer state is whole on every rank and saved whole: it loads on any number of ranks.
-        from vldist.checkpoint import CheckpointError, load_torch_file
+        from vldist.checkpoint.format import load_torch_file
+        from vldist.errors import CheckpointError
 
         if (Path(directory) / sharded_state.SHARDED_DIR).is_dir():  # the model's weights come with it
             try:

@@ -31,7 +31,7 @@ def set_negatives_group_size(size: int | None) -> None:
     if size is None or size >= world_size:
         return
     if world_size % size:
-        from vldist.config import ConfigError
+        from vldist.errors import ConfigError
 
         raise ConfigError(
             f"train.negatives_group_size={size} must divide the {world_size} ranks of the job into equal "

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vldist.config import PACKAGE_DIR, ConfigError
+from vldist.config import PACKAGE_DIR
+from vldist.errors import ConfigError
 
 # DeepSpeed keys the job config owns, and the job key to use instead.
 OWNED_KEYS = {

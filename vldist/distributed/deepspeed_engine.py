@@ -27,10 +27,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from vldist.config import ConfigError
+from vldist.checkpoint.resharding import load_resharded, refuse_unconvertible
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
-from vldist.distributed.resharding import load_resharded, refuse_unconvertible
+from vldist.errors import ConfigError
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
 
@@ -180,7 +180,7 @@ class DeepSpeedEngine(Engine):
         return {"zero_stage": self.stage}
 
     def load_training_state(self, directory: Path, saved: dict) -> None:
-        from vldist.checkpoint import CheckpointError
+        from vldist.errors import CheckpointError
 
         path = Path(directory) / SUBDIR
         saved_world, saved_stage = saved.get("world_size", self.world_size), saved.get("zero_stage", self.stage)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from vldist.distributed.collectives import gather_objects
+from vldist.errors import ReplicasDiverged
 from vldist.models.global_batchnorm import GlobalBatchNorm1d
 
 log = logging.getLogger("vldist.train")
@@ -35,10 +36,6 @@ log = logging.getLogger("vldist.train")
 PRIME = 2**31 - 1  # the modulus: a single changed word times a nonzero weight is never 0 mod a prime
 ROW = 2**16  # words weighted 1..ROW within a row, rows weighted likewise: sums stay under 2^63
 BLOCK_ROWS = 64  # rows hashed at once: bounds the int64 copy to 32 MiB per block
-
-
-class ReplicasDiverged(RuntimeError):
-    """The ranks' replicas of the model differ; the message names the step, the tensor and the ranks."""
 
 
 # the integer type of each element size: a tensor's values read as words of their own width

@@ -14,8 +14,9 @@ import secrets
 import socket
 from pathlib import Path
 
-from vldist.config import ConfigError, JobConfig
+from vldist.config import JobConfig
 from vldist.distributed.collectives import gather_objects
+from vldist.errors import ConfigError
 
 log = logging.getLogger("vldist.train")
 

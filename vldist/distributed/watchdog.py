@@ -33,10 +33,10 @@ import time
 from datetime import timedelta
 
 from vldist.distributed.heartbeat import COLLECTIVE, Heartbeat
+from vldist.exit_codes import HUNG  # a rank that gave up on a hung run (docs/observability.md)
 
 log = logging.getLogger("vldist.train")
 
-HUNG = 3  # exit status of a rank that gave up on a hung run (docs/observability.md)
 PREFIX = "vldist/heartbeat/"
 PROGRESS_KEY = PREFIX + "progress"
 WARN_EVERY_S = 60.0  # straggler warnings, at most one per rank per this many seconds

@@ -4,7 +4,7 @@ over the cluster as a Ray Train `TorchTrainer`.
 The driver (this process) checks the config and the run directory (resubmission.py: a new run,
 a stopped one resumed, or a refusal) and starts `ray.num_workers` workers. Ray forms their process
 group (gloo on CPU, NCCL on GPU) and each worker runs the function `launch` is given
-(`vldist.runner.run`, what torchrun's ranks run), with the same engine, in the job's working
+(`vldist.training.on_each_rank.run`, what torchrun's ranks run), with the same engine, in the job's working
 directory on its node (where Ray unpacks `--working-dir`): an embedded set (shards/synth) is read
 there, and each node's first worker builds it there if missing, as torchrun's ranks do. The run directory
 (checkpoints, metrics.json) is `ray.storage_path/ray.name`: on a disk every node shares, or, with
@@ -18,7 +18,7 @@ node carries on with the workers left; the checkpoint resumes on the new number 
 
 Stopping: `ray job stop` sends SIGTERM to the driver alone (workers are actors). The driver
 relays it through its run board (run_board.py), which the workers watch; they finish their step,
-checkpoint and return, and the driver exits with EXIT_STOPPED. Ray kills the driver
+checkpoint and return, and the driver exits with exit_codes.STOPPED. Ray kills the driver
 RAY_JOB_STOP_WAIT_TIME_S after the signal (3 s unless the job's runtime_env sets it), so give it
 the time a step and a checkpoint take. Submitting the same job again resumes (train.resume
 defaults to auto here); a finished run or one of other settings is refused (resubmission.py).
@@ -35,28 +35,20 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
-from vldist.config import ConfigError, JobConfig
+from vldist.config import JobConfig
 from vldist.data.job_shards import built_where_read
-from vldist.distributed.replicas import ReplicasDiverged
+from vldist.errors import ConfigError, ReplicasDiverged, RunFailed, RunStopped, TrainingStopped
 from vldist.launch.resubmission import check_run_directory
 from vldist.launch.run_board import open_board, stop_watch
-from vldist.preemption import TrainingStopped, signal_numbers
 from vldist.recipes.jobs import validate_job
-from vldist.run_lock import check_free
 from vldist.store.location import is_url
+from vldist.training.run_lock import check_free
+from vldist.training.stopping import signal_numbers
 
-# A rank's run: (config, on_checkpoint, stop_watch) -> results on rank 0 (vldist.runner.run)
+# A rank's run: (config, on_checkpoint, stop_watch) -> results on rank 0 (vldist.training.on_each_rank.run)
 TrainFunction = Callable[..., "dict | None"]
 
 log = logging.getLogger("vldist.ray")
-
-
-class RunFailed(RuntimeError):
-    """The Ray run failed for good (after its restarts); the message holds the workers' error."""
-
-
-class RunStopped(RuntimeError):
-    """The workers stopped on request after a checkpoint; submitting the job again resumes."""
 
 
 def wanted(config: JobConfig) -> bool:

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import yaml
 
-from vldist import compat
-from vldist.checkpoint import read_config, read_meta, step_checkpoints
+from vldist.checkpoint import upgrades
+from vldist.checkpoint.format import read_config, read_meta, step_checkpoints
+from vldist.checkpoint.object_store import CheckpointStore
 from vldist.config import JobConfig
 from vldist.data.job_shards import built_where_read
-from vldist.store.checkpoint_store import CheckpointStore
+from vldist.errors import RunDirectoryTaken
 from vldist.store.location import is_url, redact, unreachable
 
 # What may change between submissions of one run: how and where it runs, not what it trains. A
@@ -60,11 +61,6 @@ HOW_IT_RUNS = {
     "train.replica_check_every",
     "engine.timeout_s",
 }
-
-
-class RunDirectoryTaken(RuntimeError):
-    """The run directory holds a finished run, or a run of other settings; the message says what
-    to do instead."""
 
 
 @dataclass
@@ -126,7 +122,7 @@ def newest_checkpoint(config: JobConfig) -> Newest | None:
             if names:
                 meta = json.loads(store.read_file(names[-1], "meta.json"))
                 raw = yaml.safe_load(store.read_file(names[-1], "config.yaml")) or {}
-                found.append(Newest(store.where(names[-1]), meta["step"], meta, compat.upgrade_config(raw, meta)))
+                found.append(Newest(store.where(names[-1]), meta["step"], meta, upgrades.upgrade_config(raw, meta)))
         except (OSError, ValueError, yaml.YAMLError) as err:
             raise unreachable(config.output.checkpoint_dir, err) from None
     return max(found, key=lambda n: n.step, default=None)

@@ -1,6 +1,7 @@
 """Evaluation metrics."""
 
-from vldist.metrics.captions import CaptionMetricsError, JavaNotFoundError, caption_scores, release_meteor_jvm
+from vldist.errors import CaptionMetricsError, JavaNotFoundError
+from vldist.metrics.captions import caption_scores, release_meteor_jvm
 from vldist.metrics.phrase_localization import phrase_localization_recall
 from vldist.metrics.r_precision import aimcos, r_precision
 from vldist.metrics.retrieval import retrieval_protocols, retrieval_recall

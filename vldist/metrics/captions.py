@@ -50,6 +50,8 @@ from pycocoevalcap.cider.cider import Cider
 from pycocoevalcap.meteor.meteor import Meteor
 from pycocoevalcap.rouge.rouge import Rouge
 
+from vldist.errors import CaptionMetricsError, JavaNotFoundError
+
 __all__ = ["caption_scores", "release_meteor_jvm", "CaptionMetricsError", "JavaNotFoundError"]
 
 log = logging.getLogger("vldist.metrics")
@@ -75,14 +77,6 @@ _PTB_MODULE = "pycocoevalcap.tokenizer.ptbtokenizer"
 # One call at a time per process: a call edits os.environ (JAVA_TOOL_OPTIONS) for its JVMs, and each
 # METEOR JVM takes a 2 GB heap.
 _ONE_CALL_AT_A_TIME = threading.Lock()
-
-
-class CaptionMetricsError(RuntimeError):
-    """pycocoevalcap could not compute the metrics (its Java programs failed or are missing)."""
-
-
-class JavaNotFoundError(CaptionMetricsError):
-    """No ``java`` on PATH: pycocoevalcap's tokenizer and METEOR are Java programs."""
 
 
 def caption_scores(

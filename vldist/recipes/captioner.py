@@ -24,13 +24,13 @@ from vldist.data.vocab import Vocab
 from vldist.losses import cross_rank_token_nll
 from vldist.metrics import caption_scores, self_retrieval_recall
 from vldist.metrics.captions import require_java
+from vldist.metrics.report import caption_report
 from vldist.metrics.self_retrieval import SELF_RETRIEVAL_KS
 from vldist.models.caption_scoring import caption_image_logprobs
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.generation import generate
 from vldist.recipes.base import Recipe, unwrap
-from vldist.report import caption_report
 
 DECODERS = {"adaptive_attention": AdaptiveAttentionDecoder, "show_tell": ShowTellDecoder}
 

@@ -31,11 +31,11 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from vldist.compat import IncompatibleCheckpoint
-from vldist.config import ConfigError, JobConfig, updated
+from vldist.config import JobConfig, updated
 from vldist.data.samples import require_region_features
 from vldist.distributed.collectives import global_sum
 from vldist.distributed.zero import whole_parameters
+from vldist.errors import ConfigError, IncompatibleCheckpoint
 from vldist.losses import cross_rank_contrastive_captioning_loss
 from vldist.losses.negatives import draw_negatives, gather_captions, step_generator
 from vldist.losses.not_negative import local_identities

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numbers
 
-from vldist.config import ConfigError
+from vldist.errors import RecipeContractError
 
 # What the platform reads of every evaluation: printed above the results table, kept in metrics.json
 COUNTS = {
@@ -14,10 +14,6 @@ COUNTS = {
     "n_captions": "the number of captions evaluated",
 }
 GUIDE = "docs/adding-a-method.md, 'What evaluate returns'"
-
-
-class RecipeContractError(ConfigError):
-    """A recipe returned something the platform cannot use; the message names the recipe and what."""
 
 
 def _number(value) -> bool:

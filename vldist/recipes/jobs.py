@@ -2,16 +2,8 @@
 
 from __future__ import annotations
 
-from vldist.config import (
-    ConfigError,
-    JobConfig,
-    deep_merge,
-    find_job_file,
-    job_config_class,
-    parse_overrides,
-    read_yaml,
-    validate,
-)
+from vldist.config import JobConfig, deep_merge, find_job_file, job_config_class, parse_overrides, read_yaml, validate
+from vldist.errors import ConfigError
 from vldist.recipes import get_recipe, recipe_names
 
 

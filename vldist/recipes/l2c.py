@@ -30,13 +30,13 @@ from vldist.data.samples import read_meta
 from vldist.data.streams import StreamSource
 from vldist.losses import cross_rank_mean, cross_rank_token_nll, total_variation_loss
 from vldist.metrics import caption_scores
+from vldist.metrics.report import caption_report
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.l2c import L2CEncoder, build_trunk
 from vldist.recipes.base import Recipe, unwrap
 from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.l2c_pictures import pair_panel
-from vldist.report import caption_report
 from vldist.shards.synthetic.pairs import swap_image_tokens
 
 PAIR_KEYS = ("json", "img1.jpg", "img2.jpg")

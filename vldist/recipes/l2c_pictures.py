@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from vldist.visualize import to_pil
+from vldist.data.pictures import to_pil
 
 # one clearly distinct colour per semantic class (K <= 12 gets its own, more repeat)
 PALETTE = np.array(

@@ -30,6 +30,7 @@ from torch import nn
 
 from vldist.config import JobConfig, Section, updated
 from vldist.data.collate import pad_tokens
+from vldist.data.pictures import to_pil
 from vldist.data.pixels import read_image
 from vldist.data.samples import read_meta
 from vldist.losses import cross_rank_damsm_loss, cross_rank_mean, cross_rank_token_nll
@@ -40,7 +41,6 @@ from vldist.models.laviter import PHASES, LAViTeRModel
 from vldist.recipes.base import Recipe, StartingWeights, unwrap
 from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.laviter_report import laviter_report
-from vldist.visualize import to_pil
 
 LOSS_WEIGHTS = ("generator", "caption", "fake_image", "fake_text", "damsm")  # λ1..λ5 of Eq. 16
 

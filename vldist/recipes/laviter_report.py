@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from vldist.report import CAPTION_COLUMNS, score_cell
+from vldist.metrics.report import CAPTION_COLUMNS, score_cell
 
 
 def laviter_report(rows: dict[str, dict], split: str) -> str:

@@ -36,15 +36,16 @@ from vldist.config import JobConfig, Section, updated
 from vldist.data import phrases as phrase_data
 from vldist.data.collate import pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
-from vldist.data.shardset import ShardSet, ShardsUnfitError
+from vldist.data.shardset import ShardSet
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad
+from vldist.errors import ShardsUnfitError
 from vldist.losses.negatives import draw_negatives, step_generator
 from vldist.losses.not_negative import local_identities
 from vldist.losses.two_branch import cross_rank_phrase_ranking_loss, cross_rank_two_branch_ranking_loss
 from vldist.metrics import phrase_localization_recall, retrieval_protocols, sentence_to_sentence_recall
+from vldist.metrics.report import chance_recall, retrieval_report
 from vldist.models.two_branch import TwoBranchModel
 from vldist.recipes.base import Recipe, unwrap
-from vldist.report import chance_recall, retrieval_report
 
 FUSION_WIDTHS = (512, 256)  # the paper's fusion layers: FC 512x512, ReLU, FC 512x256, ReLU, FC 256x1
 

@@ -21,11 +21,11 @@ from vldist.data.collate import pad_regions, pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
 from vldist.losses import cross_rank_caption_nll, cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.metrics import retrieval_protocols
+from vldist.metrics.report import chance_recall, retrieval_report
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.image_encoder import RegionReasoningEncoder
 from vldist.models.text_encoder import GRUTextEncoder
 from vldist.recipes.base import Recipe
-from vldist.report import chance_recall, retrieval_report
 
 
 class VSRNConfig(Section):

@@ -12,17 +12,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from vldist.errors import StoreSupportMissing, StoreUnreachable
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # two letters at least: 'C:\' is a Windows path
 # the pip extra (pyproject.toml) that installs each scheme's fsspec filesystem
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
-
-
-class StoreSupportMissing(ImportError):
-    """The URL's filesystem package is not installed; the message names the extra."""
-
-
-class StoreUnreachable(ConnectionError):
-    """A store did not answer, or refused, when a shard set was opened; the message says what to check."""
 
 
 def unreachable(where: str, error: BaseException) -> StoreUnreachable:

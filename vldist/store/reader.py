@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
+from vldist.errors import StoreLost
 from vldist.store.access import StoreAccess
 from vldist.store.cache import ShardCache
 from vldist.store.location import filesystem, is_url, redact
-from vldist.store.retry import ReadInterrupted, RetryPolicy, ShardUnavailable, StoreLost, transient
+from vldist.store.retry import ReadInterrupted, RetryPolicy, ShardUnavailable, transient
 
 log = logging.getLogger("vldist.data")
 _SKIP_CHUNK = 1 << 20

@@ -9,6 +9,8 @@ import asyncio
 import random
 from dataclasses import dataclass
 
+from vldist.errors import StoreLost
+
 # error classes of the stores' client libraries, by name (no import of packages a job may lack)
 _TRANSIENT_NAMES = {
     "ClientPayloadError",
@@ -34,22 +36,6 @@ _TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestT
 class ShardUnavailable(OSError):
     """A shard could not be read within the retry budget, or its download did not check out; the
     message says where and what was tried."""
-
-
-class StoreLost(RuntimeError):
-    """The store stopped answering during a run: not one shard, the store (the message says which,
-    what was tried and what to check). Raised through the loader, it ends the run; the checkpoints
-    written before stay whole."""
-
-    def __init__(self, message: str):
-        # a loader worker's error reaches the main process as exc_type("Caught ... Original
-        # Traceback ...: <message>"): keep the message, not the worker's traceback
-        if "Original Traceback" in message:
-            message = message.rstrip().rsplit(f"{type(self).__name__}: ", 1)[-1]
-        super().__init__(message)
-
-    def __str__(self) -> str:  # the message alone: WebDataset appends the stream and the URL to args
-        return str(self.args[0])
 
 
 class ShardLostInExactEpoch(StoreLost):

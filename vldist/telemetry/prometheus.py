@@ -17,7 +17,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, start_http_server
 
 from vldist.distributed.collectives import gather_objects
-from vldist.files import write_json_atomic
+from vldist.file_integrity import write_json_atomic
 from vldist.launch.network import node_address
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from vldist.config import ConfigError
+from vldist.errors import ConfigError
 
 log = logging.getLogger("vldist.metrics")
 

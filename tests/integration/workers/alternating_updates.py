@@ -14,7 +14,7 @@ import vldist.recipes
 from vldist.losses import cross_rank_token_nll, cross_rank_vse_hinge_loss
 from vldist.recipes.jobs import load_config
 from vldist.recipes.vsrn import VSRNRecipe
-from vldist.runner import run
+from vldist.training.on_each_rank import run
 
 
 class AlternatingVSRN(VSRNRecipe):

@@ -16,14 +16,14 @@ import torch
 from engines import cpu_engine
 from sgd_steps import my_slice, sgd_steps  # noqa: E402  (this directory is on sys.path)
 
-from vldist.checkpoint import save_checkpoint
+from vldist.checkpoint.format import save_checkpoint
+from vldist.checkpoint.starting_weights import read_starting_weights
 from vldist.config import to_yaml
 from vldist.data.vocab import Vocab
 from vldist.distributed.engine import Engine
 from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionRecipe
 from vldist.recipes.jobs import load_config
-from vldist.starting_weights import read_starting_weights
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small", "left", "of"])
 DIM, IMAGES, STEPS, LR = 6, 6, 3, 0.5

@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 import yaml
 
-import vldist.runner
 import vldist.train
-from vldist import trainer
+import vldist.training.on_each_rank
 from vldist.recipes.jobs import load_config
+from vldist.training import loop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for its helpers
 from helpers import TINY_LAVITER_MODEL  # noqa: E402
@@ -96,7 +96,7 @@ COMMON = [
     "engine.sync_batchnorm=true",
 ]  # buffers replicated too
 
-fit = trainer.Trainer.fit
+fit = loop.Trainer.fit
 
 
 def fit_then_save(self):
@@ -116,7 +116,7 @@ def fit_then_save(self):
 
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-trainer.Trainer.fit = fit_then_save
+loop.Trainer.fit = fit_then_save
 (out / "tiny_captioner.yaml").write_text(
     yaml.safe_dump(
         {
@@ -134,9 +134,9 @@ trainer.Trainer.fit = fit_then_save
         }
     )
 )  # validated (by nobody: see fit_then_save), so a best is kept
-run = vldist.runner.run
+run = vldist.training.on_each_rank.run
 # one process group for every run (run_stages imports the runner's run when it is called)
-vldist.runner.run = lambda stage, **_: run(stage, last=False)
+vldist.training.on_each_rank.run = lambda stage, **_: run(stage, last=False)
 
 jobs = sys.argv[8].split(",") if len(sys.argv) > 8 else list(JOBS)
 for job in jobs:

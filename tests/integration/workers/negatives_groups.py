@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from vldist.config import ConfigError
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
+from vldist.errors import ConfigError
 from vldist.losses import cross_rank_vse_hinge_loss
 
 B, D = 8, 6  # 2 rows a rank

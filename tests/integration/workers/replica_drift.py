@@ -6,8 +6,8 @@ import sys
 
 from drift import drift_after  # this directory is on sys.path
 
-from vldist import trainer
 from vldist.train import main
+from vldist.training import loop
 
-drift_after(trainer.Trainer, int(sys.argv[1]))
+drift_after(loop.Trainer, int(sys.argv[1]))
 sys.exit(main(sys.argv[2:]))

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from vldist.checkpointer import Checkpointer
+from vldist.checkpoint.manager import Checkpointer
 from vldist.data.vocab import Vocab
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.recipes.jobs import load_config

@@ -24,7 +24,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vldist.data.vocab import Vocab
-from vldist.files import sha256_file, write_json_atomic
+from vldist.file_integrity import sha256_file, write_json_atomic
 from vldist.shards.convert.base import BadInput, Converter, Item, Plan, Problems, SampleMaker, skip_record
 from vldist.shards.convert.formats import FORMATS
 from vldist.shards.format.layout import MANIFEST_NAME, STANDARDIZATION_NAME, VOCAB_NAME

@@ -39,7 +39,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from vldist.files import sha256_file
+from vldist.file_integrity import sha256_file
 from vldist.shards.convert.base import BadInput, Converter, Item, Problems
 from vldist.shards.convert.images import ImageSamples, add_feature_arguments, feature_options, image_plan
 from vldist.shards.convert.karpathy import read_json

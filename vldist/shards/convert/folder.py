@@ -17,7 +17,7 @@ import csv
 import json
 from pathlib import Path
 
-from vldist.files import sha256_file
+from vldist.file_integrity import sha256_file
 from vldist.shards.convert.base import BadInput, Converter, Item, Problems
 from vldist.shards.convert.images import (
     IMAGE_SUFFIXES,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vldist.files import sha256_file
+from vldist.file_integrity import sha256_file
 from vldist.shards.convert.base import BadInput, Converter, Item, Problems
 from vldist.shards.convert.images import ImageSamples, add_feature_arguments, feature_options, image_plan
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vldist.files import sha256_file
+from vldist.file_integrity import sha256_file
 from vldist.shards.convert.base import BadInput, Converter, Item, Plan, Problems
 
 KNOWN_SPLITS = ("train", "dev", "test", "testall")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from vldist.data.shardset import ShardSet, ShardsUnfitError
+from vldist.data.shardset import ShardSet
+from vldist.errors import ShardsUnfitError
 from vldist.shards.convert.images import grid_boxes, one_thread
 from vldist.shards.format.layout import STANDARDIZATION_NAME
 from vldist.shards.format.standardization import load_standardization

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vldist.files import sha256_file
+from vldist.file_integrity import sha256_file
 from vldist.shards.format.layout import MANIFEST_NAME
 
 

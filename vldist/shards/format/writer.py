@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from vldist.files import sha256_file, write_json_atomic
+from vldist.file_integrity import sha256_file, write_json_atomic
 from vldist.shards.format.layout import MANIFEST_NAME, shard_name
 
 FORMAT_NAME = "vldist-shards"

@@ -46,7 +46,7 @@ class ShrinkWhenImported(importlib.abc.MetaPathFinder):
 
         def run_and_shrink(module):
             run(module)
-            if name == "vldist.trainer":
+            if name == "vldist.training.loop":
                 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))  # workers/, for drift.py
                 from drift import drift_after
 
@@ -60,5 +60,5 @@ class ShrinkWhenImported(importlib.abc.MetaPathFinder):
 
 
 if os.environ.get("VLDIST_TEST_DRIFT_AFTER_STEP"):
-    SMALL["vldist.trainer"] = None
+    SMALL["vldist.training.loop"] = None
 sys.meta_path.insert(0, ShrinkWhenImported())

@@ -18,28 +18,25 @@ from itertools import islice
 
 import torch
 
-from vldist.checkpoint import load_model_state, step_name
-from vldist.checkpointer import Checkpointer
-from vldist.config import ConfigError, JobConfig
+from vldist.checkpoint.format import load_model_state, step_name
+from vldist.checkpoint.manager import Checkpointer
+from vldist.config import JobConfig
 from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.distributed.heartbeat import heartbeat
 from vldist.distributed.replicas import ReplicaCheck
 from vldist.distributed.watchdog import Watchdog, watchdog_store
-from vldist.eval_split import EmptySplitError, eval_batch_count, eval_loader, evaluate_split
+from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, TrainingStopped
 from vldist.models.global_batchnorm import convert_global_batchnorm
-from vldist.preemption import StopRequest, TrainingStopped, raise_if_interrupted
 from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.progress import TrainingProgress, eval_batches
 from vldist.telemetry.trackers import Trackers
+from vldist.training.split_evaluation import eval_batch_count, eval_loader, evaluate_split
+from vldist.training.stopping import StopRequest, raise_if_interrupted
 
 log = logging.getLogger("vldist.train")
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN or inf; nothing was written after the last good checkpoint."""
 
 
 @dataclass
@@ -446,7 +443,7 @@ class Trainer:
         reason = reasons[0] if reasons else "a stop request"
         # A rank that learnt of the stop from the all-reduce records it too: its signals then stay
         # ignored until it exits, so the launcher's SIGTERM after another rank left cannot kill it
-        # with -15 instead of EXIT_STOPPED (stop_requests).
+        # with -15 instead of exit_codes.STOPPED (stopping.py).
         self.stop.reason = self.stop.reason or reason
         self.checkpoints.finish()  # an asynchronous save in flight (perhaps of this very step)
         if self.checkpoints.saved_step != self.state.step:

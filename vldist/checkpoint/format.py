@@ -29,21 +29,13 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from vldist import compat
-from vldist.distributed import sharded_state
-from vldist.distributed.sharded_state import SHARDED_DIR
-from vldist.files import sha256_file
+from vldist.checkpoint import sharded_state, upgrades
+from vldist.checkpoint.sharded_state import SHARDED_DIR
+from vldist.errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpoint
+from vldist.file_integrity import sha256_file
 
 MARKER = "COMPLETE"
 FILES = "files.json"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or unreadable; the message says which and what to do."""
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (a full disk); the message names the previous good one."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -79,7 +71,7 @@ def write_files(
         torch.save(train_state, tmp / "state.pt")
     (tmp / "config.yaml").write_text(config_yaml)
     vocab.save(tmp / "vocab.json")
-    (tmp / "meta.json").write_text(json.dumps(compat.stamp(meta), indent=2) + "\n")
+    (tmp / "meta.json").write_text(json.dumps(upgrades.stamp(meta), indent=2) + "\n")
 
 
 def _files(root: Path) -> list[Path]:
@@ -158,14 +150,14 @@ def load_model_state(directory: Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(
                 f"cannot read the weights in {directory / SHARDED_DIR} ({err}); the checkpoint is damaged"
             ) from err
-        return compat.upgrade_state(state, read_meta(directory))
+        return upgrades.upgrade_state(state, read_meta(directory))
     try:
         state = load_file(directory / "model.safetensors")
     except Exception as err:  # noqa: BLE001 - safetensors raises several types on damage
         raise CheckpointError(
             f"cannot read {directory / 'model.safetensors'} ({err}); the checkpoint is damaged"
         ) from err
-    return compat.upgrade_state(state, read_meta(directory))
+    return upgrades.upgrade_state(state, read_meta(directory))
 
 
 def read_meta(directory: Path) -> dict:
@@ -184,7 +176,7 @@ def read_config(directory: Path) -> dict:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as err:
         raise CheckpointError(f"cannot read {path} ({err}); the checkpoint is damaged") from err
-    return compat.upgrade_config(raw, read_meta(directory))
+    return upgrades.upgrade_config(raw, read_meta(directory))
 
 
 def load_train_state(directory: Path) -> dict:
@@ -276,20 +268,20 @@ def find_checkpoint(path: Path) -> Path:
 def check_checkpoint_fits_job(
     directory: Path, build_model, job: dict, feature_dim: int | None, vocab_size: int | None, action: str
 ) -> None:
-    """Raise compat.IncompatibleCheckpoint, saying what differs, unless the checkpoint holds the
+    """Raise IncompatibleCheckpoint, saying what differs, unless the checkpoint holds the
     model `build_model()` makes (read from the weights' header alone)."""
     directory = Path(directory)
     meta = read_meta(directory)
     shapes = (
         sharded_state.tensor_shapes(directory / SHARDED_DIR)
         if _weights_in_shards(directory)
-        else compat.checkpoint_shapes(directory / "model.safetensors")
+        else upgrades.checkpoint_shapes(directory / "model.safetensors")
     )
-    names = compat.upgrade_parameter_names(shapes, meta)
+    names = upgrades.upgrade_parameter_names(shapes, meta)
     saved = {names[n]: shape for n, shape in shapes.items()}
-    compat.check_parameter_shapes(
+    upgrades.check_parameter_shapes(
         directory,
-        compat.expected_shapes(build_model),
+        upgrades.expected_shapes(build_model),
         saved,
         meta,
         read_config(directory),
@@ -301,12 +293,12 @@ def check_checkpoint_fits_job(
 
 
 def check_engine_fits(directory: Path, meta: dict, backend: str) -> None:
-    """Raise compat.IncompatibleCheckpoint unless the checkpoint's optimizer state is `backend`'s:
+    """Raise IncompatibleCheckpoint unless the checkpoint's optimizer state is `backend`'s:
     Accelerate saves one whole optimizer file, DeepSpeed its own shards."""
     saved = meta.get("engine")
     if saved is None or saved == backend:
         return
-    raise compat.IncompatibleCheckpoint(
+    raise IncompatibleCheckpoint(
         f"checkpoint '{directory}' was written by engine.backend={saved}, and this job runs engine.backend={backend}: "
         f"its optimizer state is {saved}'s, which the other engine cannot read. Resume with "
         f"engine.backend={saved} (its weights, model.safetensors, evaluate and export under either)."

@@ -20,11 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from vldist.errors import OutputDirInUse
+
 LOCK_FILE = ".lock"
-
-
-class OutputDirInUse(RuntimeError):
-    """Another live run holds the output directory; the message names it (host, pid, command)."""
 
 
 class RunLock:

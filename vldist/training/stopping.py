@@ -10,7 +10,7 @@ Schedulers ask a job to stop with a signal some time before they kill it:
 
 A handler only records the request. The trainer reads it once per optimizer step, and the ranks
 agree through the all-reduce every step already makes (a signal may reach one rank only), so all
-stop after the same step, write one checkpoint together and exit with EXIT_STOPPED. Later signals
+stop after the same step, write one checkpoint together and exit with exit_codes.STOPPED (75). Later signals
 are acknowledged and ignored: the checkpoint being written completes (and were the process killed
 anyway, the atomic write leaves the previous checkpoint intact).
 """
@@ -23,22 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from pathlib import Path
-
-# sysexits.h EX_TEMPFAIL, "try again later": the run stopped cleanly after writing a checkpoint,
-# and the same command with train.resume=auto carries on. Slurm's train.sbatch requeues on it.
-EXIT_STOPPED = 75
-
-
-class TrainingStopped(Exception):
-    """Training stopped on request after writing a checkpoint of the step it reached."""
-
-    def __init__(self, step: int, checkpoint: Path, reason: str):
-        self.step, self.checkpoint, self.reason = step, checkpoint, reason
-        super().__init__(
-            f"stopped by {reason} after step {step}; checkpoint {checkpoint}. "
-            "Run the same command with train.resume=auto to carry on from it."
-        )
 
 
 def signal_numbers(names) -> list[signal.Signals]:

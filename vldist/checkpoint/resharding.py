@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vldist.compat import IncompatibleCheckpoint
+from vldist.errors import IncompatibleCheckpoint
 
 
 def refuse_unconvertible(checkpoint: Path, saved_stage: int, stage: int) -> None:

@@ -14,19 +14,19 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+from vldist.checkpoint.starting_weights import read_starting_weights
 from vldist.config import JobConfig
 from vldist.data.job_shards import build_missing, open_job_shards
-from vldist.data.shardset import ShardsNotFoundError
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
-from vldist.distributed.peer_loss import PeerLost, peer_loss_reported
+from vldist.distributed.lost_rank import lost_rank_reported
 from vldist.distributed.shared_output import check_output_shared
-from vldist.preemption import stop_requests
+from vldist.errors import OutputDirInUse, PeerLost, ShardsNotFoundError
 from vldist.recipes import get_recipe
-from vldist.run_lock import OutputDirInUse, RunLock
-from vldist.starting_weights import read_starting_weights
 from vldist.telemetry.prometheus import start_rank_metrics
-from vldist.trainer import Trainer
+from vldist.training.loop import Trainer
+from vldist.training.run_lock import RunLock
+from vldist.training.stopping import stop_requests
 
 log = logging.getLogger("vldist.train")
 
@@ -87,7 +87,7 @@ def run(
                 )
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
                 set_negatives_group_size(config.train.negatives_group_size)  # collective
-                with peer_loss_reported(engine.rank, engine.world_size, config.output_dir / "checkpoints"):
+                with lost_rank_reported(engine.rank, engine.world_size, config.output_dir / "checkpoints"):
                     results = Trainer(config, recipe, engine, shards, on_checkpoint, metrics, stop, start).fit()
                 return results if engine.is_main else None
         finally:

@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from vldist import __version__
+from vldist.errors import IncompatibleCheckpoint
 
 OLDEST = "0.1.0"  # checkpoints without a recorded version
 
@@ -26,10 +27,6 @@ MOVED_CONFIG_KEYS = [
     # was the exact caption count evaluation demanded; now a cap, and any count per image is evaluated
     ("0.2.0", "model.captions_per_image", "eval.max_captions_per_image"),
 ]
-
-
-class IncompatibleCheckpoint(ValueError):
-    """The checkpoint holds another model than the job builds; the message says what differs."""
 
 
 def _version(text: str | None) -> tuple[int, ...]:

@@ -22,8 +22,9 @@ import shutil
 import socket
 from pathlib import Path
 
-from vldist.checkpoint import FILES, MARKER, STEP_PREFIX, CheckpointError, chosen_name, is_complete
-from vldist.files import sha256_file
+from vldist.checkpoint.format import FILES, MARKER, STEP_PREFIX, chosen_name, is_complete
+from vldist.errors import CheckpointError
+from vldist.file_integrity import sha256_file
 from vldist.store.location import filesystem, is_url, redact
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vldist.checkpoint import CheckpointError, find_checkpoint, load_model_state, read_config
+from vldist.checkpoint.format import find_checkpoint, load_model_state, read_config
 from vldist.data.vocab import Vocab
+from vldist.errors import CheckpointError
 from vldist.recipes.base import StartingWeights
 
 

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from vldist.checkpoint import (
+from vldist.checkpoint.format import (
     STEP_PREFIX,
-    CheckpointError,
     begin,
     check_checkpoint_fits_job,
     check_engine_fits,
@@ -37,11 +36,12 @@ from vldist.checkpoint import (
     write_failed,
     write_files,
 )
+from vldist.checkpoint.object_store import CheckpointStore
+from vldist.checkpoint.sharded_state import SHARDED_DIR
 from vldist.config import JobConfig, to_yaml
 from vldist.distributed.collectives import gather_objects
 from vldist.distributed.heartbeat import heartbeat
-from vldist.distributed.sharded_state import SHARDED_DIR
-from vldist.store.checkpoint_store import CheckpointStore
+from vldist.errors import CheckpointError
 
 log = logging.getLogger("vldist.train")
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from vldist.checkpoint import CheckpointError, check_checkpoint_fits_job, find_checkpoint, load_model_state, read_config
+from vldist.checkpoint.format import check_checkpoint_fits_job, find_checkpoint, load_model_state, read_config
+from vldist.checkpoint.object_store import local_checkpoint
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
+from vldist.errors import CheckpointError
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import validate_job
 from vldist.store.access import StoreAccess
-from vldist.store.checkpoint_store import local_checkpoint
 
 
 def load_checkpoint(path, shards: str | None = None, device: str = "auto"):

@@ -5,11 +5,10 @@ one before; a failed write leaves nothing behind and says so."""
 import pytest
 import torch
 
-from vldist.checkpoint import CheckpointError, CheckpointWriteError
-from vldist.checkpointer import Checkpointer, rank_rng_state
-from vldist.compat import IncompatibleCheckpoint
+from vldist.checkpoint.manager import Checkpointer, rank_rng_state
+from vldist.checkpoint.resharding import refuse_unconvertible
 from vldist.data.vocab import Vocab
-from vldist.distributed.resharding import refuse_unconvertible
+from vldist.errors import CheckpointError, CheckpointWriteError, IncompatibleCheckpoint
 from vldist.recipes.jobs import load_config
 
 VOCAB = Vocab(["red", "circle"])
@@ -173,7 +172,7 @@ def test_sharded_asynchronous_checkpoints_restore_everything_and_hold_weights_on
 def test_a_failed_background_save_leaves_the_previous_checkpoint_usable(tmp_path, monkeypatch):
     import threading
 
-    from vldist import checkpointer as module
+    from vldist.checkpoint import manager as module
 
     fmt = ("train.checkpoint_format=sharded", "train.async_checkpoints=true")
     checkpointer, engine, scheduler, state = parts(tmp_path, None, *fmt)
@@ -199,8 +198,8 @@ def test_a_failed_background_save_leaves_the_previous_checkpoint_usable(tmp_path
 
 
 def test_sharded_or_asynchronous_checkpoints_are_refused_under_deepspeed():
-    from vldist.config import ConfigError
     from vldist.distributed.deepspeed_engine import DeepSpeedEngine
+    from vldist.errors import ConfigError
 
     for option in ("train.checkpoint_format=sharded", "train.async_checkpoints=true"):
         with pytest.raises(ConfigError, match="the Accelerate engine's"):
@@ -210,7 +209,7 @@ def test_sharded_or_asynchronous_checkpoints_are_refused_under_deepspeed():
 def test_the_sharded_state_keeps_the_loss_scalers_state_beside(tmp_path):
     """fp16 on CUDA keeps a GradScaler; its state (plain numbers) travels in the DCP files beside
     the model and optimizer and comes back through the weights-only loader."""
-    from vldist.distributed import sharded_state
+    from vldist.checkpoint import sharded_state
 
     model = TinyRecipe.build_model()
     optimizer = torch.optim.Adam(model.parameters())

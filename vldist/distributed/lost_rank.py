@@ -9,6 +9,8 @@ import socket
 from contextlib import contextmanager
 from pathlib import Path
 
+from vldist.errors import PeerLost
+
 # What torch's backends say when the other end of a collective went away: gloo's TCP pairs, and
 # NCCL's watchdog (a remote process exited, or the collective timed out waiting for it).
 LOST_PEER_SIGNS = (
@@ -22,11 +24,7 @@ LOST_PEER_SIGNS = (
 TIMEOUT_SIGNS = ("Timed out waiting", "Application timeout caused pair closure")
 
 
-class PeerLost(RuntimeError):
-    """This rank's collective failed because another rank of the run is gone."""
-
-
-def is_peer_loss(error: BaseException) -> bool:
+def is_lost_rank_error(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(sign in str(error) for sign in LOST_PEER_SIGNS + TIMEOUT_SIGNS)
 
 
@@ -39,13 +37,13 @@ def _what_failed(error: BaseException) -> str:
 
 
 @contextmanager
-def peer_loss_reported(rank: int, world_size: int, checkpoints: Path):
+def lost_rank_reported(rank: int, world_size: int, checkpoints: Path):
     """Inside, an error that says another rank is gone becomes PeerLost naming this rank's host
     and where the run carries on from; any other error passes unchanged."""
     try:
         yield
     except RuntimeError as err:
-        if world_size < 2 or not is_peer_loss(err):
+        if world_size < 2 or not is_lost_rank_error(err):
             raise
         resume = f"The same job with train.resume=auto carries on from the newest checkpoint in {checkpoints}"
         if any(sign in str(err) for sign in TIMEOUT_SIGNS):

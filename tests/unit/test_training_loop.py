@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vldist.recipes.jobs import load_config
-from vldist.trainer import build_scheduler
+from vldist.training.loop import build_scheduler
 
 
 def _lrs(overrides, steps_per_epoch=10, total=40):
@@ -41,8 +41,8 @@ def test_a_world_that_cannot_split_the_global_batch_is_refused_by_name():
     cannot share 32 rows, and the error names both numbers before anything is built."""
     from types import SimpleNamespace
 
-    from vldist.config import ConfigError
-    from vldist.trainer import Trainer
+    from vldist.errors import ConfigError
+    from vldist.training.loop import Trainer
 
     config = load_config("vsrn", ["data.batch_size=32"])
     with pytest.raises(

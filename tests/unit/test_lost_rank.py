@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vldist.distributed.peer_loss import PeerLost, is_peer_loss, peer_loss_reported
+from vldist.distributed.lost_rank import is_lost_rank_error, lost_rank_reported
+from vldist.errors import PeerLost
 from vldist.exit_codes import FAILED, exit_status
 
 # as torch 2.14.1's gloo raised it on the surviving node of tests/integration/test_slurm.py
@@ -19,7 +20,7 @@ GLOO_RESET = (
 
 def test_a_lost_peer_becomes_one_line_with_the_host_and_where_to_carry_on():
     with pytest.raises(PeerLost) as caught:
-        with peer_loss_reported(rank=1, world_size=2, checkpoints=Path("/shared/runs/vsrn/checkpoints")):
+        with lost_rank_reported(rank=1, world_size=2, checkpoints=Path("/shared/runs/vsrn/checkpoints")):
             raise RuntimeError(GLOO_RESET)
     message = str(caught.value)
     assert message.startswith(
@@ -42,12 +43,12 @@ def test_a_lost_peer_becomes_one_line_with_the_host_and_where_to_carry_on():
 )
 def test_other_errors_pass_unchanged(error, world_size):
     with pytest.raises(type(error)) as caught:
-        with peer_loss_reported(rank=0, world_size=world_size, checkpoints=Path("c")):
+        with lost_rank_reported(rank=0, world_size=world_size, checkpoints=Path("c")):
             raise error
     assert caught.value is error
 
 
 def test_the_signs_of_each_backend_are_recognised():
-    assert is_peer_loss(RuntimeError(GLOO_RESET))
-    assert is_peer_loss(RuntimeError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)"))
-    assert not is_peer_loss(RuntimeError("CUDA out of memory"))
+    assert is_lost_rank_error(RuntimeError(GLOO_RESET))
+    assert is_lost_rank_error(RuntimeError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)"))
+    assert not is_lost_rank_error(RuntimeError("CUDA out of memory"))

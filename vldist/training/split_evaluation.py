@@ -11,13 +11,10 @@ import math
 from contextlib import closing
 from pathlib import Path
 
+from vldist.data.pictures import save_pictures
 from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
+from vldist.errors import EmptySplitError
 from vldist.recipes.contract import check_evaluation
-from vldist.visualize import save_pictures
-
-
-class EmptySplitError(RuntimeError):
-    """Every sample of an evaluation split was skipped; the message gives the first reasons."""
 
 
 def eval_loader(config, recipe, shards, split: str, shielded_signals=()):

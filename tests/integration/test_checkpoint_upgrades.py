@@ -1,4 +1,4 @@
-"""Checkpoints against the job that loads them (vldist/compat.py), through the commands: one of
+"""Checkpoints against the job that loads them (vldist/upgrades.py), through the commands: one of
 another model or feature width is refused saying what differs, and one of vldist 0.1.0 is upgraded
 and evaluates as it did then, and resumes (docs/bad-input.md, Checkpoints)."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from helpers import SMALL_VSRN, train_vsrn, weights, write_planted_shards
 
-from vldist import compat
-from vldist.checkpoint import verify
+from vldist.checkpoint import upgrades
+from vldist.checkpoint.format import verify
 from vldist.evaluate import main as evaluate_main
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "vldist-0.1.0"
@@ -79,10 +79,10 @@ def test_a_checkpoint_of_vldist_0_1_evaluates_as_it_did_then_and_resumes(planted
         capsys, f"data.shards={planted_shards}", f"output.dir={run}", f"train.resume={checkpoint}", *OLD_JOB
     )
     assert code == 0, err
-    renamed = compat.upgrade_state(_load(OLD / "expected" / "model-step-00000014.safetensors"), {"recipe": "vsrn"})
+    renamed = upgrades.upgrade_state(_load(OLD / "expected" / "model-step-00000014.safetensors"), {"recipe": "vsrn"})
     assert "image.region_projection.weight" in renamed  # stored as image.fc.weight
     resumed = weights(run / "checkpoints" / "step-00000014")
-    start = compat.upgrade_state(_load(checkpoint / "model.safetensors"), {"recipe": "vsrn"})
+    start = upgrades.upgrade_state(_load(checkpoint / "model.safetensors"), {"recipe": "vsrn"})
     # Not to the bit since 0.3.0: 9 of the run's 14 batches hold a sample twice (shards are drawn
     # with replacement), and 0.1.0 took the copy for a negative, which vldist no longer does
     # (issue 23); its caption loss was also the per-token mean. Measured: the resumed weights end
