@@ -130,7 +130,7 @@ def test_a_two_rank_zero_checkpoint_resumes_in_one_plain_process(planted_shards,
     """2 -> 1 through vldist.train: DeepSpeed's shards of 2 ranks converted on resume (its universal
     checkpoint), training carries on from step 5 to the end. (That the moments and the loss curve
     carry over exactly, for every stage and engine: test_resharding.py; a world that cannot split
-    the global batch: tests/unit/test_training_loop.py.)"""
+    the global batch: tests/unit/test_training_setup.py.)"""
     out = tmp_path / "run"
     _train(planted_shards, out, 2, "train.max_steps=5", "train.log_every=1")
     export(out, tmp_path / "export", "step-5")  # the ZeRO checkpoint of 2 ranks, as whole weights

@@ -19,7 +19,7 @@ from vldist.recipes.captioner import CaptionerRecipe
 from vldist.recipes.cl_caption import CLCaptionConfig, CLCaptionModel, CLCaptionRecipe
 from vldist.recipes.jobs import load_config
 from vldist.shards.convert.images import one_thread
-from vldist.training.loop import build_optimizers
+from vldist.training.optimizers import build_optimizers
 
 VOCAB = Vocab(["a", "red", "circle", "blue", "square", "green", "star", "small"])
 DIM = 6

@@ -1,5 +1,8 @@
 """The table from error to exit code and message (vldist/exit_codes.py), as docs/bad-input.md lists it."""
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -92,3 +95,21 @@ def test_an_error_outside_the_table_has_no_exit_code():
     assert not isinstance(ValueError("a bug"), REPORTED_ERRORS)
     with pytest.raises(TypeError, match="ValueError has no exit code"):
         exit_status(ValueError("a bug"))
+
+
+def test_the_table_imports_the_error_types_alone():
+    """Mapping errors to codes loads no platform: a fresh interpreter importing exit_codes holds
+    vldist, vldist.errors and vldist.exit_codes, and neither torch nor any other vldist module."""
+    code = "import json, sys, vldist.exit_codes; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert [m for m in loaded if m == "vldist" or m.startswith("vldist.")] == [
+        "vldist",
+        "vldist.errors",
+        "vldist.exit_codes",
+    ]
+    assert "torch" not in loaded
+
+
+def test_every_reported_error_is_defined_in_errors_py():
+    """One home for the error types, so that nothing else need be imported to map them."""
+    assert {error.__module__ for error in REPORTED_ERRORS} == {"vldist.errors"}

@@ -19,7 +19,7 @@ from vldist.data.shardset import ShardSet
 from vldist.data.streams import TrainingStreams
 from vldist.recipes import get_recipe
 from vldist.recipes.jobs import load_config
-from vldist.training.loop import build_scheduler
+from vldist.training.optimizers import build_scheduler
 
 JOBS = Path(__file__).resolve().parents[2] / "jobs"
 

@@ -1,24 +1,22 @@
-"""The training loop: one code path for every recipe, engine and launcher.
+"""The training loop and its step: one code path for every recipe, engine and launcher.
 
 fit() builds the model, streams batches, takes optimizer steps, checkpoints (every N steps and at
-each epoch end, resumable to the exact batch), validates each epoch keeping the best snapshot by
-the recipe's validation score (VSRN: rsum), and evaluates the best snapshot on the test split. On a stop
-request (preemption.py) every rank finishes the same step, checkpoints it and raises TrainingStopped.
+each epoch end, resumable to the exact batch) and hands the evaluations (evaluations.py: before
+training, after epochs, the test of the best epoch, the results) their moments. On a stop request
+(stopping.py) every rank finishes the same step, checkpoints it and raises TrainingStopped.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
 from contextlib import closing
-from dataclasses import asdict, dataclass, field
-from itertools import islice
+from dataclasses import asdict
 
 import torch
 
-from vldist.checkpoint.format import load_model_state, step_name
+from vldist.checkpoint.format import step_name
 from vldist.checkpoint.manager import Checkpointer
 from vldist.config import JobConfig
 from vldist.data.job_shards import JobShards
@@ -31,51 +29,14 @@ from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, Trai
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
-from vldist.telemetry.progress import TrainingProgress, eval_batches
+from vldist.telemetry.progress import TrainingProgress
 from vldist.telemetry.trackers import Trackers
-from vldist.training.split_evaluation import eval_batch_count, eval_loader, evaluate_split
+from vldist.training.evaluations import Evaluations
+from vldist.training.optimizers import build_optimizers, build_scheduler
+from vldist.training.run_state import RunState
 from vldist.training.stopping import StopRequest, raise_if_interrupted
 
 log = logging.getLogger("vldist.train")
-
-
-@dataclass
-class RunState:
-    """Everything besides weights and optimizer that a resumed run needs to carry on exactly."""
-
-    step: int = 0
-    epoch: int = 0  # the epoch in progress (0-based)
-    epoch_step: int = 0  # batches of that epoch already taken: the data position
-    epoch_loss_sum: float = 0.0
-    samples_seen: int = 0
-    skipped_samples: int = 0
-    best_score: float = -math.inf
-    best_epoch: int | None = None
-    history: list[dict] = field(default_factory=list)
-    untrained: dict | None = None
-    restarts: int = 0
-
-
-def build_optimizers(config: JobConfig, groups: dict[str, list]) -> dict[str, torch.optim.Optimizer]:
-    """One torch optimizer per named group of the recipe (param-group dicts may set their own lr)."""
-    t = config.train
-    cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.Adam
-    return {name: cls(params, lr=t.lr, weight_decay=t.weight_decay) for name, params in groups.items()}
-
-
-def build_scheduler(config: JobConfig, optimizer, steps_per_epoch: int, total_steps: int):
-    """The lr factor per optimizer step: warm-up, then the paper's step decay or a cosine to 0."""
-    t = config.train
-
-    def factor(step: int) -> float:
-        if step < t.warmup_steps:
-            return (step + 1) / t.warmup_steps
-        if t.lr_schedule == "cosine":
-            progress = (step - t.warmup_steps) / max(total_steps - t.warmup_steps, 1)
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        return t.lr_decay_factor ** (step // (t.lr_decay_epochs * steps_per_epoch))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:
@@ -140,52 +101,6 @@ class Trainer:
         self.replicas = ReplicaCheck(
             engine.unwrap(), engine.world_size, t.replica_check_every, config.engine.sync_batchnorm
         )
-
-    # ------------------------------------------------------------------ evaluation
-
-    def evaluate(self, split: str) -> dict | None:
-        """Metrics on rank 0 (None elsewhere); the other ranks wait. The retrieval protocol needs
-        every image and caption in one similarity matrix, and every rank holds the whole model."""
-        with heartbeat.phase_of(f"evaluation ({split})"):
-            return self._evaluate(split)
-
-    def check_evaluation_contract(self) -> None:
-        """The recipe's evaluation on the first batch of the validation split, checked against the
-        contract (recipes/contract.py), so that a recipe returning the wrong thing stops before
-        training rather than after it. Random state is restored: training draws what it would have."""
-        split = self.config.data.val_split
-        if not self.shards.num_samples(split):  # a set without one: its evaluation split, unselected
-            split = self.config.eval.split
-        devices = [self.engine.device] if self.engine.device.type == "cuda" else []
-        with heartbeat.phase_of("evaluation (contract check)"), torch.random.fork_rng(devices=devices):
-            self._evaluate(split, batches=1, validation=split == self.config.data.val_split)
-
-    def _evaluate(self, split: str, batches: int | None = None, validation: bool | None = None) -> dict | None:
-        result = None
-        model = self.engine.evaluation_model(self.recipe.build_model)  # collective
-        if self.engine.is_main:
-            loader = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
-            count = eval_batch_count(self.config, self.shards, split)
-            loaded = heartbeat.beating(loader if batches is None else islice(loader, batches))
-            where = f"the {split} split of {self.shards.directory}"
-            if validation is None:
-                validation = split == self.config.data.val_split and split != self.config.eval.split
-            pictures = None if batches else self.out_dir / "images" / f"{split}-step-{self.state.step:08d}"
-            result = evaluate_split(
-                self.recipe,
-                model,
-                eval_batches(loaded, batches or count, split, True),
-                self.engine.device,
-                where,
-                validation,
-                pictures,
-            )
-            raise_if_interrupted()
-        with heartbeat.collective("barrier (rank 0 evaluates)"):
-            self.engine.barrier()
-        return result
-
-    # ------------------------------------------------------------------ training
 
     def train_epoch(self, epoch: int) -> float:
         """The rest of one epoch (from the data position on resume); returns its mean loss."""
@@ -366,14 +281,10 @@ class Trainer:
             self.out_dir / "metrics.jsonl",
             self.trackers.record if self.trackers else None,
         )
-        if self.state.step == 0 and not cfg.eval.baseline:
-            self.check_evaluation_contract()  # the baseline evaluation is checked as it runs
-        if cfg.eval.baseline and self.state.step == 0:
-            self.state.untrained = self.evaluate(cfg.eval.split)
-            if self.engine.is_main:
-                log.info(
-                    "untrained model on %s: %s", cfg.eval.split, _short(self.recipe.headline(self.state.untrained))
-                )
+        self.evaluations = Evaluations(
+            cfg, self.recipe, self.engine, self.shards, self.stop, self.checkpoints, self.progress, self.trackers
+        )
+        self.evaluations.before_training(self.state)
         while self.state.step < self.total_steps or self._epoch_end_pending():
             epoch = self.state.epoch
             train_loss = self.train_epoch(epoch)
@@ -383,41 +294,7 @@ class Trainer:
         self.checkpoints.finish()  # the last checkpoint committed before the run reports
         self.progress.close()
         train_seconds = time.perf_counter() - start
-        best = self.checkpoints.path("best")
-        if self.state.best_epoch is not None and best.is_dir():
-            self.engine.load_model_state(load_model_state(best))
-        results: dict = {
-            "recipe": cfg.recipe,
-            "world_size": self.engine.world_size,
-            "config": cfg.model_dump(mode="json"),
-        }
-        if self.state.untrained is not None:
-            results["untrained"] = self.state.untrained
-        results["test"] = self.evaluate(cfg.eval.split)
-        if results["test"]:
-            self.progress.record({"event": "test", "step": self.state.step, **self.recipe.headline(results["test"])})
-            self._caption_examples("test", results["test"])
-        results.update(
-            steps=self.state.step,
-            samples_seen=self.state.samples_seen,
-            skipped_samples=self.state.skipped_samples,
-            best_epoch=self.state.best_epoch,
-            restarts=self.state.restarts,
-            history=self.state.history,
-            train_seconds=train_seconds,
-            wall_seconds=time.perf_counter() - start,
-        )
-        if self.state.skipped_samples and self.engine.is_main:
-            log.warning("skipped %d corrupt samples during training", self.state.skipped_samples)
-        if self.engine.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
-        return results
-
-    def _caption_examples(self, split: str, metrics: dict) -> None:
-        """A captioning evaluation's generated captions, as a table in the trackers."""
-        if self.trackers is not None and metrics.get("examples"):
-            self.trackers.examples(split, self.state.step, metrics["examples"])
+        return self.evaluations.results(self.state, start, train_seconds)
 
     def _resume(self) -> None:
         """The run state of the checkpoint train.resume names, if any (the checkpointer restores
@@ -459,34 +336,15 @@ class Trainer:
     def _end_of_epoch(self, epoch: int, train_loss: float) -> None:
         """After an epoch, or after the last step (which may fall mid-epoch: then the data position
         is kept, so that a later run with more steps carries on from the same batch)."""
-        cfg, entry = self.config, {"epoch": epoch + 1, "step": self.state.step, "train_loss": train_loss}
+        entry = {"epoch": epoch + 1, "step": self.state.step, "train_loss": train_loss}
         finished = self.state.epoch_step >= self.steps_per_epoch
         if finished:
             self.state.epoch, self.state.epoch_step, self.state.epoch_loss_sum = epoch + 1, 0, 0.0
         self.state.history.append(entry)
-        every = cfg.train.validate_every
-        if every and ((finished and (epoch + 1) % every == 0) or self.state.step >= self.total_steps):
-            val = self.evaluate(cfg.data.val_split)
-            # Rank 0 measured; share its score so every rank agrees on the best epoch.
-            score = float(
-                global_sum(torch.tensor(self.recipe.selection_score(val) if val else 0.0, dtype=torch.float64))
-            )
-            if val:
-                entry["val"] = self.recipe.headline(val)
-                self.progress.write(f"epoch {epoch + 1} validation: {_short(entry['val'])}")
-                self.progress.record(
-                    {"event": "validation", "epoch": epoch + 1, "step": self.state.step, **entry["val"]}
-                )
-                self._caption_examples("val", val)
-            if score > self.state.best_score:
-                self.state.best_score, self.state.best_epoch = score, epoch + 1
-                self.checkpoints.save("best", entry)
-        self.checkpoints.save_step(self.state.step, self.state.epoch, final=self.state.step >= self.total_steps)
+        last = self.state.step >= self.total_steps
+        self.evaluations.after_epoch(self.state, epoch, entry, finished, last)
+        self.checkpoints.save_step(self.state.step, self.state.epoch, final=last)
 
 
 def _batch_size(batch: dict) -> int:
     return next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))
-
-
-def _short(metrics: dict) -> str:
-    return " ".join(f"{k} {v:.1f}" for k, v in metrics.items())

@@ -1,4 +1,4 @@
-"""The learning-rate schedules vldist/trainer.py builds (build_scheduler)."""
+"""What the trainer builds before its first step: the learning-rate schedules (training/optimizers.py), and the refusal of a world that cannot split the global batch."""
 
 import math
 from itertools import pairwise
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vldist.recipes.jobs import load_config
-from vldist.training.loop import build_scheduler
+from vldist.training.optimizers import build_scheduler
 
 
 def _lrs(overrides, steps_per_epoch=10, total=40):

@@ -1,0 +1,22 @@
+"""What a run has done so far, besides its weights and optimizers: checkpointed with them, so that
+a resumed run carries on exactly."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunState:
+    step: int = 0
+    epoch: int = 0  # the epoch in progress (0-based)
+    epoch_step: int = 0  # batches of that epoch already taken: the data position
+    epoch_loss_sum: float = 0.0
+    samples_seen: int = 0
+    skipped_samples: int = 0
+    best_score: float = -math.inf
+    best_epoch: int | None = None
+    history: list[dict] = field(default_factory=list)
+    untrained: dict | None = None
+    restarts: int = 0
