@@ -89,7 +89,7 @@ def test_a_frozen_rank_is_named_and_the_other_exits_hung_within_the_timeout(plan
     assert f"rank 1 on {socket.gethostname()} (pid {two_ranks[1].pid}) stopped responding, last at step" in said
     assert "train.hang_timeout_s=6" in said and "train.resume=auto" in said
     assert f"waiting for it: rank 0 on {socket.gethostname()} (pid {two_ranks[0].pid})" in said
-    assert "most recent call first" in out and "trainer.py" in out  # its own stack, from faulthandler
+    assert "most recent call first" in out and "training/loop.py" in out  # its own stack, from faulthandler
     assert "Traceback" not in out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import vldist
 
 ROOT = Path(vldist.__file__).parent
-ENTRY_POINTS = {"vldist.train", "vldist.evaluate", "vldist.caption", "vldist.shards.__main__"}
+ENTRY_POINTS = {"vldist.train", "vldist.evaluate", "vldist.caption", "vldist.export", "vldist.shards.__main__"}
 
 
 def module_name(path: Path) -> str:

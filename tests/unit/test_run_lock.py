@@ -1,4 +1,4 @@
-"""One run per output directory (vldist/run_lock.py)."""
+"""One run per output directory (vldist/training/run_lock.py)."""
 
 import subprocess
 import sys

@@ -3,7 +3,7 @@
 The trainer hands a Checkpointer its stateful parts once (the engine, which holds the model and the
 optimizers, the LR schedulers, the recipe's vocabulary and feature width, and a way to read the
 run's own state) and then only calls `save_step` / `save` / `load`. The files themselves, their
-checksums and the atomic commit are checkpoint.py's.
+checksums and the atomic commit are format.py's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Checkpoints in object storage (`output.checkpoint_dir=s3://bucket/prefix`, any fsspec store).
 
 A run still commits each checkpoint on local disk first (`<output.dir>/checkpoints`, atomically,
-checksummed: checkpoint.py); rank 0 then uploads it: every file, then files.json, then COMPLETE
+checksummed: format.py); rank 0 then uploads it: every file, then files.json, then COMPLETE
 last. A reader takes only a directory with COMPLETE, so a partial upload (a run killed meanwhile,
 a store that failed) is never loaded; the store's previous checkpoint stays the newest complete
 one. An older copy of the same name (`best`) loses its COMPLETE before its files are replaced.

@@ -13,7 +13,7 @@ What differs from DDP, and is handled here:
 - Checkpoints are DeepSpeed's sharded files (one optimizer shard per rank), loaded with
   `torch.load(weights_only=True)`: DeepSpeed's default loader unpickles arbitrary objects.
 - A checkpoint of another world size (or of ZeRO 1 under 2, or 2 under 1) goes through DeepSpeed's
-  universal checkpoint (resharding.py): DeepSpeed refuses ZeRO shards of another data-parallel size.
+  universal checkpoint (checkpoint/resharding.py): DeepSpeed refuses ZeRO shards of another data-parallel size.
 """
 
 from __future__ import annotations

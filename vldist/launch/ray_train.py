@@ -14,7 +14,7 @@ copy); when a worker dies, Ray restarts the group (up to `ray.max_failures` time
 workers resume from the newest checkpoint in the run directory or the store. With `ray.num_workers=MIN:MAX` the group is elastic (Ray Train
 V2): it starts with as many workers as the cluster gives, at least MIN, and a restart after a lost
 node carries on with the workers left; the checkpoint resumes on the new number of ranks
-(checkpointer.py). The driver's exit status is the run's.
+(checkpoint/manager.py). The driver's exit status is the run's.
 
 Stopping: `ray job stop` sends SIGTERM to the driver alone (workers are actors). The driver
 relays it through its run board (run_board.py), which the workers watch; they finish their step,

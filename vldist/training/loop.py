@@ -113,7 +113,7 @@ class Trainer:
         replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
         fetch_start, pending, skipped = time.perf_counter(), [], 0
         heartbeat.phase = "data"
-        # closing: on an exception the loaders' workers end now, not at interpreter exit (eval_split.py)
+        # closing: on an exception the loaders' workers end now, not at interpreter exit (split_evaluation.py)
         with closing(self.streams.batches(epoch)) as batches:
             for index, batch in enumerate(batches):
                 if index < replay:
