@@ -21,7 +21,16 @@ import vldist
 
 PACKAGE = str(Path(vldist.__file__).parent) + os.sep
 # the moments: the stack that reaches them, and for DEEP ones also every call they make
-STACK = {"load_config", "validate", "get_recipe", "make_engine", "open_job_shards", "build_optimizers", "setup", "__init__"}
+STACK = {
+    "load_config",
+    "validate",
+    "get_recipe",
+    "make_engine",
+    "open_job_shards",
+    "build_optimizers",
+    "setup",
+    "__init__",
+}
 DEEP = {"build_model", "train_sample", "collate_train", "forward", "losses"}
 OFF_PATH = ("training/split_evaluation.py", "training/evaluations.py")
 
@@ -52,7 +61,7 @@ def main(argv: list[str]) -> int:
     training_losses = base.Recipe.training_losses
 
     def first_loss(self, model, batch, update="main"):
-        losses = training_losses(self, model, batch, update)
+        training_losses(self, model, batch, update)
         sys.setprofile(None)
         print("\n".join(path))
         print(f"{len(path)} files from argv to the loss of `vldist.train {' '.join(argv or ['vsrn'])}`")
