@@ -18,8 +18,11 @@ import re
 import sys
 from pathlib import Path
 
-# what differs between two runs of one computation: clocks, speeds, ports, Java's tokenizer speed
-TIMING = re.compile(r"tokens per second|Prometheus metrics on|WARNING|\bit/s\b|\d+:\d\d:\d\d|min \d+ s|^\s*$")
+# what differs between two runs of one computation: clocks, speeds, ports (or another run holding the
+# metrics port), Java's tokenizer speed
+TIMING = re.compile(
+    r"tokens per second|Prometheus metrics on|metrics port \S+ is in use|WARNING|\bit/s\b|\d+:\d\d:\d\d|min \d+ s|^\s*$"
+)
 NOT_NUMBERS = re.compile(r"second|time|wall|path|dir|checkpoint|config|throughput|per_s")
 
 
