@@ -6,7 +6,9 @@ Checkpointer; tests/integration/workers/resharding.py).
 After loading, every parameter's fp32 weight and Adam moments equal the saved ones exactly, Adam's
 step count and the LR schedule carry over, and the next steps' losses are those the saving run took
 after its checkpoint (the same global batches: W ranks take the step one process takes). Ranks
-that could not get a saved RNG state of their own draw different numbers.
+that could not get a saved RNG state of their own draw different numbers. No rank runs a gloo
+thread into its interpreter's teardown, where one aborted a rank once ("terminate called without
+an active exception"; vldist/distributed/teardown.py).
 """
 
 import subprocess
@@ -15,6 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+from exit_threads import assert_no_gloo_thread_at_exit  # noqa: E402
 
 WORKER = Path(__file__).parent / "workers" / "resharding.py"
 ENGINES = ["accelerate", "sharded", "zero1", "zero2", "zero3"]
@@ -34,6 +39,7 @@ def _torchrun(ranks: int, mode: str, root: Path) -> None:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert_no_gloo_thread_at_exit(proc.stderr, ranks)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from torch import nn
 
 from vldist.checkpoint import sharded_state
 from vldist.distributed.engine import Engine, grad_norm, pick_device
+from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
 from vldist.launch.environment import adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
 
@@ -40,6 +41,7 @@ class AccelerateEngine(Engine):
         self._prepared: dict[str, torch.optim.Optimizer] = {}
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
         self._checkpoint_group = None  # asynchronous sharded saves' own process group
+        release_process_groups_at_exit()
 
     def setup(
         self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
@@ -165,6 +167,7 @@ class AccelerateEngine(Engine):
             if together:
                 dist.barrier()
             dist.destroy_process_group()
+        release_process_groups()  # threads joined now (teardown.py)
 
 
 def _copied(state):

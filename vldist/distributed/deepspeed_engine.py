@@ -30,6 +30,7 @@ from torch import nn
 from vldist.checkpoint.resharding import load_resharded, refuse_unconvertible
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
+from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
 from vldist.errors import ConfigError
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -101,6 +102,7 @@ class DeepSpeedEngine(Engine):
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
         self.uniform_shapes = self.stage == 3
         self.optimizers = {}
+        release_process_groups_at_exit()
 
     def setup(
         self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
@@ -209,8 +211,10 @@ class DeepSpeedEngine(Engine):
     def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
         if self.model is not None:
             self.model.destroy()
+            self.model = None  # DeepSpeed's engine holds the groups it runs on
         if dist.is_available() and dist.is_initialized():
             if not peers_lost:
                 dist.barrier()
             if not keep_process_group:
                 dist.destroy_process_group()
+        release_process_groups()  # once they are all destroyed: threads joined now (teardown.py)

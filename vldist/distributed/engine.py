@@ -115,7 +115,9 @@ class Engine(ABC):
 
     @abstractmethod
     def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
-        """Leave the process group in order, so that no rank aborts at interpreter exit.
+        """Leave the process group in order, so that no rank aborts at interpreter exit: once
+        destroyed, the groups are freed and their threads joined (teardown.py), at the latest
+        before the interpreter's teardown (even when the caller destroys them itself).
         `keep_process_group`: another engine of this process follows (the next stage of a job)
         and joins the same group; a second rendezvous of the same ranks is not reliable.
         `peers_lost`: another rank is gone or frozen (PeerLost): no closing barrier, which would

@@ -105,8 +105,23 @@ class Watchdog:
         return self
 
     def stop(self) -> None:
+        """Stop the thread and wait for it, then let go of the store client. The thread is a daemon
+        (a hang report must not keep a process alive), and a daemon thread still inside a store
+        call (C++, without the GIL) when the interpreter shuts down is killed as it takes the GIL
+        back, which aborts the process ("terminate called without an active exception"): so
+        stop() waits out a store call in flight, which its client's timeout bounds."""
         self._stopping.set()
-        self._thread.join(timeout=2 * self.interval + 5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 3 * self._store_timeout_s() + 5)
+        if self._thread.is_alive():
+            log.warning("the watchdog thread did not stop (its store does not answer); it is left to the exit")
+            return
+        self.store = None  # this rank's client of the store: closed now, not in the interpreter's teardown
+
+    def _store_timeout_s(self) -> float:
+        """How long one call to the store can block (the client's own timeout)."""
+        timeout = getattr(self.store, "timeout", None)
+        return timeout.total_seconds() if isinstance(timeout, timedelta) else 0.0
 
     # ------------------------------------------------------------------ the thread
 
@@ -118,6 +133,8 @@ class Watchdog:
                 total = self._progress_total()
             except Exception:  # noqa: BLE001 - a store that does not answer is no progress
                 total = last_total
+            if self._stopping.is_set():  # stop() waits for the thread: no further store call
+                return
             now = time.monotonic()
             if total != last_total:
                 last_total, last_change = total, now

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from exit_threads import report_at_exit  # this directory is on sys.path
 
 from vldist.checkpoint.manager import Checkpointer
 from vldist.data.vocab import Vocab
@@ -131,6 +132,7 @@ def run(name: str, root: Path, mode: str) -> None:
 
 
 def main(mode: str, root: str) -> None:
+    report_at_exit()  # test_resharding.py checks that no gloo thread is left at the teardown
     for name in ENGINES:
         run(name, Path(root), mode)
     dist.destroy_process_group()

@@ -1,0 +1,108 @@
+"""Process groups freed, their C++ threads joined, before the interpreter's teardown.
+
+torch's destroy_process_group() forgets a group without stopping it: a gloo group's shutdown() is
+c10d::Backend's no-op, and only its destructor joins its worker threads ("pt_gloo_runloop") and
+its transport loop ("gloo_tcp_loop"). The destructor runs when the last Python reference goes,
+and after destroy_process_group() references remain that only the interpreter's teardown drops:
+
+- default arguments evaluated at import, in a module imported after the group was made:
+  torch.distributed.nn.functional's collectives (`group=group.WORLD`; DCP's sharded tensors import
+  it) and DeepSpeed's TorchBackend.barrier and monitored_barrier (`group=GroupMember.WORLD`);
+- DeepSpeed's module globals: its copy of the world group (deepspeed.utils.groups._WORLD_GROUP),
+  which only deepspeed.comm's destroy_process_group() lets go of, and ZeRO-3's FWD_MODULE_STACK
+  and its parameter coordinator's class-wide lru_cache, which keep the last ZeRO-3 model and, by
+  its hooks, the DeepSpeed engine and every group it holds.
+
+A thread that wants the GIL while the interpreter finalizes is ended by CPython (3.11) with
+pthread_exit, and a C++ thread unwound that way through a noexcept frame calls std::terminate
+("terminate called without an active exception"): the likely end of the rank of
+test_resharding.py that aborted at exit, after destroying its group, once in 17 CI runs (never
+reproduced). release_process_groups() drops those references once no group is in use;
+tests/integration/test_clean_exit.py and test_resharding.py check that no gloo thread is left at
+the teardown (a new holder, in another torch or DeepSpeed, fails them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import logging
+import sys
+import types
+
+import torch.distributed as dist
+
+log = logging.getLogger("vldist.train")
+
+# modules whose functions may hold a group as a default argument (see above)
+_GROUP_DEFAULTS = ("torch.distributed.nn.functional", "deepspeed.comm.torch")
+
+
+def release_process_groups() -> None:
+    """When every process group is destroyed: drop what still holds them (above) and collect, so
+    that their threads are joined now. A group still in use is left alone. Never raises: what it
+    cannot free ends with the process, as before."""
+    if not dist.is_available() or dist.is_initialized():
+        return
+    try:
+        for name in _GROUP_DEFAULTS:
+            _drop_group_defaults(sys.modules.get(name))
+        _release_deepspeed_groups()
+        gc.collect()  # DeepSpeed's engine, optimizer and hooks hold the groups in reference cycles
+    except Exception as err:  # noqa: BLE001 - freeing early is a precaution; it must not fail a finished run
+        log.warning("could not free the destroyed process groups (%s); their threads end with the process", err)
+
+
+def _drop_group_defaults(module) -> None:
+    """A ProcessGroup default of the module's functions (and its classes' methods) becomes None,
+    which torch.distributed and DeepSpeed take for the default group."""
+    if module is None:
+        return
+    found = list(vars(module).values())
+    found += [m for cls in found if isinstance(cls, type) for m in vars(cls).values()]
+    for fn in found:
+        if isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__func__
+        while type(fn) is types.FunctionType:  # and what it wraps (functools.wraps' __wrapped__)
+            if fn.__module__ == module.__name__ and fn.__defaults__:
+                fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in fn.__defaults__)
+            fn = getattr(fn, "__wrapped__", None)
+
+
+def _release_deepspeed_groups() -> None:
+    """DeepSpeed's own references (0.19.8; each looked up, so that another version skips what it lacks)."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    release = getattr(groups, "_release_process_group_references", None)
+    if release is not None:  # what deepspeed.comm.destroy_process_group() calls after destroying
+        release()
+    elif hasattr(groups, "_WORLD_GROUP"):
+        groups._WORLD_GROUP = None
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    stack = getattr(offload, "FWD_MODULE_STACK", None)
+    if isinstance(stack, list):  # no forward runs without a process group
+        stack.clear()
+    coordinator = sys.modules.get("deepspeed.runtime.zero.partitioned_param_coordinator")
+    cached = getattr(
+        getattr(coordinator, "PartitionedParameterCoordinator", None),
+        "_PartitionedParameterCoordinator__params_to_release",
+        None,
+    )
+    code = getattr(cached, "__code__", None)
+    if code is not None and "func" in code.co_freevars:  # under instrument_w_nvtx, which keeps it as `func`
+        cached = cached.__closure__[code.co_freevars.index("func")].cell_contents
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+_at_exit = False
+
+
+def release_process_groups_at_exit() -> None:
+    """Once per process (every engine calls it when made): release_process_groups() at exit,
+    before the teardown, for groups that a script destroys itself (torch's destroy_process_group()
+    after close(keep_process_group=True)) or that close() could not free (the caller still held
+    the model, whose hooks hold the engine)."""
+    global _at_exit
+    if not _at_exit:
+        atexit.register(release_process_groups)
+        _at_exit = True
