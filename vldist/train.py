@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 
-# Only what --help needs at the top: the platform (runner, trainer, engines, Ray, checkpoints) is
+# Only what --help needs at the top: the platform (training/, engines, Ray, checkpoints) is
 # imported inside the functions that train, so that `--help` answers without loading it.
 from vldist.config import JobConfig, describe_keys, list_job_files
 from vldist.errors import ConfigError

@@ -1,5 +1,5 @@
 """`python -m vldist.train --help` loads only what it prints: the recipe classes (their descriptions,
-the job's config keys), none of the training platform (runner, trainer, engines, Ray, checkpoints)
+the job's config keys), none of the training platform (training/, engines, Ray, checkpoints)
 and not torchvision, which the recipes import where they build a torchvision model."""
 
 import json

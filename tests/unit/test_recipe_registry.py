@@ -1,4 +1,4 @@
-"""The recipe registry: every built-in recipe by name, built as the runner builds it (the base
+"""The recipe registry: every built-in recipe by name, built as each rank builds it (the base
 constructor's arguments), and names it does not know refused with the list of those it does."""
 
 import pytest

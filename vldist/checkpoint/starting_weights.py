@@ -1,4 +1,4 @@
-"""Reading the weights a run starts from (Recipe.starts_from): the runner does it, the recipe
+"""Reading the weights a run starts from (Recipe.starts_from): each rank does it (training/on_each_rank.py), the recipe
 checks and uses what it is given (StartingWeights)."""
 
 from __future__ import annotations

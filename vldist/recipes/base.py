@@ -4,7 +4,7 @@ The contract has three parts: data (the streams it trains on, a sample from a ra
 batches), training (the model, its starting weights, optimizers, updates, losses) and evaluation
 (metrics over a split, the selection score, the report). Optional capabilities are Protocols
 (recipes/capabilities.py). A recipe reads no files or checkpoints, opens no shard sets and
-touches no process group: the runner and the trainer hand it what it needs (its vocabulary, the
+touches no process group: each rank's run and the trainer hand it what it needs (its vocabulary, the
 job's shard sets, the weights it starts from) and the engine runs what it builds.
 """
 
@@ -28,7 +28,7 @@ from vldist.data.vocab import Vocab
 
 @dataclass(frozen=True)
 class StartingWeights:
-    """The checkpoint a run starts from (`Recipe.starts_from`), as the runner read it."""
+    """The checkpoint a run starts from (`Recipe.starts_from`), as each rank read it (training/on_each_rank.py)."""
 
     path: Path  # the checkpoint directory
     recipe: str | None  # the recipe that wrote it
@@ -72,7 +72,7 @@ class Recipe(ABC):
     def train_streams(cls, config: JobConfig) -> dict[str, str | StreamSource]:
         """Named training streams and the split (or StreamSource) each reads. Several take turns,
         one optimizer step each (L2C: image pairs and single-image captions); each batch carries
-        its stream's name as batch['stream']. A class method: the runner opens the shard sets it
+        its stream's name as batch['stream']. A class method: each rank opens the shard sets it
         names before the recipe exists (their captions make its vocabulary)."""
         return {"main": config.data.train_split}
 
@@ -111,7 +111,7 @@ class Recipe(ABC):
 
     def starts_from(self) -> str | None:
         """A checkpoint or run directory whose weights this run starts from (CL: its captioner;
-        LAViTeR: the phase before), or None. The runner reads it and hands it to `initialize`."""
+        LAViTeR: the phase before), or None. Each rank reads it and hands it to `initialize`."""
         return None
 
     def initialize(self, model: nn.Module, start: StartingWeights | None, shards) -> None:

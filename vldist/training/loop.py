@@ -56,7 +56,7 @@ class Trainer:
         start: StartingWeights | None = None,
     ):
         """shards: the job's shard sets; start: the weights the recipe starts from (its
-        starts_from, read by the runner); on_checkpoint, metrics: see Checkpointer."""
+        starts_from, read on each rank, on_each_rank.py); on_checkpoint, metrics: see Checkpointer."""
         self.config, self.recipe, self.engine = config, recipe, engine
         self.shards = shards.main  # evaluation's; the training streams take every set they read
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None

@@ -1,7 +1,7 @@
 """Every built-in recipe's job, every stage, a few optimizer steps on each engine, in one torchrun
 launch: `every_recipe_in_step.py OUT ENGINE PLANTED SYNTH PAIRS SINGLES SCENES`.
 
-Each stage runs as `python -m vldist.train` runs it (vldist.train.run_stages, the runner, the
+Each stage runs as `python -m vldist.train` runs it (vldist.train.run_stages, training/on_each_rank.py, the
 trainer, the replica check after the first update), in one process group kept from run to run.
 After each stage every rank saves its replicated state (all but BatchNorm2d's statistics) to OUT/<job>.<stage>.rank<R>.pt for the test
 to compare; the evaluations are left out (their speed is not what is under test).
@@ -135,7 +135,7 @@ loop.Trainer.fit = fit_then_save
     )
 )  # validated (by nobody: see fit_then_save), so a best is kept
 run = vldist.training.on_each_rank.run
-# one process group for every run (run_stages imports the runner's run when it is called)
+# one process group for every run (run_stages imports on_each_rank.run when it is called)
 vldist.training.on_each_rank.run = lambda stage, **_: run(stage, last=False)
 
 jobs = sys.argv[8].split(",") if len(sys.argv) > 8 else list(JOBS)
