@@ -194,7 +194,14 @@ TINY_LAVITER_MODEL = [
     "model.condition_dim=16",
     "model.residual_blocks=1",
 ]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
+def torchrun(ranks: int = 2) -> list[str]:
+    """The command that starts `ranks` local ranks (gloo on CPU) of the script named after it."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+
+
+TORCHRUN = torchrun(2)
 # On PYTHONPATH, it makes the embedded sets' builders build small sets (the real code and format)
 SMALL_EMBEDDED_SETS = str(Path(__file__).parent / "integration" / "workers" / "small_embedded_set")
 

@@ -56,16 +56,9 @@ def _worker(out: Path) -> None:
 
 
 def test_no_process_group_thread_survives_into_interpreter_teardown(tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        __file__,
-        str(tmp_path),
-    ]
+    from helpers import TORCHRUN  # here: this file is also the ranks' script, run where helpers is not
+
+    cmd = [*TORCHRUN, __file__, str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_no_gloo_thread_at_exit(proc.stderr, ranks=2)

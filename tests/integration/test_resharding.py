@@ -20,23 +20,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 from exit_threads import assert_no_gloo_thread_at_exit  # noqa: E402
+from helpers import torchrun  # noqa: E402
 
 WORKER = Path(__file__).parent / "workers" / "resharding.py"
 ENGINES = ["accelerate", "sharded", "zero1", "zero2", "zero3"]
 
 
 def _torchrun(ranks: int, mode: str, root: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(ranks),
-        str(WORKER),
-        mode,
-        str(root),
-    ]
+    cmd = [*torchrun(ranks), str(WORKER), mode, str(root)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_no_gloo_thread_at_exit(proc.stderr, ranks)
