@@ -140,6 +140,20 @@ class TrainConfig(Section):
         "(8: the GPUs of a node); None: the whole global batch (docs/distributed.md, what global negatives cost)",
     )
 
+    profile_steps: str | None = Field(
+        None,
+        description="'A:B': record steps A to B (1-based, both included) with torch.profiler into "
+        "<output.dir>/profile/ (a trace for Perfetto or TensorBoard; on CUDA a memory snapshot too) and print "
+        "their top operators by self time (docs/observability.md)",
+    )
+
+    @field_validator("profile_steps")
+    @classmethod
+    def _step_window(cls, window: str | None) -> str | None:
+        if window is not None:
+            profile_window(window)  # raises ValueError saying what a window looks like
+        return window
+
     @field_validator("stop_signals")
     @classmethod
     def _signal_names(cls, names: list[str]) -> list[str]:
@@ -283,6 +297,14 @@ class RayConfig(Section):
     def worker_range(self) -> tuple[int, int]:
         """(fewest, most) workers; the same number twice for a fixed group."""
         return worker_range(self.num_workers)
+
+
+def profile_window(window: str) -> tuple[int, int]:
+    """'A:B' -> (A, B): the first and last step profiled, 1 <= A <= B."""
+    first, sep, last = window.partition(":")
+    if sep and first.strip().isdigit() and last.strip().isdigit() and 1 <= int(first) <= int(last):
+        return int(first), int(last)
+    raise ValueError("not a window of steps: write A:B with 1 <= A <= B, e.g. 5:8")
 
 
 def worker_range(value) -> tuple[int, int]:

@@ -29,6 +29,7 @@ from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, Trai
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
+from vldist.telemetry.profiling import StepProfiler
 from vldist.telemetry.progress import TrainingProgress
 from vldist.telemetry.trackers import Trackers
 from vldist.training.evaluations import Evaluations
@@ -98,6 +99,9 @@ class Trainer:
         self.checkpoints = Checkpointer(
             config, engine, self.schedulers, recipe, lambda: asdict(self.state), on_checkpoint, metrics
         )
+        self.profiler = StepProfiler(
+            t.profile_steps, config.output_dir / "profile", engine.device, engine.rank, engine.is_main
+        )
         self.replicas = ReplicaCheck(
             engine.unwrap(), engine.world_size, t.replica_check_every, config.engine.sync_batchnorm
         )
@@ -126,7 +130,8 @@ class Trainer:
                 wait = time.perf_counter() - fetch_start  # blocked on the loader, not computing
                 step_start = time.perf_counter()
                 heartbeat.step_started()
-                with self.flops.measure() as counter:  # the first step only, and on CUDA only
+                # the FLOP count: the first step only, on CUDA only; the profile: train.profile_steps
+                with self.flops.measure() as counter, self.profiler.step(self.state.step + 1):
                     losses = self._step([_to_device(b, self.engine.device) for b in pending])
                 # the last exact-epoch batch can be ragged, so count rather than assume
                 local = sum(_batch_size(b) for b in pending)
@@ -143,6 +148,7 @@ class Trainer:
                 self.state.skipped_samples += skipped
                 pending, skipped = [], 0
                 self.state.step += 1
+                self.profiler.step_done(self.state.step)
                 self.state.epoch_step += 1
                 self.state.epoch_loss_sum += float(losses["loss"])
                 self.state.samples_seen += n
@@ -265,6 +271,7 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            self.profiler.close()  # a run that ended inside the window keeps what it recorded
             self.watchdog.stop()
             if self.trackers is not None:
                 self.trackers.close()
