@@ -73,11 +73,21 @@ class StepProfiler:
 def top_operators(recorded: profile, device: torch.device, limit: int = TOP_OPERATORS) -> str:
     """The operators that took the most self time in the window, with their share and calls."""
     on_device = device.type == "cuda"
-    unit = "device" if on_device else "CPU"
     events = [e for e in recorded.key_averages() if not e.key.startswith("step ")]
-    self_time = (lambda e: e.self_device_time_total) if on_device else (lambda e: e.self_cpu_time_total)
-    total = sum(self_time(e) for e in events) or 1
-    rows = sorted(events, key=self_time, reverse=True)[:limit]
-    lines = [f"profile: top operators by self {unit} time", f"{'operator':<44} {'ms':>10} {'share':>7} {'calls':>7}"]
-    lines += [f"{e.key[:44]:<44} {self_time(e) / 1e3:>10.2f} {self_time(e) / total:>7.1%} {e.count:>7}" for e in rows]
+    times = {e.key: _self_time(e, on_device) for e in events}
+    total = sum(times.values()) or 1
+    rows = sorted(events, key=lambda e: times[e.key], reverse=True)[:limit]
+    lines = [
+        f"profile: top operators by self {'device' if on_device else 'CPU'} time",
+        f"{'operator':<44} {'ms':>10} {'share':>7} {'calls':>7}",
+    ]
+    lines += [f"{e.key[:44]:<44} {times[e.key] / 1e3:>10.2f} {times[e.key] / total:>7.1%} {e.count:>7}" for e in rows]
     return "\n".join(lines)
+
+
+def _self_time(event, on_device: bool) -> float:
+    """Microseconds of the operator's own time, on the device or on the CPU."""
+    if not on_device:
+        return event.self_cpu_time_total
+    # torch < 2.4 names it self_cuda_time_total
+    return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
