@@ -7,6 +7,7 @@ names the three words. Region features and captions therefore agree, so retrieva
 from __future__ import annotations
 
 import io
+import logging
 import subprocess
 import sys
 import tarfile
@@ -218,6 +219,24 @@ def train_vsrn(capsys, *args) -> tuple[int, str]:
 
     code = main(["vsrn", *map(str, args)])
     return code, capsys.readouterr().err
+
+
+def profiled_vsrn(capsys, caplog, shards: Path, out: Path, steps: int, window: str, *args) -> str:
+    """A small VSRN trained for `steps` steps with train.profile_steps=`window`, without
+    validation; asserts it ended well and returns what it logged."""
+    with caplog.at_level(logging.INFO, logger="vldist.train"):
+        code, err = train_vsrn(
+            capsys,
+            f"data.shards={shards}",
+            f"output.dir={out}",
+            f"train.max_steps={steps}",
+            f"train.profile_steps={window}",
+            "train.validate_every=0",
+            *SMALL_VSRN,
+            *args,
+        )
+    assert code == 0, err[-2000:]
+    return caplog.text
 
 
 def wait_for_step(out: Path, step: int, proc=None, timeout: float = 240) -> None:

@@ -3,34 +3,22 @@ holds device kernels, the memory snapshot of the window is written, and the top 
 ranked by device time."""
 
 import json
-import logging
 import pickle
 
 import pytest
 import torch
-from helpers import SMALL_VSRN, train_vsrn
+from helpers import profiled_vsrn
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 def test_a_cuda_window_writes_kernels_and_a_memory_snapshot(planted_shards, tmp_path, capsys, caplog):
     out = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="vldist.train"):
-        code, err = train_vsrn(
-            capsys,
-            f"data.shards={planted_shards}",
-            f"output.dir={out}",
-            "train.device=cuda",
-            "train.max_steps=3",
-            "train.profile_steps=2:2",
-            "train.validate_every=0",
-            *SMALL_VSRN,
-        )
-    assert code == 0, err[-2000:]
+    said = profiled_vsrn(capsys, caplog, planted_shards, out, 3, "2:2", "train.device=cuda")
     profile = out / "profile"
     assert sorted(p.name for p in profile.iterdir()) == ["rank0-steps-2-2-memory.pickle", "rank0-steps-2-2.json"]
     events = json.loads((profile / "rank0-steps-2-2.json").read_text())["traceEvents"]
     assert any(e.get("cat") == "kernel" for e in events)
     snapshot = pickle.loads((profile / "rank0-steps-2-2-memory.pickle").read_bytes())
     assert snapshot["segments"] and snapshot["device_traces"][0]
-    assert "profile: top operators by self device time" in caplog.text
+    assert "profile: top operators by self device time" in said

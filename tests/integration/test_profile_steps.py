@@ -2,35 +2,22 @@
 only they in a trace Perfetto opens, and the top operators printed."""
 
 import json
-import logging
 
 import pytest
-from helpers import SMALL_VSRN, train_vsrn
+from helpers import profiled_vsrn, train_vsrn
 
 from vldist.config import profile_window
 
 
 def test_the_window_is_recorded_in_a_trace_and_its_top_operators_printed(planted_shards, tmp_path, capsys, caplog):
     out = tmp_path / "run"
-    with caplog.at_level(logging.INFO, logger="vldist.train"):
-        code, err = train_vsrn(
-            capsys,
-            f"data.shards={planted_shards}",
-            f"output.dir={out}",
-            "train.max_steps=4",
-            "train.profile_steps=2:3",
-            "data.workers=0",
-            "train.validate_every=0",
-            *SMALL_VSRN,
-        )
-    assert code == 0, err[-2000:]
+    said = profiled_vsrn(capsys, caplog, planted_shards, out, 4, "2:3", "data.workers=0")
     assert sorted(p.name for p in (out / "profile").iterdir()) == ["rank0-steps-2-3.json"]
     events = json.loads((out / "profile" / "rank0-steps-2-3.json").read_text())["traceEvents"]
     steps = sorted({e["name"] for e in events if e.get("name", "").startswith("step ")})
     assert steps == ["step 2", "step 3"]  # the window, not the steps around it
     operators = {e["name"] for e in events if e.get("cat") == "cpu_op"}
     assert {"aten::mm", "aten::gru_cell"} & operators or "aten::addmm" in operators
-    said = caplog.text
     table = said[said.index("profile: top operators by self CPU time") :].splitlines()
     rows = [line.split() for line in table[2:12] if line.startswith("aten::")]
     assert rows, said[-2000:]
