@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     job, overrides = split_args([a for a in argv if a not in ("-h", "--help")])
     if len(argv) != len([a for a in argv if a not in ("-h", "--help")]):
         print(usage(job))
-        return 0  # exit_codes.DONE, not imported for this: exit_codes imports the trainer
+        return 0  # exit_codes.DONE: --help imports nothing it does not need (tests/unit/test_help_imports.py)
     from vldist.errors import PeerLost
     from vldist.exit_codes import DONE, REPORTED_ERRORS, exit_status
     from vldist.launch.environment import rejoin_warning
