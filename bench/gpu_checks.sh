@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU checks of one lent-GPU session, in one go: the CUDA tests, the region-affinity kernel
+# The GPU checks of one lent-GPU session, in one go: the step throughput of VSRN (paper sizes and
+# the demo) eager and compiled, the CUDA tests, the region-affinity kernel
 # against eager and torch.compile, and the VSRN demo on CUDA (with its MFU read from the metrics
 # endpoint). Logs go to $OUT (or ./gpu-out). Each step has its own time limit so one slow step
 # leaves the others their time.
@@ -13,6 +14,15 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
+start=$(date +%s)
+timeout 90 python3 -m vldist.shards synth --out shards/synth > "$OUT/demo.txt" 2>&1
+echo "shards built in $(( $(date +%s) - start )) s" | tee -a "$OUT/demo.txt"
+
+# First, so that even a short session fills the CUDA rows of docs/benchmarks.md ("Step throughput").
+timeout 330 python3 bench/step_throughput.py --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
+  --cases vsrn-paper vsrn --modes none model step --window 10 --timeout 100 --json "$OUT/step_throughput.json" \
+  > "$OUT/step_throughput.txt" 2>&1; tail -12 "$OUT/step_throughput.txt"
+
 timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
   tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py \
   tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py \
@@ -22,9 +32,6 @@ timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
 (timeout 80 python3 bench/gcn_kernel.py --repeats 20 && timeout 60 python3 bench/gcn_kernel.py --dtype bf16 --repeats 20) \
   > "$OUT/gcn_kernel.txt" 2>&1; tail -5 "$OUT/gcn_kernel.txt"
 
-start=$(date +%s)
-timeout 90 python3 -m vldist.shards synth --out shards/synth > "$OUT/demo.txt" 2>&1
-echo "shards built in $(( $(date +%s) - start )) s" | tee -a "$OUT/demo.txt"
 ( while sleep 15; do curl -s 127.0.0.1:9400/metrics | grep -E "^vldist_(model_flops|samples_per_second|cuda_memory)" ; done ) >> "$OUT/mfu.txt" 2>&1 &
 poll=$!
 start=$(date +%s)

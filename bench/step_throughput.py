@@ -1,0 +1,261 @@
+"""Training throughput of every recipe's demo job and of VSRN at the paper's sizes, eager against
+each `train.compile` mode.
+
+    python bench/step_throughput.py                                   # every case, every mode, this machine
+    python bench/step_throughput.py --cases vsrn vsrn-paper --modes none model --window 10
+    python bench/step_throughput.py --json docs/results/step_throughput_cpu2.json
+    python bench/step_throughput.py --from docs/results/step_throughput_cpu2.json   # the table, no training
+
+Each (case, mode) is one `python -m vldist.train <job>` as a user runs it (the job's own data,
+workers and threads; no validation or untrained baseline), ended once its first stage has taken
+two windows of `--window` steps (the progress records of metrics.jsonl, `train.log_every` =
+window): the first window holds the warm-up and any compilation, the second is measured. Per row:
+
+- samples/s and data-wait share: the second window's progress record;
+- warm-up s: the first window's wall time (what compiling costs, beside the eager first window);
+- FLOPs/sample: counted with torch's FlopCounterMode over one training step of the same model on
+  one batch of the job's data, in this process, on CPU (matmuls, convolutions, attention: the usual
+  MFU convention); MFU = FLOPs/sample x samples/s / the device's peak (CUDA cards vldist knows);
+- peak memory: the run's peak CUDA allocation where it records one, else its peak resident size;
+- recompilations after warm-up: what the run records (compiled modes).
+
+On CUDA the runs take `train.device=cuda engine.mixed_precision=bf16`. The paper-size case is the
+demo job at the paper's VSRN sizes (B 128, 36 regions of 2,048, embed 2,048): the embedded shards'
+regions padded to 36, masked, so the step does the paper's arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# case -> (job, overrides, stage): every recipe's demo job, and VSRN at the paper's sizes. The stage
+# measured is the job's first, except for CL, whose first stage is the captioner's (its own row).
+CASES = {
+    "vsrn": ("vsrn", [], 0),
+    "vsrn-paper": ("vsrn", ["model.embed_size=2048", "data.max_regions=36", "data.batch_size=128"], 0),
+    "captioner": ("captioner", [], 0),
+    "cl_caption": ("cl_caption", [], -1),
+    "two_branch_embed": ("two_branch_embed", [], 0),
+    "two_branch_sim": ("two_branch_sim", [], 0),
+    "l2c": ("l2c", [], 0),
+    "laviter": ("laviter", [], 0),
+}
+MODES = ["none", "model", "step"]
+MEASURED = ["samples_per_s", "data_wait_share", "warmup_s", "flops_per_sample", "mfu", "peak_memory_mb"]
+
+
+def run_args(case: str, device: str) -> list[str]:
+    overrides = CASES[case][1]
+    if device == "cuda":
+        overrides = [*overrides, "train.device=cuda", "engine.mixed_precision=bf16"]
+    return overrides
+
+
+def stage_config(job: str, overrides: list[str], stage: int):
+    """The configuration of the job's stage, and its directory under output.dir (a job of several
+    stages runs each in its own)."""
+    from vldist.recipes import get_recipe
+    from vldist.recipes.jobs import load_config
+
+    config = load_config(job, overrides)
+    stages = get_recipe(config.recipe).stages(config)
+    name, config = stages[stage]
+    return config, (name if len(stages) > 1 else "")
+
+
+def train_records(path: Path) -> list[dict]:
+    """The progress records of one stage's metrics.jsonl."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    records = [json.loads(line) for line in lines if line.strip().endswith("}")]
+    return [r for r in records if r.get("event") == "train"]
+
+
+def timed_run(case: str, overrides: list[str], mode: str, window: int, batch: int, out: Path, timeout: float) -> dict:
+    """One run until its second window is recorded; then it is ended (its test evaluation is not measured)."""
+    job, _, stage = CASES[case]
+    records_file = out / stage_config(job, overrides, stage)[1] / "metrics.jsonl"
+    cmd = [
+        sys.executable, "-m", "vldist.train", job, *overrides,
+        f"output.dir={out}", f"train.max_steps={2 * window}", f"train.log_every={window}",
+        "train.validate_every=0", "eval.baseline=false",
+    ]  # fmt: skip
+    if mode != "none":  # eager runs need no compile key: the same command measures commits from before it
+        cmd.append(f"train.compile={mode}")
+    log = (out.parent / f"{out.name}.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline, records = time.monotonic() + timeout, []
+    while time.monotonic() < deadline and proc.poll() is None:
+        records = train_records(records_file)
+        if len(records) >= 2:
+            break
+        time.sleep(1.0)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not what is measured
+    _, status, usage = os.wait4(proc.pid, 0)
+    log.close()
+    records = train_records(records_file)
+    if len(records) < 2:
+        tail = (out.parent / f"{out.name}.log").read_text()[-1500:]
+        raise RuntimeError(f"{job} train.compile={mode}: no second window within {timeout:.0f} s:\n{tail}")
+    warm, measured = records[0], records[1]
+    peak_cuda = measured.get("cuda_peak_memory_bytes")
+    return {
+        "samples_per_s": measured["samples_per_second"],
+        "data_wait_share": measured["data_wait_share"],
+        "warmup_s": window * batch / warm["samples_per_second"],
+        "recompilations": measured.get("recompilations"),
+        # ru_maxrss is in KiB on Linux
+        "peak_memory_mb": (peak_cuda / 2**20) if peak_cuda else usage.ru_maxrss / 1024,
+        "peak_memory_kind": "cuda" if peak_cuda else "rss",
+    }
+
+
+def counted_flops(case: str) -> tuple[float, int]:
+    """FLOPs of one training step (every update the recipe takes) over its samples, counted on CPU;
+    and the step's samples. The weights are the initial ones (FLOPs do not depend on them)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vldist.data.job_shards import build_missing, open_job_shards
+    from vldist.data.streams import TrainingStreams
+    from vldist.recipes import get_recipe
+
+    job, overrides, stage = CASES[case]
+    config, _ = stage_config(job, [*overrides, "data.workers=0", "train.device=cpu"], stage)
+    recipe_cls = get_recipe(config.recipe)
+    build_missing(config, recipe_cls)
+    shards = open_job_shards(config, recipe_cls)
+    with tempfile.TemporaryDirectory() as vocab_dir:
+        vocab = shards.main.vocab(Path(vocab_dir), config.data.vocab_min_count, tuple(shards.others.values()))
+    recipe = recipe_cls(config, vocab, shards.main.feature_dim())
+    torch.manual_seed(config.seed)
+    model = recipe.build_model()
+    model.train()
+    batch = next(iter(TrainingStreams(config, recipe, shards, 0, 1).batches(0)))
+    samples = next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor))
+    recipe.start_epoch(0)
+    recipe.start_step(0)
+    with FlopCounterMode(display=False) as counter:
+        for update in recipe.updates(0):
+            recipe.training_losses(model, batch, update)["loss"].backward()
+    return counter.get_total_flops() / samples, samples
+
+
+def device_label(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [
+        line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")
+    ]
+    return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
+
+
+def measure(args) -> dict:
+    from vldist.telemetry.flops import peak_flops
+
+    peak = peak_flops(device_label(args.device), "bf16", False) if args.device == "cuda" else None
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases:
+            overrides = run_args(case, args.device)
+            counted, batch = counted_flops(case)
+            for mode in args.modes:
+                print(f"{case} train.compile={mode} ...", flush=True)
+                row = {"case": case, "mode": mode, "flops_per_sample": counted}
+                try:
+                    row |= timed_run(
+                        case, overrides, mode, args.window, batch, Path(tmp) / f"{case}-{mode}", args.timeout
+                    )
+                except RuntimeError as err:
+                    row["error"] = str(err).splitlines()[0]
+                    print(err, flush=True)
+                if peak and "samples_per_s" in row:
+                    row["mfu"] = counted * row["samples_per_s"] / peak
+                rows.append(row)
+                print(format_row(row), flush=True)
+    return {
+        "machine": args.machine,
+        "device": device_label(args.device),
+        "torch": torch.__version__,
+        "command": " ".join(["python", "bench/step_throughput.py", *sys.argv[1:]]),
+        "window": args.window,
+        "rows": rows,
+    }
+
+
+HEADER = (
+    "| case | train.compile | samples/s | vs eager | data wait | warm-up s | GFLOP/sample | MFU | peak MB | recompiles |\n"
+    "|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def format_row(row: dict, eager: dict | None = None) -> str:
+    if "error" in row:
+        return f"| {row['case']} | {row['mode']} | failed: {row['error']} |||||||"
+
+    def num(key, fmt):
+        value = row.get(key)
+        return "n/a" if value is None else format(value, fmt)
+
+    speedup = f"x{row['samples_per_s'] / eager['samples_per_s']:.2f}" if eager and "samples_per_s" in eager else ""
+    mfu = "n/a" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
+    gflops = "n/a" if row.get("flops_per_sample") is None else f"{row['flops_per_sample'] / 1e9:.2f}"
+    wait = "n/a" if row.get("data_wait_share") is None else f"{100 * row['data_wait_share']:.0f}%"
+    return (
+        f"| {row['case']} | {row['mode']} | {num('samples_per_s', '.0f')} | {speedup} | {wait} | "
+        f"{num('warmup_s', '.1f')} | {gflops} | {mfu} | {num('peak_memory_mb', '.0f')} | {num('recompilations', 'd')} |"
+    )
+
+
+def table(results: dict) -> str:
+    lines = [
+        f"{results['machine']}: {results['device']}, torch {results['torch']}, windows of {results['window']} steps",
+        f"`{results['command']}`",
+        "",
+        HEADER,
+    ]
+    eager = {r["case"]: r for r in results["rows"] if r["mode"] == "none"}
+    lines += [format_row(r, eager.get(r["case"]) if r["mode"] != "none" else None) for r in results["rows"]]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--window", type=int, default=20, help="steps per progress window (two are run)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take to its second window")
+    parser.add_argument("--machine", default="cpu2", help="the machine's name in docs/benchmarks.md")
+    parser.add_argument(
+        "--json", type=Path, help="write the results here (docs/results/step_throughput_<machine>.json)"
+    )
+    parser.add_argument("--from", dest="source", type=Path, help="print the table of committed results; no runs")
+    args = parser.parse_args()
+    if args.source:
+        print(table(json.loads(args.source.read_text())))
+        return
+    results = measure(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    print()
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
