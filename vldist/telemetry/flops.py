@@ -15,6 +15,7 @@ import contextlib
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from vldist.distributed.cuda_settings import tf32_matmuls
 from vldist.telemetry.rnn_flops import rnn_flop_formulas
 
 # Dense peak TFLOP/s per GPU (vendor datasheets, SXM parts): bf16/fp16 tensor cores, and fp32
@@ -63,4 +64,4 @@ class FlopCounter:
 def device_peak(device: torch.device, mixed_precision: str) -> float | None:
     if device.type != "cuda":
         return None  # MFU is reported on CUDA only
-    return peak_flops(torch.cuda.get_device_name(device), mixed_precision, torch.backends.cuda.matmul.allow_tf32)
+    return peak_flops(torch.cuda.get_device_name(device), mixed_precision, tf32_matmuls())
