@@ -33,10 +33,17 @@ def test_the_job_config_decides_the_implementation(optimizer):
 
 def test_a_checkpoint_of_an_unfused_run_keeps_this_runs_fused_steps():
     saved = _optimizers(["train.lr=0.5"], CPU)  # e.g. written by a CPU run
+    saved.param_groups[0]["params"][0].grad = torch.ones(3)
+    saved.step()
     resumed = _optimizers(["train.lr=0.1"], CUDA)
     resumed.load_state_dict(saved.state_dict())
-    assert resumed.param_groups[0]["fused"] is True
-    assert resumed.param_groups[0]["lr"] == 0.5  # the hyperparameters are the checkpoint's, as before
+    group, state = resumed.param_groups[0], next(iter(resumed.state.values()))
+    assert group["fused"] is True
+    assert group["lr"] == 0.5  # the hyperparameters are the checkpoint's, as before
+    assert state["step"].dtype == torch.float32 and state["step"].item() == 1  # as fused steps keep it
+    group["params"][0].grad = torch.ones(3)
+    resumed.step()  # (torch's fused kernel runs on CPU too)
+    assert state["step"].item() == 2
 
 
 DEVICES = [CPU, pytest.param(CUDA, marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -62,3 +69,26 @@ def test_fused_steps_equal_the_default_implementation(device, cls):
     for default, fused in zip(*results, strict=True):
         torch.testing.assert_close(fused, default, rtol=1e-5, atol=1e-6)  # fp32 rounding order only
         assert not torch.equal(default, start[0] if default.dim() == 2 else start[1])  # it did move
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_a_cpu_runs_checkpoint_resumes_fused():
+    saved = _optimizers([], CPU)
+    saved.param_groups[0]["params"][0].grad = torch.ones(3)
+    saved.step()
+    resumed = _optimizers([], CUDA)
+    param = resumed.param_groups[0]["params"][0]
+    param.data = param.data.cuda()  # as the engine moves the model after the optimizers are built
+    resumed.load_state_dict(saved.state_dict())
+    param.grad = torch.ones(3, device="cuda")
+    resumed.step()
+    torch.testing.assert_close(param.detach().cpu(), _after_two_steps())
+
+
+def _after_two_steps():
+    reference = _optimizers([], CPU)
+    param = reference.param_groups[0]["params"][0]
+    for _ in range(2):
+        param.grad = torch.ones(3)
+        reference.step()
+    return param.detach()

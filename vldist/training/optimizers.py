@@ -43,10 +43,16 @@ def build_optimizers(
 
 def _keep_step_implementation(optimizer: torch.optim.Optimizer) -> None:
     """load_state_dict replaces the param groups with the saved ones, flags included: a checkpoint
-    of a CPU run (fused=None) would turn a CUDA run's fused steps off. This run's choice stays."""
+    of a CPU run (fused=None) would turn a CUDA run's fused steps off. This run's choice stays, and
+    the step counts go where fused steps read them (torch moves them so only for fused checkpoints)."""
     for group in optimizer.param_groups:
         for key in STEP_IMPLEMENTATION:
             group[key] = optimizer.defaults[key]
+        if group["fused"]:
+            for param in group["params"]:
+                state = optimizer.state.get(param, {})
+                if torch.is_tensor(state.get("step")):
+                    state["step"] = state["step"].to(device=param.device, dtype=torch.float32)
 
 
 def build_scheduler(config: JobConfig, optimizer, steps_per_epoch: int, total_steps: int):
