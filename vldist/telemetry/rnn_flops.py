@@ -17,6 +17,10 @@ always calls its backward-data pass, which also updates the reserve space), incl
 layer's input and of h0 even where nothing needs them; the CPU decomposition skips a GEMM's input
 gradient when its input needs none, so the two agree exactly when the input and h0 need gradients.
 
+(A backward with no incoming gradient at all returns zeros without cuDNN; counted as if it ran.
+ROCm's miopen_rnn and oneDNN's CPU LSTM kernel, mkldnn_rnn_layer, are not counted: MFU is reported
+on CUDA only.)
+
 GRUCell / LSTMCell need nothing here: on CUDA they run their two GEMMs as counted `linear`s and
 only the elementwise gate math in `_thnn_fused_gru_cell` / `_thnn_fused_lstm_cell`, which MFU
 does not count anyway.
