@@ -2,7 +2,8 @@
 
 Driven directly rather than through Accelerate's DeepSpeed plugin, which needs `transformers` and,
 on CPU, counts a world of 1 while DeepSpeed counts 2. vldist's own torch optimizer is handed to
-DeepSpeed (no fused/CPU Adam op to compile); the LR schedule stays vldist's, on that optimizer.
+DeepSpeed (no fused/CPU Adam op to compile, and torch's default Adam, not its fused one: ZeRO
+re-partitions the optimizer's parameters, training/optimizers.py); the LR schedule stays vldist's.
 
 What differs from DDP, and is handled here:
 - DeepSpeed clips inside `engine.step()` (to `gradient_clipping`) and reports the norm before
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vldist.checkpoint.resharding import load_resharded, refuse_unconvertible
+from vldist.distributed.cuda_settings import configure_fp32_math, tf32_wanted
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
 from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
@@ -97,6 +99,7 @@ class DeepSpeedEngine(Engine):
         self.device = torch.device("cuda", self.local_rank) if device.type == "cuda" else device
         if device.type == "cuda":
             torch.cuda.set_device(self.device)
+        configure_fp32_math(self.device, tf32_wanted(job))
         self.job = job
         self.config = deepspeed_config(job, self.world_size, device.type == "cuda")
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))

@@ -22,6 +22,7 @@ from torch import nn
 from vldist.models.alignment_encoders import build_image_encoder, build_text_encoder
 from vldist.models.common import all_real, length_mask
 from vldist.models.generation import generate
+from vldist.models.memory_format import convert_to_channels_last
 from vldist.models.text_to_image import (
     Discriminator,
     Generator,
@@ -74,6 +75,12 @@ class LAViTeRModel(nn.Module):
         # multi-label classification of the objects' attribute words. Only the pretrain phase has it.
         self.label_head = nn.Linear(self.image_encoder.global_channels, vocab_size) if cfg.phase == "pretrain" else None
         self.frozen: list[nn.Module] = []
+
+    def use_channels_last(self) -> LAViTeRModel:
+        """Every convolution (E_I's trunk, the generator, the discriminators) and the images in
+        NHWC: on CUDA. Images enter through forward, or E_I directly in evaluation."""
+        convert_to_channels_last(self, [self, self.image_encoder])
+        return self
 
     # ------------------------------------------------------------------ phases
 

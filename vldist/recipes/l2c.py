@@ -34,6 +34,7 @@ from vldist.metrics.report import caption_report
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.l2c import L2CEncoder, build_trunk
+from vldist.models.memory_format import channels_last_wanted, convert_to_channels_last
 from vldist.recipes.base import Recipe, unwrap
 from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.l2c_pictures import pair_panel
@@ -136,6 +137,12 @@ class L2CModel(nn.Module):
             self.trunk, dim = build_trunk(cfg.trunk, cfg.trunk_weights)
             self.decoder = ShowTellDecoder(vocab_size, 2 * dim, cfg.hidden, cfg.embed, cfg.dropout)
 
+    def use_channels_last(self) -> L2CModel:
+        """The CNN part (trunk, mask and pooling convolutions) and its images in NHWC: on CUDA."""
+        cnn = self.encoder if self.architecture == "l2c" else self.trunk
+        convert_to_channels_last(cnn, [cnn])
+        return self
+
     def features(self, images: torch.Tensor, second: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """What the decoder reads, (B, K, D), and the encoder's outputs for the auxiliary losses.
         A pair's two images go through the encoder as one batch (one set of BN statistics)."""
@@ -177,7 +184,8 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         return [("cnn_lstm", baseline), ("l2c", config)]
 
     def build_model(self) -> nn.Module:
-        return L2CModel(self.cfg, len(self.vocab))
+        model = L2CModel(self.cfg, len(self.vocab))
+        return model.use_channels_last() if channels_last_wanted(self.config.train.device) else model
 
     @classmethod
     def train_streams(cls, config: JobConfig) -> dict[str, str | StreamSource]:

@@ -38,6 +38,7 @@ from vldist.losses.not_negative import other_image_rows
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
+from vldist.models.memory_format import channels_last_wanted
 from vldist.recipes.base import Recipe, StartingWeights, unwrap
 from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.laviter_report import laviter_report
@@ -196,7 +197,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             self.cfg, len(self.vocab), self.config.data.max_caption_len, self.vocab.end_id, self.vocab.start_id
         )
         model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
-        return model
+        return model.use_channels_last() if channels_last_wanted(self.config.train.device) else model
 
     def starts_from(self) -> str | None:
         """The previous phase's run (the stage sets model.init_from), if any."""

@@ -3,7 +3,9 @@
 The FLOPs of a step are counted, not estimated: the first optimizer step runs under torch's
 `FlopCounterMode`, which adds up every matmul, convolution and attention op that forward and
 backward dispatch (elementwise ops are not counted, as in the usual MFU definition). Divided by
-the step's samples this gives the recipe's FLOPs per sample; later steps reuse it.
+the step's samples this gives the recipe's FLOPs per sample; later steps reuse it. cuDNN's fused
+RNN kernels (the GRUs and LSTMs on CUDA), which torch has no formula for, are counted by
+rnn_flops.py's analytic formulas, the same GEMMs that the CPU decomposition counts.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import contextlib
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
+
+from vldist.distributed.cuda_settings import tf32_matmuls
+from vldist.telemetry.rnn_flops import rnn_flop_formulas
 
 # Dense peak TFLOP/s per GPU (vendor datasheets, SXM parts): bf16/fp16 tensor cores, and fp32
 # (TF32 tensor cores where torch allows TF32 matmuls, else plain fp32).
@@ -44,7 +49,7 @@ class FlopCounter:
         """A context for the step to count (only the first: counting slows a step down)."""
         if self.flops_per_sample is not None or self.peak is None:
             return contextlib.nullcontext(None)
-        return FlopCounterMode(display=False)
+        return FlopCounterMode(display=False, custom_mapping=rnn_flop_formulas())
 
     def counted(self, counter, samples: int) -> None:
         if counter is not None and samples:
@@ -59,4 +64,4 @@ class FlopCounter:
 def device_peak(device: torch.device, mixed_precision: str) -> float | None:
     if device.type != "cuda":
         return None  # MFU is reported on CUDA only
-    return peak_flops(torch.cuda.get_device_name(device), mixed_precision, torch.backends.cuda.matmul.allow_tf32)
+    return peak_flops(torch.cuda.get_device_name(device), mixed_precision, tf32_matmuls())
