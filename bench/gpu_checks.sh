@@ -27,7 +27,11 @@ timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
   tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py \
   tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py \
   tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py \
-  tests/integration/test_checkpoint_cuda.py tests/integration/test_profile_cuda.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+  tests/integration/test_checkpoint_cuda.py tests/integration/test_profile_cuda.py \
+  tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+
+# Fused Adam, TF32 and channels-last, each off and on (docs/results/cuda_switches_<card>.json).
+timeout 240 python3 bench/cuda_switches.py --json "$OUT" > "$OUT/cuda_switches.txt" 2>&1; tail -14 "$OUT/cuda_switches.txt"
 
 (timeout 80 python3 bench/gcn_kernel.py --repeats 20 && timeout 60 python3 bench/gcn_kernel.py --dtype bf16 --repeats 20) \
   > "$OUT/gcn_kernel.txt" 2>&1; tail -5 "$OUT/gcn_kernel.txt"
