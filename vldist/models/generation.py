@@ -12,6 +12,13 @@ A decoder that can generate follows the step protocol (`StepDecoder`):
 
 Decoded captions are (B, L) word ids after ``<start>``: the end token included when produced, then
 the pad id 0 for captions that ended earlier; L <= max_len.
+
+Stopping early needs the host to read a flag off the device, which on CUDA waits for every queued
+kernel. The searches therefore read it only every ``sync_every`` steps (default: every step on the
+CPU, where the read is free; every 4 on an accelerator). The steps run past the stopping point
+change nothing: greedy's extra columns are padding and are cut; beam search freezes its scores and
+hypotheses from the step where the per-step check would have stopped. Outputs are identical for
+any ``sync_every``; only the decoder's step count differs.
 """
 
 from __future__ import annotations
@@ -43,26 +50,53 @@ def _words_only(scores: torch.Tensor, start_id: int) -> torch.Tensor:
     """Scores with <pad> and <start> ruled out: training never targets them, so an untrained
     model could otherwise emit them mid-caption."""
     scores = scores.clone()
-    scores[:, [PAD_ID, start_id]] = float("-inf")
+    # Two scalar fills: an index list would be copied to the device at every step.
+    scores[:, PAD_ID] = float("-inf")
+    scores[:, start_id] = float("-inf")
     return scores
 
 
+def default_sync_every(device: torch.device) -> int:
+    """Steps between the host's reads of the stop flag: every step where reading it is free."""
+    return 1 if device.type == "cpu" else 4
+
+
+def _checks(max_len: int, sync_every: int | None, device: torch.device):
+    """For each step, whether the host reads the stop flag after it."""
+    every = default_sync_every(device) if sync_every is None else sync_every
+    if every < 1:
+        raise ValueError(f"sync_every must be at least 1, got {every}")
+    return ((step + 1) % every == 0 for step in range(max_len))
+
+
 def greedy_decode(
-    decoder: StepDecoder, features: torch.Tensor, mask: torch.Tensor, start_id: int, end_id: int, max_len: int
+    decoder: StepDecoder,
+    features: torch.Tensor,
+    mask: torch.Tensor,
+    start_id: int,
+    end_id: int,
+    max_len: int,
+    sync_every: int | None = None,
 ) -> torch.Tensor:
     """The most likely next word at each step; stops once every caption has ended."""
     state = decoder.init_state(features, mask)
     word = torch.full((features.shape[0],), start_id, dtype=torch.long, device=features.device)
     ended = torch.zeros_like(word, dtype=torch.bool)
+    # Steps until every caption had ended: the output's length, counted on the device.
+    length = torch.zeros((), dtype=torch.long, device=features.device)
     words = []
-    for _ in range(max_len):
+    for check in _checks(max_len, sync_every, features.device):
+        length += ~ended.all()
         logits, state = decoder.step(word, state)
         word = _words_only(logits, start_id).argmax(dim=-1).masked_fill(ended, PAD_ID)
         words.append(word)
         ended |= word == end_id
-        if bool(ended.all()):
+        if check and bool(ended.all()):
             break
-    return torch.stack(words, dim=1) if words else word.new_zeros((word.shape[0], 0))
+    if not words:
+        return word.new_zeros((word.shape[0], 0))
+    # An empty batch has "all ended" from the start, yet took one step.
+    return torch.stack(words, dim=1)[:, : max(int(length), 1)]
 
 
 def beam_search(
@@ -73,6 +107,7 @@ def beam_search(
     end_id: int,
     max_len: int,
     beam_size: int = 3,
+    sync_every: int | None = None,
 ) -> torch.Tensor:
     """The finished hypothesis with the highest total log-probability per image (no length norm).
 
@@ -92,28 +127,36 @@ def beam_search(
     finished = torch.zeros(batch * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch * k, dtype=torch.long, device=device)
     first_row = torch.arange(batch, device=device)[:, None] * k
-    for _ in range(max_len):
+    own_rows = torch.arange(batch * k, device=device)
+    # Set on the device at the step where the search is over; later steps (run only until the host
+    # next reads it) keep every result as it was then.
+    stopped = torch.zeros((), dtype=torch.bool, device=device)
+    pad_only = None
+    for check in _checks(max_len, sync_every, device):
         logits, state = decoder.step(word, state)
         logprobs = _words_only(logits.float().log_softmax(dim=-1), start_id)
         vocab = logprobs.shape[-1]
-        # A finished hypothesis has one continuation, padding, that keeps its score.
-        pad_only = torch.full_like(logprobs[0], float("-inf"))
-        pad_only[PAD_ID] = 0.0
+        if pad_only is None:
+            # A finished hypothesis has one continuation, padding, that keeps its score.
+            pad_only = torch.full_like(logprobs[0], float("-inf"))
+            pad_only[PAD_ID] = 0.0
         logprobs = torch.where(finished[:, None], pad_only, logprobs)
         candidates = scores[..., None] + logprobs.view(batch, k, vocab)
-        scores, flat = candidates.view(batch, k * vocab).topk(k, dim=-1)
-        rows = (first_row + flat // vocab).view(-1)
-        word = (flat % vocab).view(-1)
+        new_scores, flat = candidates.view(batch, k * vocab).topk(k, dim=-1)
+        scores = torch.where(stopped, scores, new_scores)
+        rows = torch.where(stopped, own_rows, (first_row + flat // vocab).view(-1))
+        word = torch.where(stopped, PAD_ID, (flat % vocab).view(-1))
         state = _reorder(state, rows)
         tokens = torch.cat([tokens[rows], word[:, None]], dim=1)
-        lengths = lengths[rows] + (~finished[rows]).long()
+        lengths = lengths[rows] + (~(finished[rows] | stopped)).long()
         finished = finished[rows] | (word == end_id)
         # Log-probs are <= 0, so an open hypothesis only loses score: once every image's best
         # finished one scores at least its best open one, more steps cannot change the result.
         done = finished.view(batch, k)
         best_done = scores.masked_fill(~done, float("-inf")).amax(dim=-1)
         best_open = scores.masked_fill(done, float("-inf")).amax(dim=-1)
-        if bool((best_done >= best_open).all()):
+        stopped = stopped | (best_done >= best_open).all()
+        if check and bool(stopped):
             break
     best = first_row.view(-1) + scores.argmax(dim=-1)
     return tokens[best][:, : int(lengths[best].max()) if batch else 0]
@@ -127,10 +170,11 @@ def generate(
     end_id: int,
     max_len: int,
     beam_size: int = 3,
+    sync_every: int | None = None,
 ) -> torch.Tensor:
     """Greedy (beam_size 1) or beam search, without gradients and in eval mode (dropout off).
 
-    The decoder's train/eval mode is restored afterwards.
+    The decoder's train/eval mode is restored afterwards. ``sync_every``: see the module's doc.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be at least 1, got {beam_size}")
@@ -139,8 +183,8 @@ def generate(
     try:
         with torch.no_grad():
             if beam_size == 1:
-                return greedy_decode(decoder, features, mask, start_id, end_id, max_len)
-            return beam_search(decoder, features, mask, start_id, end_id, max_len, beam_size)
+                return greedy_decode(decoder, features, mask, start_id, end_id, max_len, sync_every)
+            return beam_search(decoder, features, mask, start_id, end_id, max_len, beam_size, sync_every)
     finally:
         decoder.train(was_training)
 
