@@ -3,7 +3,8 @@
 VSRN's teacher forcing (only attention + GRU cell per token) against `step` over the tokens:
 logits and every parameter gradient, fp32, with dropout off (eval) and on (train, same seed: on
 the CPU its one time-major dropout draw takes the masks of the T per-step draws). The GRU's padded
-last-state path against packing. The searches' delayed stop checks against checking every step.
+last-state path against packing. The searches' delayed stop checks against checking every step,
+and beam search's skipped reorders against reordering everything.
 """
 
 import itertools
@@ -13,6 +14,7 @@ import torch
 from helpers import decoder_batch, stepwise_logits
 from torch import nn
 
+from vldist.models import generation
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.common import last_hidden_gru, last_hidden_packed, last_hidden_padded
 from vldist.models.generation import beam_search, greedy_decode
@@ -87,7 +89,8 @@ class EndingDecoder(nn.Module):
         self.steps = 0
 
     def init_state(self, features, mask):
-        return {"image": features.mean(1) @ self.image, "memory": features.new_zeros(features.shape[0], 7)}
+        memory = features.new_zeros(features.shape[0], self.transition.shape[0])
+        return {"image": features.mean(1) @ self.image, "memory": memory}
 
     def step(self, words, state):
         self.steps += 1
@@ -158,3 +161,39 @@ def test_beam_search_keeps_the_pick_it_stopped_at_through_later_steps():
         assert reference.shape == (1, 1)  # stopped after the first word
         for every in (2, 5):
             assert torch.equal(beam_search(decoder, features, mask, START, end, 5, 2, sync_every=every), reference)
+
+
+class ContextDecoder(nn.Module):
+    """Scores the next word by the word read and the word read at the last even step (its
+    `context`, which it passes through unchanged at odd steps): beam search must carry each
+    hypothesis's own context, though the step does not always hand back a new tensor."""
+
+    def __init__(self, seed: int, vocab: int = 7):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.register_buffer("first", torch.randn(vocab, vocab, generator=g) * 2)
+        self.register_buffer("second", torch.randn(vocab, vocab, generator=g) * 2)
+        self.register_buffer("image", torch.randn(3, vocab, generator=g))
+
+    def init_state(self, features, mask):
+        rows = features.shape[0]
+        return {
+            "image": features.mean(1) @ self.image,
+            "context": torch.full((rows,), START),
+            "t": torch.zeros(rows, dtype=torch.long),
+        }
+
+    def step(self, words, state):
+        logits = self.first[words] + self.second[state["context"]] + state["image"]
+        even = int(state["t"][0]) % 2 == 0  # every row is at the same step
+        return logits, {**state, "context": words if even else state["context"], "t": state["t"] + 1}
+
+
+def test_beam_search_skips_reordering_only_what_is_the_same_across_an_images_beams(monkeypatch):
+    features = torch.randn(4, 2, 3, generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    found = [beam_search(ContextDecoder(seed), features, mask, START, END, 7, 3) for seed in range(6)]
+    # The reference reorders every entry at every step, as beam search always did.
+    monkeypatch.setattr(generation, "_reorder_beams", lambda state, rows, same: generation._reorder(state, rows))
+    for seed in range(6):
+        assert torch.equal(found[seed], beam_search(ContextDecoder(seed), features, mask, START, END, 7, 3)), seed

@@ -6,7 +6,9 @@ A decoder that can generate follows the step protocol (`StepDecoder`):
   before ``<start>`` is read. Every tensor in it is batch-first (dim 0 = B), so that a search can
   repeat and reorder hypotheses with ``repeat_interleave``/``index_select`` along dim 0. It holds
   whatever per-image context the step needs (e.g. the projected region keys and the mask).
-- ``step(words (B,) long, state) -> (logits (B, V), new_state)``: reads one word per row.
+- ``step(words (B,) long, state) -> (logits (B, V), new_state)``: reads one word per row. It
+  passes the entries it does not change through as the same tensor objects and modifies no state
+  tensor in place (beam search relies on it: see `_reorder_beams`).
 - ``forward(features, mask, tokens (B, T)) -> logits (B, T-1, V)``: teacher forcing, predicting
   ``tokens[:, 1:]`` from ``tokens[:, :-1]``; equal to running ``step`` over the tokens.
 
@@ -44,6 +46,14 @@ class StepDecoder(Protocol):
 
 def _reorder(state: State, index: torch.Tensor) -> State:
     return {name: value.index_select(0, index) for name, value in state.items()}
+
+
+def _reorder_beams(state: State, rows: torch.Tensor, same_per_image: set[str]) -> State:
+    """The beam's state reordered by `rows`, which stay within each image's beams. The entries in
+    `same_per_image` hold their image's rows, identical across its beams, so reordering them would
+    copy them onto themselves: they are kept as they are (at the paper's sizes, the region
+    features and keys (B * k, R, F) are not copied at every step)."""
+    return {name: value if name in same_per_image else value.index_select(0, rows) for name, value in state.items()}
 
 
 def _words_only(scores: torch.Tensor, start_id: int) -> torch.Tensor:
@@ -117,6 +127,8 @@ def beam_search(
     """
     batch, k, device = features.shape[0], beam_size, features.device
     state = _reorder(decoder.init_state(features, mask), torch.arange(batch, device=device).repeat_interleave(k))
+    # Entries every step so far has passed through: still the per-image rows repeated k times.
+    same_per_image = set(state)
     word = torch.full((batch * k,), start_id, dtype=torch.long, device=device)
     # Only the first beam is live at the start, so the first step does not fill the beam with k
     # copies of one hypothesis.
@@ -133,7 +145,7 @@ def beam_search(
     stopped = torch.zeros((), dtype=torch.bool, device=device)
     pad_only = None
     for check in _checks(max_len, sync_every, device):
-        logits, state = decoder.step(word, state)
+        logits, new_state = decoder.step(word, state)
         logprobs = _words_only(logits.float().log_softmax(dim=-1), start_id)
         vocab = logprobs.shape[-1]
         if pad_only is None:
@@ -146,7 +158,8 @@ def beam_search(
         scores = torch.where(stopped, scores, new_scores)
         rows = torch.where(stopped, own_rows, (first_row + flat // vocab).view(-1))
         word = torch.where(stopped, PAD_ID, (flat % vocab).view(-1))
-        state = _reorder(state, rows)
+        same_per_image = {name for name in same_per_image if new_state.get(name) is state[name]}
+        state = _reorder_beams(new_state, rows, same_per_image)
         tokens = torch.cat([tokens[rows], word[:, None]], dim=1)
         lengths = lengths[rows] + (~(finished[rows] | stopped)).long()
         finished = finished[rows] | (word == end_id)
