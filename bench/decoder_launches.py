@@ -19,12 +19,14 @@ models run now:
   differs.
 - vsrn_model: VSRN's model (image encoder, text encoder, decoder) forward+backward with a stand-in
   loss; before = per-token decoder and packed GRUs.
-- greedy, beam3: generation with the VSRN decoder (eval, max_len 20); before = the stop flag read
-  every step (sync_every=1, the CPU default), after = every 4 (the accelerator default).
+- greedy, beam3: generation with the VSRN decoder (eval, max_len 20, an untrained model: no
+  early stop); before = the stop flag read every step (sync_every=1, the CPU default) and, for
+  the beam, every state entry reordered at every step; after = the flag read every 4 steps (the
+  accelerator default) and only the entries the step changed reordered.
   `host reads` counts aten._local_scalar_dense (bool()/int() of a tensor: a sync on CUDA).
 
 Operator counts do not depend on the batch size (the table checks it at the demo size), so they
-are counted at batch 2; times are CPU seconds of one step at the full batch (median, min-max),
+are counted at batch 2 (the text GRU: 9, one of each length); times are CPU seconds of one step at the full batch (median, min-max),
 OMP_NUM_THREADS=1, on whatever machine ran it: noisy, the counts are the evidence.
 """
 
@@ -45,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vldist.models import common, image_encoder, text_encoder  # noqa: E402
+from vldist.models import common, generation, image_encoder, text_encoder  # noqa: E402
 from vldist.models.caption_decoder import AttentionCaptionDecoder  # noqa: E402
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder  # noqa: E402
 from vldist.models.generation import generate  # noqa: E402
@@ -64,6 +66,7 @@ SIZES = {
         "captioner": dict(batch=100, regions=49, feature=2048, hidden=512, embed=512, vocab=9487),
     },
 }
+COUNT_BATCH = {"text_gru": TOKENS // 2 + 1}  # every length once
 METADATA_OPS = {"aten.lift_fresh", "aten.detach", "aten._local_scalar_dense"}
 
 
@@ -134,8 +137,9 @@ def gru_case(kind: str, size: dict, batch: int):
     else:
         gru = torch.nn.GRU(s["word"], s["embed"], batch_first=True)
         x = torch.randn(batch, TOKENS, s["word"], requires_grad=True)
-        lengths = torch.randint(TOKENS // 2, TOKENS + 1, (batch,))
-        lengths[0] = TOKENS
+        # Lengths half to all of TOKENS, each present at every batch size counted: the packed
+        # GRU's operators depend on which lengths occur.
+        lengths = TOKENS - torch.arange(batch) % (TOKENS // 2 + 1)
 
     def before():
         common.last_hidden_packed(gru, x, lengths).sum().backward()
@@ -184,10 +188,16 @@ def generation_case(kind: str, size: dict, batch: int):
     beam = 3 if kind == "beam3" else 1
     outputs = {}
 
-    def run(sync_every: int):
-        outputs[sync_every] = generate(decoder, features, mask, 1, 2, 20, beam, sync_every=sync_every)
+    def run(before: bool):
+        reorder = generation._reorder_beams
+        if before:  # every state entry reordered at every step, as beam search used to
+            generation._reorder_beams = lambda state, rows, same: generation._reorder(state, rows)
+        try:
+            outputs[before] = generate(decoder, features, mask, 1, 2, 20, beam, sync_every=1 if before else 4)
+        finally:
+            generation._reorder_beams = reorder
 
-    return (lambda: run(1)), (lambda: run(4))
+    return (lambda: run(True)), (lambda: run(False))
 
 
 CASES = ["vsrn_decoder", "adaptive_attention", "show_tell", "region_gru", "text_gru", "vsrn_model", "greedy", "beam3"]
@@ -225,8 +235,9 @@ def timed(fn, repeats: int) -> list[float]:
 
 def measure(kind: str, size_name: str, repeats: int) -> dict:
     size = SIZES[size_name]
-    before, after = build(kind, size, 2)
-    row = {"case": kind, "size": size_name, "before": count(before), "after": count(after)}
+    before, after = build(kind, size, COUNT_BATCH.get(kind, 2))
+    row = {"case": kind, "size": size_name, "count_batch": COUNT_BATCH.get(kind, 2)}
+    row.update(before=count(before), after=count(after))
     batch = full_batch(kind, size)
     if size_name == "demo":  # the counts' independence of the batch, checked where it is cheap
         full_before, full_after = build(kind, size, batch)
