@@ -23,11 +23,13 @@ models run now:
   early stop); before = the stop flag read every step (sync_every=1, the CPU default) and, for
   the beam, every state entry reordered at every step; after = the flag read every 4 steps (the
   accelerator default) and only the entries the step changed reordered.
-  `host reads` counts aten._local_scalar_dense (bool()/int() of a tensor: a sync on CUDA).
+  `host reads` counts aten._local_scalar_dense (bool()/int() of a tensor) and copies from the
+  device to the host: each a sync on CUDA.
 
 Operator counts do not depend on the batch size (the table checks it at the demo size), so they
 are counted at batch 2 (the text GRU: 9, one of each length); times are CPU seconds of one step at the full batch (median, min-max),
 OMP_NUM_THREADS=1, on whatever machine ran it: noisy, the counts are the evidence.
+`--device cuda` counts and times the same on a GPU (cuDNN RNNs and fused cells there).
 """
 
 from __future__ import annotations
@@ -79,14 +81,18 @@ class OperatorCount(TorchDispatchMode):
         self.ops = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         self.ops[str(func.overloadpacket)] += 1 if not func.is_view else 0
         self.ops["(views)"] += 1 if func.is_view else 0
-        return func(*args, **(kwargs or {}))
+        if func is torch.ops.aten._to_copy.default and args[0].device.type != "cpu":
+            self.ops["(copies to the host)"] += kwargs.get("device") == torch.device("cpu")
+        return func(*args, **kwargs)
 
     def summary(self) -> dict:
         views = self.ops["(views)"]
-        launches = sum(n for op, n in self.ops.items() if op != "(views)" and op not in METADATA_OPS)
-        return {"ops": launches, "views": views, "host_reads": self.ops["aten._local_scalar_dense"]}
+        launches = sum(n for op, n in self.ops.items() if not op.startswith("(") and op not in METADATA_OPS)
+        reads = self.ops["aten._local_scalar_dense"] + self.ops["(copies to the host)"]
+        return {"ops": launches, "views": views, "host_reads": reads}
 
 
 def per_token_logits(decoder, features, mask, tokens):
@@ -223,31 +229,40 @@ def count(fn) -> dict:
     return counter.summary()
 
 
-def timed(fn, repeats: int) -> list[float]:
+def timed(fn, repeats: int, device: torch.device) -> list[float]:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return times
 
 
-def measure(kind: str, size_name: str, repeats: int) -> dict:
+def measure(kind: str, size_name: str, repeats: int, device: torch.device) -> dict:
+    """One row. The cases are built on `device` (its default for every tensor made there); on
+    CUDA the packed path then copies the device lengths to the host, as it used to."""
     size = SIZES[size_name]
-    before, after = build(kind, size, COUNT_BATCH.get(kind, 2))
+    with device:
+        before, after = build(kind, size, COUNT_BATCH.get(kind, 2))
     row = {"case": kind, "size": size_name, "count_batch": COUNT_BATCH.get(kind, 2)}
     row.update(before=count(before), after=count(after))
     batch = full_batch(kind, size)
     if size_name == "demo":  # the counts' independence of the batch, checked where it is cheap
-        full_before, full_after = build(kind, size, batch)
+        with device:
+            full_before, full_after = build(kind, size, batch)
         row["same_counts_at_full_batch"] = count(full_before) == row["before"] and count(full_after) == row["after"]
     # Paper-size GRUs and the whole model take tens of seconds a step on one core: counted only.
     if repeats and not (size_name == "paper" and kind in ("region_gru", "text_gru", "vsrn_model")):
-        before, after = build(kind, size, batch)
+        with device:
+            before, after = build(kind, size, batch)
         row["batch"] = batch
-        row["before"]["seconds"] = timed(before, repeats)
-        row["after"]["seconds"] = timed(after, repeats)
+        row["before"]["seconds"] = timed(before, repeats, device)
+        row["after"]["seconds"] = timed(after, repeats, device)
     return row
 
 
@@ -260,7 +275,8 @@ def seconds(entry: dict) -> str:
 
 def table(results: dict) -> str:
     lines = [
-        f"torch {results['torch']}, {results['machine']}, OMP_NUM_THREADS={results['threads']}; "
+        f"torch {results['torch']}, {results.get('device', 'cpu')}, {results['machine']}, "
+        f"OMP_NUM_THREADS={results['threads']}; "
         f"{TOKENS} tokens; times: ms per step, median (min-max) of {results['repeats']}",
         "",
         "| case | size | ops before | ops after | views before/after | host reads before/after | "
@@ -282,6 +298,7 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=CASES, choices=CASES)
     parser.add_argument("--sizes", nargs="+", default=["demo", "paper"], choices=list(SIZES))
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per row (0: counts only)")
+    parser.add_argument("--device", default="cpu", help="cpu (the evidence without a GPU) or cuda")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--from", dest="source", type=Path, help="print the table of earlier results")
     args = parser.parse_args()
@@ -291,10 +308,11 @@ def main() -> None:
     rows = []
     for size in args.sizes:
         for kind in args.cases:
-            rows.append(measure(kind, size, args.repeats))
+            rows.append(measure(kind, size, args.repeats, torch.device(args.device)))
             print(f"{kind} {size}: {rows[-1]['before']['ops']} -> {rows[-1]['after']['ops']} ops", flush=True)
     results = {
         "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
         "machine": os.uname().nodename,
         "threads": torch.get_num_threads(),
         "repeats": args.repeats,

@@ -197,3 +197,20 @@ def test_beam_search_skips_reordering_only_what_is_the_same_across_an_images_bea
     monkeypatch.setattr(generation, "_reorder_beams", lambda state, rows, same: generation._reorder(state, rows))
     for seed in range(6):
         assert torch.equal(found[seed], beam_search(ContextDecoder(seed), features, mask, START, END, 7, 3)), seed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_restructured_paths_match_their_references(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # cuDNN's RNNs in full fp32
+    torch.manual_seed(0)
+    decoder = AttentionCaptionDecoder(VOCAB, FEATURES, word_dim=16, hidden=24).cuda().eval()
+    features, mask, tokens = (t.cuda() for t in decoder_batch(VOCAB, FEATURES))
+    reference = stepwise_logits(decoder, features, mask, tokens)[0]
+    torch.testing.assert_close(decoder(features, mask, tokens), reference, rtol=1e-4, atol=1e-5)
+    gru = nn.GRU(5, 7, batch_first=True).cuda()
+    x, lengths = torch.randn(4, 6, 5, device="cuda"), torch.tensor([3, 6, 1, 4], device="cuda")
+    packed = last_hidden_packed(gru, x, lengths.cpu())
+    torch.testing.assert_close(last_hidden_gru(gru, x, lengths), packed, rtol=1e-4, atol=1e-5)  # padded path
+    for beam in (1, 3):  # the default reads the stop flag every 4 steps on CUDA
+        every_step = generation.generate(decoder, features, mask, START, END, 9, beam, sync_every=1)
+        assert torch.equal(generation.generate(decoder, features, mask, START, END, 9, beam), every_step)
