@@ -41,8 +41,10 @@ def test_vsrn_teacher_forcing_equals_stepping_with_gradients(train):
     features, mask, tokens = decoder_batch(VOCAB, FEATURES, batch=3, regions=4, seed=1)
     torch.manual_seed(5)
     ref_logits, ref_grads = _logits_and_grads(decoder, lambda: stepwise_logits(decoder, features, mask, tokens)[0])
+    ref_next = torch.rand(4)
     torch.manual_seed(5)
     logits, grads = _logits_and_grads(decoder, lambda: decoder(features, mask, tokens))
+    assert torch.equal(torch.rand(4), ref_next)  # the generator is left where stepping leaves it
     torch.testing.assert_close(logits, ref_logits, **TOL)
     assert ref_grads.keys() == grads.keys()
     for name in grads:
