@@ -3,6 +3,11 @@
 At each step the decoder attends over the (masked) regions with additive attention, feeds the
 context and the previous word to a GRU cell, and predicts the next word. It follows the step
 protocol of `vldist.models.generation` (init_state/step), which does the greedy and beam decoding.
+
+Teacher forcing (`forward`) runs step by step only what feeds the recurrence, the attention and
+the GRU cell; the word embeddings are looked up before the loop, and dropout and the vocabulary
+projection (the largest per-token matmul) run once over all steps. `step` is the per-token
+reference it equals (tests/unit/test_decoder_loops.py).
 """
 
 from __future__ import annotations
@@ -27,9 +32,12 @@ class AttentionCaptionDecoder(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(hidden, vocab_size)
 
-    def _attend(self, keys: torch.Tensor, features: torch.Tensor, mask: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    def _attend(
+        self, keys: torch.Tensor, features: torch.Tensor, padding: torch.Tensor, h: torch.Tensor
+    ) -> torch.Tensor:
+        """The attention context (B, F); padding (B, R) is True at padded regions."""
         scores = self.att_score(torch.tanh(keys + self.att_hidden(h)[:, None, :])).squeeze(-1)
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        scores = scores.masked_fill(padding, torch.finfo(scores.dtype).min)
         return (scores.softmax(dim=-1).unsqueeze(-1) * features).sum(dim=1)
 
     def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State:
@@ -41,18 +49,29 @@ class AttentionCaptionDecoder(nn.Module):
         }
 
     def step(self, words: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        context = self._attend(state["keys"], state["features"], state["mask"], state["h"])
+        context = self._attend(state["keys"], state["features"], ~state["mask"], state["h"])
         h = self.cell(torch.cat([self.embed(words), context], dim=-1), state["h"])
         return self.out(self.dropout(h)), {**state, "h": h}
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits (B, T-1, V) predicting tokens[:, 1:] from tokens[:, :-1]."""
-        state = self.init_state(features, mask)
-        logits = []
-        for t in range(tokens.shape[1] - 1):
-            step_logits, state = self.step(tokens[:, t], state)
-            logits.append(step_logits)
-        return torch.stack(logits, dim=1)
+        return self.teacher_forcing(self.init_state(features, mask), tokens)
+
+    def teacher_forcing(self, state: State, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T-1, V) of `tokens` (B, T) read from `state` on: `step` over the tokens, with
+        only the attention and the GRU cell in the loop."""
+        words = self.embed(tokens[:, :-1])
+        padding = ~state["mask"]
+        h, hidden = state["h"], []
+        for t in range(words.shape[1]):
+            context = self._attend(state["keys"], state["features"], padding, h)
+            h = self.cell(torch.cat([words[:, t], context], dim=-1), h)
+            hidden.append(h)
+        if not hidden:
+            return self.out(h.new_zeros(h.shape[0], 0, h.shape[1]))
+        # Time-major under dropout: on the CPU one draw over (T, B, H) takes the same masks as
+        # `step`'s T draws over (B, H), so a seeded run matches the per-token reference.
+        return self.out(self.dropout(torch.stack(hidden)).transpose(0, 1))
 
     def generate(
         self,

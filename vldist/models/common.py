@@ -39,10 +39,29 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def last_hidden_gru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """The GRU's hidden state after the last valid step of each sequence (padding never read)."""
+    """The GRU's hidden state after the last valid step of each sequence (B, hidden), padding never
+    read. Lengths on the host: packed, as always. Lengths on an accelerator: packing would need
+    them copied to the host, a sync that stalls the launch queue at every call, so the GRU runs
+    over the padded batch instead (equal up to rounding)."""
+    if lengths.device.type == "cpu":
+        return last_hidden_packed(gru, x, lengths)
+    return last_hidden_padded(gru, x, lengths)
+
+
+def last_hidden_packed(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
     _, hidden = gru(packed)
     return hidden[-1]
+
+
+def last_hidden_padded(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The output at each sequence's last valid step of the GRU run over the padded batch: a
+    forward recurrence never carries padding backwards, so that is the state after its real steps."""
+    if gru.bidirectional or not gru.batch_first:
+        raise ValueError("last_hidden_padded takes a batch-first, one-directional GRU")
+    outputs, _ = gru(x)
+    last = (lengths.to(device=outputs.device, dtype=torch.long) - 1)[:, None, None]
+    return outputs.gather(1, last.expand(-1, 1, outputs.shape[-1])).squeeze(1)
 
 
 def xavier_linear(layer: nn.Linear) -> nn.Linear:
