@@ -12,7 +12,8 @@ plain one is wds.DataPipeline(ResampledShards, tarfile_to_samples, shuffle, map(
 batched) in a wds.WebLoader, reading the same tar members (select_files) so that the comparison is
 of the pipelines, not of the bytes read. For each pipeline, source and worker count the first batch
 is timed from the loader's creation (worker start and the shuffle buffer's first fill), then
---batches more batches; each line is the median of --repeats passes. The plain pipeline reads local
+--batches more batches; each line is the median (and the range) of --repeats passes, the two
+pipelines' passes alternating. The plain pipeline reads local
 files and HTTP (through curl, as WebDataset does); it has no S3 reader of its own.
 
 --epoch-start PAUSE also times the first batch of an epoch after a whole one and a pause of PAUSE
@@ -126,15 +127,36 @@ def one_pass(make, config, batches: int) -> tuple[float, float]:
 
 
 def measure(name: str, make, config, batches: int, repeats: int) -> dict:
-    passes = [one_pass(make, config, batches) for _ in range(repeats)]
-    row = {
-        "case": name,
-        "first_batch_s": statistics.median(p[0] for p in passes),
-        "samples_per_s": statistics.median(p[1] for p in passes),
-        "passes": passes,
-    }
-    print(f"| {name} | {row['samples_per_s']:.0f} | {row['first_batch_s']:.2f} |", flush=True)
-    return row
+    return measure_alternating([(name, make, config)], batches, repeats)[0]
+
+
+def measure_alternating(cases: list, batches: int, repeats: int) -> list[dict]:
+    """One pass of each (name, make, config) case in turn, `repeats` rounds: on a shared, noisy
+    machine a load that comes and goes then falls on every case alike; each row gives its median
+    and the spread of its passes."""
+    passes: dict[str, list] = {name: [] for name, _, _ in cases}
+    for _ in range(repeats):
+        for name, make, config in cases:
+            passes[name].append(one_pass(make, config, batches))
+    rows = []
+    for name, _, _ in cases:
+        rates = [p[1] for p in passes[name]]
+        row = {
+            "case": name,
+            "first_batch_s": statistics.median(p[0] for p in passes[name]),
+            "samples_per_s": statistics.median(rates),
+            "samples_per_s_range": [min(rates), max(rates)],
+            "passes": passes[name],
+        }
+        print(
+            f"| {name} | {row['samples_per_s']:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {row['first_batch_s']:.2f} |",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+PIPELINES = (("vldist", vldist_batches), ("plain WebDataset", webdataset_batches))
 
 
 def main() -> None:
@@ -159,18 +181,11 @@ def main() -> None:
         f"VSRN training loader, data.batch_size 128, shuffle buffer 2000, {args.batches} batches after the first, "
         f"median of {args.repeats}; torch {torch.__version__}, {os.cpu_count()} CPUs"
     )
-    print("| pipeline, source, workers | samples/s | first batch, s |\n|---|---|---|")
+    print("| pipeline, source, workers | samples/s (median, range) | first batch, s |\n|---|---|---|")
     for workers in args.workers:
-        for name, make in (("vldist", vldist_batches), ("plain WebDataset", webdataset_batches)):
-            rows.append(
-                measure(
-                    f"{name}, local disk, {workers} workers",
-                    make,
-                    _config(str(shards), workers, []),
-                    args.batches,
-                    args.repeats,
-                )
-            )
+        config = _config(str(shards), workers, [])
+        cases = [(f"{name}, local disk, {workers} workers", make, config) for name, make in PIPELINES]
+        rows += measure_alternating(cases, args.batches, args.repeats)
     if args.epoch_start is not None:
         for workers in [w for w in args.workers if w]:
             config = _config(str(shards), workers, ["train.epochs=2"])

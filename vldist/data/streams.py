@@ -120,13 +120,8 @@ class TrainingStreams:
         Close the iterator (contextlib.closing) once done with it: closed before the epoch's last
         batch was taken (an exception, a stop, the run's last step), it ends the loaders' workers
         at once; after it, the next epoch's pass begins (the last epoch's end ends the workers)."""
-        if not self.loaders:
-            workers = self.config.data.workers
-            self.loaders = {
-                name: loader(s, workers, self.shielded, persistent=True) for name, s in self.streams.items()
-            }
         if self.begun != epoch:
-            self._begin(epoch)
+            self.begin(epoch, loader)
         self.begun = None
         passes = {name: iter(self.loaders[name]) for name in self.streams}
         taken = 0
@@ -145,13 +140,21 @@ class TrainingStreams:
             if taken < self.micro_per_epoch and passes:
                 self.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost
             elif epoch + 1 < self.epochs:
-                self._begin(epoch + 1)  # read ahead while the trainer validates and checkpoints
+                self.begin(epoch + 1)  # read ahead while the trainer validates and checkpoints
             else:
                 self.close()  # the run's last epoch: its workers are done
             for unfinished in passes.values():
                 unfinished.close()  # a pass that a later one replaced leaves the workers be
 
-    def _begin(self, epoch: int) -> None:
+    def begin(self, epoch: int, loader: Callable = make_loader) -> None:
+        """Begin the epoch's pass now, so that the workers start and fill their shuffle buffers
+        while the trainer does something else (evaluates the untrained model); batches(epoch)
+        then takes it over. Another epoch's pass, begun before, is dropped."""
+        if not self.loaders:
+            workers = self.config.data.workers
+            self.loaders = {
+                name: loader(s, workers, self.shielded, persistent=True) for name, s in self.streams.items()
+            }
         for stream in self.streams.values():
             stream.epoch = epoch
         for name in self.streams:
