@@ -32,6 +32,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from vldist.data.batch_handoff import packed, unpacked
 from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
@@ -181,7 +182,7 @@ def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
     # each other's negatives (data/identity.py).
     batch["identity"] = torch.tensor([s["identity"] for s in samples], dtype=torch.long)
     batch["skipped"], batch["skip_reasons"] = skipped.take()
-    return batch
+    return packed(batch) if get_worker_info() is not None else batch  # small tensors in the pickle
 
 
 class _ShardDraws:
@@ -422,6 +423,7 @@ class Loader:
         if not self._started:
             self.start()
         self._started, batches, mine = False, self._batches, self._passes
+        pin = self._loader.pin_memory
         finished = False
         try:
             while True:
@@ -430,7 +432,7 @@ class Loader:
                 if batch is self._END:
                     finished = True
                     return
-                yield batch
+                yield unpacked(batch, pin)
         finally:
             del batches
             # a later pass (start()) owns the workers now; else end them, unless they are to persist
