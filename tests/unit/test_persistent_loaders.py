@@ -125,3 +125,26 @@ def test_a_persistent_loader_keeps_its_workers_for_whole_passes_and_ends_them_af
     assert [b["key"] for b in again] == [b["key"] for b in passes[0]]
     assert not {p for b in again for p in b["pid"]} & workers
     loader.close()
+
+
+def test_workers_from_the_fork_server_take_each_epoch_from_the_shared_value(planted_shards):
+    """Shards from a store (file:// here) start workers from the fork server, which get the
+    stream, its SharedEpoch with it, pickled: they read each epoch as forked fresh ones do."""
+    from vldist.data.pipeline import TrainStream
+
+    urls = ShardSet.open(planted_shards).urls("train")
+
+    def stream(scheme: str) -> TrainStream:
+        spec = StreamSpec(
+            urls=[scheme + u for u in urls], keep=("json",), sample_fn=_sample, collate_fn=_collate, batch_size=8
+        )
+        return TrainStream(spec, 6, shuffle_buffer=20)
+
+    served, fresh = stream("file://"), stream("")
+    loader = make_loader(served, 2, persistent=True)
+    try:
+        for epoch in range(EPOCHS):
+            served.epoch = fresh.epoch = epoch
+            assert [p for b in loader for p in _pairs(b)] == [p for b in make_loader(fresh, 2) for p in _pairs(b)]
+    finally:
+        loader.close()
