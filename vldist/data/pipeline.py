@@ -19,6 +19,7 @@ import atexit
 import functools
 import math
 import multiprocessing
+import multiprocessing.util  # its exit handler registered before this module's (_close_open_loaders)
 import os
 import random
 import signal
@@ -460,7 +461,7 @@ class Loader:
 
 # Loaders whose workers may still run: ended before multiprocessing's exit handler, which would
 # wait forever for workers that ignore its SIGTERM (shielded stop signals). atexit runs handlers
-# last registered first, and multiprocessing and torch registered theirs when imported, before this.
+# last registered first, and multiprocessing.util and torch register theirs when imported, above.
 _open_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
 
 
