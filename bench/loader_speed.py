@@ -3,7 +3,7 @@ style, in one process: samples/s and the time to the first batch, from local dis
 --remote) from an S3 store, cold and through data.cache_dir, and over HTTP.
 
     python bench/loader_speed.py [--shards shards/synth] [--batches 30] [--repeats 3] [--remote]
-                                 [--json docs/results/loader_speed.json]
+                                 [--epoch-start 2] [--json docs/results/loader_speed.json]
 
 Both pipelines read the job's shards with its batch (data.batch_size 128), shuffle buffer (2000)
 and per-sample work: the recipe's own train_sample (a caption drawn and tokenised, regions.npy
@@ -12,8 +12,13 @@ plain one is wds.DataPipeline(ResampledShards, tarfile_to_samples, shuffle, map(
 batched) in a wds.WebLoader, reading the same tar members (select_files) so that the comparison is
 of the pipelines, not of the bytes read. For each pipeline, source and worker count the first batch
 is timed from the loader's creation (worker start and the shuffle buffer's first fill), then
---batches more batches; each line is the median of --repeats passes. The plain pipeline reads local
+--batches more batches; each line is the median (and the range) of --repeats passes, the two
+pipelines' passes alternating. The plain pipeline reads local
 files and HTTP (through curl, as WebDataset does); it has no S3 reader of its own.
+
+--epoch-start PAUSE also times the first batch of an epoch after a whole one and a pause of PAUSE
+seconds (the trainer validates there): with the loaders' workers kept, which begin the epoch as the
+last one ends (data/streams.py), and with new workers at the epoch's start, as before they persisted.
 """
 
 from __future__ import annotations
@@ -87,6 +92,26 @@ def webdataset_batches(config, batches: int):
     return contextlib.closing(iter(loader)), batches
 
 
+def epoch_start(config, pause: float, kept: bool) -> float:
+    """Seconds to the first batch of epoch 1, after the whole of epoch 0 and `pause` seconds."""
+    from vldist.data.streams import TrainingStreams
+
+    recipe, shards = _recipe_and_shards(config)
+    streams = TrainingStreams(config, recipe, shards, rank=0, world_size=1)
+    try:
+        for _ in streams.batches(epoch=0):
+            pass
+        if not kept:
+            streams.close()  # as before: the next epoch's workers start with it
+        time.sleep(pause)
+        start = time.perf_counter()
+        with contextlib.closing(streams.batches(epoch=1)) as batches:
+            next(batches)
+            return time.perf_counter() - start
+    finally:
+        streams.close()
+
+
 def one_pass(make, config, batches: int) -> tuple[float, float]:
     """(seconds to the first batch, samples/s over the next `batches`)."""
     start = time.perf_counter()
@@ -102,15 +127,36 @@ def one_pass(make, config, batches: int) -> tuple[float, float]:
 
 
 def measure(name: str, make, config, batches: int, repeats: int) -> dict:
-    passes = [one_pass(make, config, batches) for _ in range(repeats)]
-    row = {
-        "case": name,
-        "first_batch_s": statistics.median(p[0] for p in passes),
-        "samples_per_s": statistics.median(p[1] for p in passes),
-        "passes": passes,
-    }
-    print(f"| {name} | {row['samples_per_s']:.0f} | {row['first_batch_s']:.2f} |", flush=True)
-    return row
+    return measure_alternating([(name, make, config)], batches, repeats)[0]
+
+
+def measure_alternating(cases: list, batches: int, repeats: int) -> list[dict]:
+    """One pass of each (name, make, config) case in turn, `repeats` rounds: on a shared, noisy
+    machine a load that comes and goes then falls on every case alike; each row gives its median
+    and the spread of its passes."""
+    passes: dict[str, list] = {name: [] for name, _, _ in cases}
+    for _ in range(repeats):
+        for name, make, config in cases:
+            passes[name].append(one_pass(make, config, batches))
+    rows = []
+    for name, _, _ in cases:
+        rates = [p[1] for p in passes[name]]
+        row = {
+            "case": name,
+            "first_batch_s": statistics.median(p[0] for p in passes[name]),
+            "samples_per_s": statistics.median(rates),
+            "samples_per_s_range": [min(rates), max(rates)],
+            "passes": passes[name],
+        }
+        print(
+            f"| {name} | {row['samples_per_s']:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {row['first_batch_s']:.2f} |",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
+
+
+PIPELINES = (("vldist", vldist_batches), ("plain WebDataset", webdataset_batches))
 
 
 def main() -> None:
@@ -120,6 +166,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--remote", action="store_true", help="also from S3 (cold, cached) and over HTTP")
+    parser.add_argument("--epoch-start", type=float, metavar="PAUSE", help="also time an epoch's first batch")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     import torch
@@ -134,18 +181,21 @@ def main() -> None:
         f"VSRN training loader, data.batch_size 128, shuffle buffer 2000, {args.batches} batches after the first, "
         f"median of {args.repeats}; torch {torch.__version__}, {os.cpu_count()} CPUs"
     )
-    print("| pipeline, source, workers | samples/s | first batch, s |\n|---|---|---|")
+    print("| pipeline, source, workers | samples/s (median, range) | first batch, s |\n|---|---|---|")
     for workers in args.workers:
-        for name, make in (("vldist", vldist_batches), ("plain WebDataset", webdataset_batches)):
-            rows.append(
-                measure(
-                    f"{name}, local disk, {workers} workers",
-                    make,
-                    _config(str(shards), workers, []),
-                    args.batches,
-                    args.repeats,
-                )
-            )
+        config = _config(str(shards), workers, [])
+        cases = [(f"{name}, local disk, {workers} workers", make, config) for name, make in PIPELINES]
+        rows += measure_alternating(cases, args.batches, args.repeats)
+    if args.epoch_start is not None:
+        for workers in [w for w in args.workers if w]:
+            config = _config(str(shards), workers, ["train.epochs=2"])
+            for round_ in range(args.repeats):  # alternating, so that the machine's load falls on both alike
+                for kept in (True, False):
+                    seconds = epoch_start(config, args.epoch_start, kept)
+                    case = f"vldist, epoch 1's first batch after a {args.epoch_start:g} s pause, {workers} workers, "
+                    case += "workers kept" if kept else "new workers"
+                    rows.append({"case": case, "round": round_, "first_batch_s": seconds})
+                    print(f"| {case} (round {round_ + 1}) | | {seconds:.2f} |", flush=True)
     if args.remote:
         from remote_shards import remote_copies
 

@@ -5,19 +5,27 @@ shards at random, seeded by (seed, rank, worker, epoch), so each yields exactly 
 batches asked for, whatever the shard count. That is what keeps distributed ranks in step.
 Evaluation reads every sample of a split once, in shard order.
 
+A loader can keep its workers between passes (make_loader(persistent=True)): a training stream
+reads its epoch from shared memory (SharedEpoch) when a pass begins, so the workers need no
+restart, and each pass yields what a fresh loader would, to the sample.
+
 The recipe supplies the per-sample transform and the collate function; this module knows nothing
 about what a sample holds beyond the tar member names it is told to keep.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import math
+import multiprocessing
+import multiprocessing.util  # its exit handler registered before this module's (_close_open_loaders)
 import os
 import random
 import signal
 import sys
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -25,6 +33,7 @@ import torch
 import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from vldist.data.batch_handoff import packed, unpacked
 from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
@@ -56,8 +65,51 @@ def _seed(*parts: int) -> int:
 
 
 def _worker() -> tuple[int, int]:
+    """(this worker, the loader's workers); in a worker, its global random generators are first set
+    as torch sets a new worker's, so that a persistent worker's pass draws what a fresh worker's did
+    (a recipe's sample function may use them)."""
     info = get_worker_info()
-    return (info.id, info.num_workers) if info else (0, 1)
+    if info is None:
+        return 0, 1
+    random.seed(info.seed)
+    torch.manual_seed(info.seed)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # as torch's worker loop seeds it (torch/utils/data/_utils/worker.py)
+        from torch.utils.data._utils.worker import _generate_state
+
+        numpy.random.seed(_generate_state(info.seed - info.id, info.id))
+    return info.id, info.num_workers
+
+
+class SharedEpoch:
+    """The epoch a stream reads, in shared memory: the trainer sets it before a pass, and workers
+    that persist between passes read it when the pass begins (open_clip's SharedEpoch). Handed to
+    workers when they start: inherited by forked ones, passed to a fork server's (no lock: one
+    writer, and a pass begins only after the value is written)."""
+
+    def __init__(self, epoch: int = 0):
+        self._value = multiprocessing.Value("q", epoch, lock=False)
+
+    def get(self) -> int:
+        return int(self._value.value)
+
+    def set(self, epoch: int) -> None:
+        self._value.value = epoch
+
+
+class _EpochStream(IterableDataset):
+    """A stream whose order depends on `epoch`, which a persistent worker reads afresh each pass."""
+
+    def __init__(self):
+        self._epoch = SharedEpoch()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.get()
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch.set(value)
 
 
 def _raw(spec: StreamSpec, urls, handler=skipped) -> Iterator[dict]:
@@ -131,7 +183,7 @@ def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
     # each other's negatives (data/identity.py).
     batch["identity"] = torch.tensor([s["identity"] for s in samples], dtype=torch.long)
     batch["skipped"], batch["skip_reasons"] = skipped.take()
-    return batch
+    return packed(batch) if get_worker_info() is not None else batch  # small tensors in the pickle
 
 
 class _ShardDraws:
@@ -154,23 +206,24 @@ class _ShardDraws:
             yield sample
 
 
-class TrainStream(IterableDataset):
+class TrainStream(_EpochStream):
     """An epoch of exactly `batches_per_rank` batches from resampled shards, shuffled in a buffer."""
 
     def __init__(self, spec: StreamSpec, batches_per_rank: int, shuffle_buffer: int):
+        super().__init__()  # the epoch: set by the trainer before each pass
         self.spec = spec
         self.batches_per_rank = batches_per_rank
         self.shuffle_buffer = shuffle_buffer
-        self.epoch = 0  # set by the trainer before each epoch; non-persistent workers copy it
 
     def __iter__(self) -> Iterator[dict]:
         worker, workers = _worker()
+        epoch = self.epoch  # read once, as the pass begins
         # Share the rank's batches between its workers so the rank's total is exact.
         mine = self.batches_per_rank // workers + (worker < self.batches_per_rank % workers)
         if mine == 0:
             return
-        rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch))  # draws and shuffle
-        sample_rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, self.epoch, 1))  # the recipe's
+        rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, epoch))  # draws and shuffle
+        sample_rng = random.Random(_seed(self.spec.seed, self.spec.rank, worker, epoch, 1))  # the recipe's
         draws = _ShardDraws(self.spec.urls, rng)
         raw = _raw(self.spec, iter(draws))
         if self.shuffle_buffer > 1:
@@ -188,7 +241,7 @@ def exact_epoch_steps(samples: int, global_batch: int, world_size: int) -> int:
     return full + (rest >= world_size)
 
 
-class ExactEpochStream(IterableDataset):
+class ExactEpochStream(_EpochStream):
     """Every sample exactly once per epoch, across all ranks, with equal step counts.
 
     All ranks and workers read the same seeded global order (shards permuted per epoch, then a
@@ -200,8 +253,8 @@ class ExactEpochStream(IterableDataset):
     """
 
     def __init__(self, spec: StreamSpec, samples: int, shuffle_buffer: int):
+        super().__init__()
         self.spec, self.samples, self.shuffle_buffer = spec, samples, shuffle_buffer
-        self.epoch = 0
 
     def _my_rows(self, batch: int) -> range:
         """This rank's positions within global batch `batch`."""
@@ -217,11 +270,12 @@ class ExactEpochStream(IterableDataset):
         worker, workers = _worker()
         b, world = self.spec.batch_size, self.spec.world_size
         steps = exact_epoch_steps(self.samples, b * world, world)
-        rng = random.Random(_seed(self.spec.seed, self.epoch))  # the same on every rank and worker
+        epoch = self.epoch  # read once, as the pass begins
+        rng = random.Random(_seed(self.spec.seed, epoch))  # the same on every rank and worker
         raw = _raw(self.spec, rng.sample(self.spec.urls, len(self.spec.urls)), _skipped_unless_a_shard_is_lost)
         if self.shuffle_buffer > 1:
             raw = wds.filters._shuffle(raw, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
-        sample_rng = random.Random(_seed(self.spec.seed, self.epoch, self.spec.rank))
+        sample_rng = random.Random(_seed(self.spec.seed, epoch, self.spec.rank))
         pending: list[dict] = []
         for index, sample in enumerate(raw):
             batch, row = divmod(index, b * world)
@@ -259,25 +313,31 @@ def batches_per_rank(samples_per_epoch: int, global_batch: int) -> int:
     return max(1, math.ceil(samples_per_epoch / global_batch))
 
 
-def make_loader(stream: IterableDataset, workers: int, shielded_signals=()) -> Loader:
-    """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself)."""
-    start = _worker_start(stream, tuple(shielded_signals)) if workers else None
+def make_loader(stream: IterableDataset, workers: int, shielded_signals=(), persistent: bool = False) -> Loader:
+    """`shielded_signals`: ignored by the workers (the stop signals: the trainer ends them itself).
+    `persistent`: the workers stay from one pass to the next (Loader); otherwise each pass starts
+    its own and ends them."""
+    return Loader(functools.partial(_data_loader, stream, workers, tuple(shielded_signals), persistent), persistent)
+
+
+def _data_loader(stream: IterableDataset, workers: int, shielded_signals: tuple, persistent: bool) -> DataLoader:
+    # the start method is chosen as the workers start: a checkpoint store may have started
+    # fsspec's IO thread since the last ones did
+    start = _worker_start(stream, shielded_signals) if workers else None
     # a fork server's children have the environment of the server's start: hand them this one
     environment = dict(os.environ) if start is not None else None
-    return Loader(
-        DataLoader(
-            stream,
-            batch_size=None,  # the stream batches itself
-            num_workers=workers,
-            # Its own generator: drawing worker seeds from the global RNG would shift the model's
-            # random stream (dropout) depending on when loaders are created, breaking exact resume.
-            generator=torch.Generator().manual_seed(0),
-            persistent_workers=False,  # a fresh copy of the stream (and its epoch) per epoch
-            worker_init_fn=functools.partial(_init_worker, tuple(shielded_signals), environment) if workers else None,
-            pin_memory=torch.cuda.is_available(),
-            prefetch_factor=4 if workers else None,
-            multiprocessing_context=start,
-        )
+    return DataLoader(
+        stream,
+        batch_size=None,  # the stream batches itself
+        num_workers=workers,
+        # Its own generator: drawing worker seeds from the global RNG would shift the model's
+        # random stream (dropout) depending on when loaders are created, breaking exact resume.
+        generator=torch.Generator().manual_seed(0),
+        persistent_workers=persistent and workers > 0,  # each pass reads the stream's SharedEpoch afresh
+        worker_init_fn=functools.partial(_init_worker, shielded_signals, environment) if workers else None,
+        pin_memory=torch.cuda.is_available(),
+        prefetch_factor=4 if workers else None,
+        multiprocessing_context=start,
     )
 
 
@@ -333,30 +393,79 @@ def _worker_start(stream: IterableDataset, shielded_signals: tuple = ()):
 
 class Loader:
     """A DataLoader whose worker start, batch hand-over and worker shutdown Ctrl-C does not cut
-    into: the KeyboardInterrupt comes between batches (preemption.interrupts_deferred)."""
+    into: the KeyboardInterrupt comes between batches (preemption.interrupts_deferred).
+
+    Each iteration is a pass over the stream. A persistent loader keeps its workers after a pass
+    that ran to its end; a pass left unfinished (an exception, a stop, a partial read) ends them
+    at once, as do close() and the end of the process, and the next pass starts new ones. start()
+    begins the next pass ahead of its iteration, so that the workers read while the caller does
+    something else (the trainer validates)."""
 
     _END = object()
 
-    def __init__(self, loader: DataLoader):
-        self.loader = loader
+    def __init__(self, make: Callable[[], DataLoader], persistent: bool = False):
+        self._make, self.persistent = make, persistent
+        self._loader: DataLoader | None = None
+        self._batches = None  # torch's iterator of the pass begun last
+        self._started = False  # a pass begun by start() that no iteration has taken yet
+        self._passes = 0  # passes begun: an abandoned pass must not end the workers of a later one
+        _open_loaders.add(self)
+
+    def start(self) -> None:
+        """Begin the next pass now (the workers read the stream's epoch as it is set now)."""
+        with interrupts_deferred():
+            if self._loader is None or not self.persistent:
+                self._shutdown()
+                self._loader = self._make()
+            self._batches = iter(self._loader)  # persistent workers drop what the last pass left
+        self._started, self._passes = True, self._passes + 1
 
     def __iter__(self) -> Iterator[dict]:
-        with interrupts_deferred():
-            batches = iter(self.loader)
+        if not self._started:
+            self.start()
+        self._started, batches, mine = False, self._batches, self._passes
+        pin = self._loader.pin_memory
+        finished = False
         try:
             while True:
                 with interrupts_deferred():
                     batch = next(batches, self._END)
                 if batch is self._END:
+                    finished = True
                     return
-                yield batch
+                yield unpacked(batch, pin)
         finally:
-            with interrupts_deferred():
-                # the workers are joined here, not in a __del__ at some later moment: a worker's error
-                # re-raised here keeps the iterator alive in a reference cycle (the exception's traceback
-                # holds its frames), and workers that ignore SIGTERM (shielded stop signals) would then
-                # hold the process at exit
-                shutdown = getattr(batches, "_shutdown_workers", None)
-                if shutdown is not None:
-                    shutdown()
-                del batches
+            del batches
+            # a later pass (start()) owns the workers now; else end them, unless they are to persist
+            if mine == self._passes and not (finished and self.persistent):
+                self.close()
+
+    def close(self) -> None:
+        """End the workers now; a later pass starts new ones."""
+        self._started = False
+        self._shutdown()
+        self._loader = None
+
+    def _shutdown(self) -> None:
+        batches, self._batches = self._batches, None
+        with interrupts_deferred():
+            # the workers are joined here, not in a __del__ at some later moment: a worker's error
+            # re-raised here keeps the iterator alive in a reference cycle (the exception's traceback
+            # holds its frames), and workers that ignore SIGTERM (shielded stop signals) would then
+            # hold the process at exit
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            del batches
+
+
+# Loaders whose workers may still run: ended before multiprocessing's exit handler, which would
+# wait forever for workers that ignore its SIGTERM (shielded stop signals). atexit runs handlers
+# last registered first, and multiprocessing.util and torch register theirs when imported, above.
+_open_loaders: weakref.WeakSet[Loader] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_loaders() -> None:
+    for loader in list(_open_loaders):
+        loader.close()

@@ -6,15 +6,21 @@ this module turns them into resampled streams (data/pipeline.py) for one rank, c
 micro-batches of an epoch, and yields an epoch's batches, one optimizer step of each stream in
 turn (L2C: a batch of image pairs, then one of single-image captions), each tagged with its
 stream's name in batch["stream"].
+
+The loaders are built once and keep their workers from epoch to epoch (the epoch reaches them
+through the streams' SharedEpoch): once an epoch's last batch is taken, the next epoch's pass
+begins at once, so the workers fill their shuffle buffers while the trainer validates and saves.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from vldist.data.pipeline import (
     ExactEpochStream,
+    Loader,
     StreamSpec,
     TrainStream,
     batches_per_rank,
@@ -45,12 +51,18 @@ class TrainingStreams:
     in an epoch (every stream's, together); `batches(epoch)`: that epoch's micro-batches.
 
     shards: a JobShards (data/job_shards.py), each set opened once; recipe: its train_streams(),
-    stream_functions() and sample_keys; accumulation: micro-batches per optimizer step.
+    stream_functions() and sample_keys; accumulation: micro-batches per optimizer step. close()
+    ends the loaders' workers (an epoch left unfinished ends them too, and so does the process's end).
     """
 
     def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1, shielded_signals=()):
         self.config, self.accumulation, self.shielded = config, accumulation, tuple(shielded_signals)
         self.streams, self.micro_per_epoch = self._build(recipe, shards, rank, world_size)
+        self.loaders: dict[str, Loader] = {}  # built at the first epoch, kept until close()
+        self.begun: int | None = None  # the epoch whose pass the loaders have begun ahead of batches()
+        # the epochs the trainer trains (loop.py's count): no pass is begun beyond the last
+        steps = math.ceil(self.micro_per_epoch / accumulation)
+        self.epochs = math.ceil((config.train.max_steps or config.train.epochs * steps) / steps)
 
     def _build(self, recipe, shards, rank: int, world_size: int) -> tuple[dict, int]:
         config, t = self.config, self.config.train
@@ -105,21 +117,52 @@ class TrainingStreams:
 
     def batches(self, epoch: int, loader: Callable = make_loader) -> Iterator[dict]:
         """This epoch's micro-batches, tagged with their stream; streams take turns step by step.
-        Close the iterator (contextlib.closing) to end the loaders' workers at once."""
-        for stream in self.streams.values():
-            stream.epoch = epoch
-        workers = self.config.data.workers
-        loaders = {name: iter(loader(s, workers, self.shielded)) for name, s in self.streams.items()}
+        Close the iterator (contextlib.closing) once done with it: closed before the epoch's last
+        batch was taken (an exception, a stop, the run's last step), it ends the loaders' workers
+        at once; after it, the next epoch's pass begins (the last epoch's end ends the workers)."""
+        if self.begun != epoch:
+            self.begin(epoch, loader)
+        self.begun = None
+        passes = {name: iter(self.loaders[name]) for name in self.streams}
+        taken = 0
         try:
-            while loaders:
-                for name in list(loaders):
+            while passes:
+                for name in list(passes):
                     for _ in range(self.accumulation):
-                        batch = next(loaders[name], None)
+                        batch = next(passes[name], None)
                         if batch is None:
-                            del loaders[name]
+                            del passes[name]
                             break
                         batch["stream"] = name
+                        taken += 1
                         yield batch
         finally:
-            for batches in loaders.values():
-                batches.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost
+            if taken < self.micro_per_epoch and passes:
+                self.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost
+            elif epoch + 1 < self.epochs:
+                self.begin(epoch + 1)  # read ahead while the trainer validates and checkpoints
+            else:
+                self.close()  # the run's last epoch: its workers are done
+            for unfinished in passes.values():
+                unfinished.close()  # a pass that a later one replaced leaves the workers be
+
+    def begin(self, epoch: int, loader: Callable = make_loader) -> None:
+        """Begin the epoch's pass now, so that the workers start and fill their shuffle buffers
+        while the trainer does something else (evaluates the untrained model); batches(epoch)
+        then takes it over. Another epoch's pass, begun before, is dropped."""
+        if not self.loaders:
+            workers = self.config.data.workers
+            self.loaders = {
+                name: loader(s, workers, self.shielded, persistent=True) for name, s in self.streams.items()
+            }
+        for stream in self.streams.values():
+            stream.epoch = epoch
+        for name in self.streams:
+            self.loaders[name].start()
+        self.begun = epoch
+
+    def close(self) -> None:
+        """End the loaders' workers now (a later epoch starts new ones)."""
+        for each in self.loaders.values():
+            each.close()
+        self.loaders, self.begun = {}, None

@@ -7,6 +7,9 @@ checkpoint), and at the end the test evaluation of those weights and the run's r
 Rank 0 evaluates: the retrieval protocol ranks every image against every caption in one matrix,
 and every rank holds the whole model. The others wait, and learn the score that picks the best
 epoch from one all-reduce, so that every rank agrees on it.
+
+The validation split's loader is built once and keeps its workers from one validation to the next;
+the others (baseline, contract check, test) are read once or twice and end theirs after each read.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from vldist.checkpoint.format import load_model_state
 from vldist.checkpoint.manager import Checkpointer
 from vldist.config import JobConfig
+from vldist.data.pipeline import Loader
 from vldist.data.shardset import ShardSet
 from vldist.distributed.collectives import global_sum
 from vldist.distributed.heartbeat import heartbeat
@@ -48,6 +52,13 @@ class Evaluations:
     ):
         self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
         self.stop, self.checkpoints, self.progress, self.trackers = stop, checkpoints, progress, trackers
+        self.kept: dict[str, Loader] = {}  # the validation split's persistent loader, once built
+
+    def close(self) -> None:
+        """End the workers of the loaders kept between validations."""
+        for loader in self.kept.values():
+            loader.close()
+        self.kept = {}
 
     def before_training(self, state: RunState) -> None:
         """A new run: the untrained model's evaluation (eval.baseline), else the contract check."""
@@ -92,6 +103,7 @@ class Evaluations:
         }
         if state.untrained is not None:
             results["untrained"] = state.untrained
+        self.close()  # no more validations
         results["test"] = self.evaluate(cfg.eval.split, state.step)
         if results["test"]:
             self.progress.record({"event": "test", "step": state.step, **self.recipe.headline(results["test"])})
@@ -135,7 +147,7 @@ class Evaluations:
         result = None
         model = self.engine.evaluation_model(self.recipe.build_model)  # collective
         if self.engine.is_main:
-            loader = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
+            loader = self._loader(split, whole=batches is None)
             count = eval_batch_count(self.config, self.shards, split)
             loaded = heartbeat.beating(loader if batches is None else islice(loader, batches))
             where = f"the {split} split of {self.shards.directory}"
@@ -155,6 +167,14 @@ class Evaluations:
         with heartbeat.collective("barrier (rank 0 evaluates)"):
             self.engine.barrier()
         return result
+
+    def _loader(self, split: str, whole: bool) -> Loader:
+        """The validation split's kept loader for a whole read of it; a loader of its own otherwise."""
+        if not whole or split != self.config.data.val_split:
+            return eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals)
+        if split not in self.kept:
+            self.kept[split] = eval_loader(self.config, self.recipe, self.shards, split, self.stop.signals, True)
+        return self.kept[split]
 
     def _caption_examples(self, split: str, step: int, metrics: dict) -> None:
         """A captioning evaluation's generated captions, as a table in the trackers."""

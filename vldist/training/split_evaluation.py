@@ -17,7 +17,8 @@ from vldist.errors import EmptySplitError
 from vldist.recipes.contract import check_evaluation
 
 
-def eval_loader(config, recipe, shards, split: str, shielded_signals=()):
+def eval_loader(config, recipe, shards, split: str, shielded_signals=(), persistent: bool = False):
+    """The split's loader; `persistent`: its workers stay between evaluations (pipeline.Loader)."""
     spec = StreamSpec(
         urls=shards.urls(split),
         keep=recipe.sample_keys,
@@ -28,7 +29,7 @@ def eval_loader(config, recipe, shards, split: str, shielded_signals=()):
         seed=config.seed,
         access=shards.access,
     )
-    return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)), shielded_signals)
+    return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)), shielded_signals, persistent)
 
 
 def eval_batch_count(config, shards, split: str) -> int | None:
