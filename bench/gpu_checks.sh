@@ -28,7 +28,7 @@ timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
   tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py \
   tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py \
   tests/integration/test_checkpoint_cuda.py tests/integration/test_profile_cuda.py \
-  tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py tests/unit/test_decoder_loops.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+  tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py tests/unit/test_decoder_loops.py tests/unit/test_device_prefetch.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
 
 # Kernel launches per training step of each decoder, per-token reference against the loops as built.
 timeout 150 python3 bench/decoder_launches.py --device cuda --json "$OUT/decoder_launches_cuda.json" \
