@@ -53,15 +53,15 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
-# The longest test files, longest first (call times of the 2026-11-27 suite on 2 workers, summed per
-# file: test_ray_nodes.py about 360 s, test_two_branch_train.py 190, test_deepspeed.py 180,
-# test_slurm.py 170, test_ray.py 360, test_multinode.py 150, test_replicas_every_recipe.py 105).
-# They are handed out first and every other file after them in collection order (integration, then
-# the many short unit files), so that the suite does not end with one worker on a long file while
-# the other has nothing left: xdist's loadfile otherwise hands files out by their number of tests,
-# most first, which leaves these few-test long files to the end. The two Ray files are kept apart
-# in the list so that the workers seldom run both Ray clusters at once. A file missing here, or
-# gone, changes nothing but the order.
+# The longest test files (estimated from the slowest tests of the 2026-11-27 suite on 2 workers:
+# test_ray_nodes.py and test_ray.py over 300 s each, test_deepspeed.py, test_two_branch_train.py and
+# test_slurm.py 120-190 s, test_multinode.py and test_replicas_every_recipe.py about 100 s). They are
+# handed out first and every other file after them in collection order (integration, then the many
+# short unit files), so that the suite does not end with one worker on a long file while the other
+# has nothing left: xdist's loadfile otherwise hands files out by their number of tests, most first,
+# which leaves these few-test long files to the end. The two Ray files are kept apart in the list so
+# that the workers seldom run both Ray clusters at once. A file missing here, or gone, changes
+# nothing but the order.
 LONGEST_FIRST = (
     "integration/test_ray_nodes.py",
     "integration/test_two_branch_train.py",
