@@ -53,6 +53,46 @@ def pytest_xdist_auto_num_workers(config):
     return min(2, os.cpu_count() or 1)
 
 
+# The longest test files (estimated from the slowest tests of the 2026-11-27 suite on 2 workers:
+# test_ray_nodes.py and test_ray.py over 300 s each, test_deepspeed.py, test_two_branch_train.py and
+# test_slurm.py 120-190 s, test_multinode.py and test_replicas_every_recipe.py about 100 s). They are
+# handed out first and every other file after them in collection order (integration, then the many
+# short unit files), so that the suite does not end with one worker on a long file while the other
+# has nothing left: xdist's loadfile otherwise hands files out by their number of tests, most first,
+# which leaves these few-test long files to the end. The two Ray files are kept apart in the list so
+# that the workers seldom run both Ray clusters at once. A file missing here, or gone, changes
+# nothing but the order.
+LONGEST_FIRST = (
+    "integration/test_ray_nodes.py",
+    "integration/test_two_branch_train.py",
+    "integration/test_deepspeed.py",
+    "integration/test_slurm.py",
+    "integration/test_ray.py",
+    "integration/test_multinode.py",
+    "integration/test_replicas_every_recipe.py",
+)
+
+
+def pytest_configure(config):
+    # xdist's --dist loadfile would sort the files by their number of tests (its default
+    # --loadscope-reorder): keep the order pytest_collection_modifyitems gives them
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session, config, items):
+    tests = Path(__file__).parent
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def place(item) -> int:
+        try:
+            return rank.get(Path(item.path).relative_to(tests).as_posix(), len(rank))
+        except ValueError:  # a test outside tests/
+            return len(rank)
+
+    items.sort(key=place)  # stable: every other file keeps its place, and every file its tests' order
+
+
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """The directory `build(path)` fills, built once per test session and read by every xdist
     worker (a session fixture is otherwise built again in each worker). Read-only for tests."""

@@ -55,8 +55,9 @@ def _config(root: Path, spool: Path, nodes: Nodes | None) -> str:
             f"SlurmdPort={ports[1]}",
             "AuthType=auth/none",
             "CredType=cred/none",
-            # A requeued job waits until its killed run's credentials expire (120 s by default).
-            "AuthInfo=cred_expire=10",
+            # A requeued job waits until its killed run's credentials expire (120 s by default; 5 is
+            # the least Slurm takes).
+            "AuthInfo=cred_expire=5",
             # A node that stops answering is DOWN after 10 s (default 300), and its jobs requeued.
             "SlurmdTimeout=10",
             "ProctrackType=proctrack/linuxproc",
@@ -69,7 +70,9 @@ def _config(root: Path, spool: Path, nodes: Nodes | None) -> str:
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "EnforcePartLimits=ALL",
-            "SchedulerParameters=batch_sched_delay=0",
+            # sched_interval: the main scheduling loop every second (60 s by default). Nothing else
+            # starts a requeued job once its credentials expired: it waited for that loop's next pass.
+            "SchedulerParameters=batch_sched_delay=0,sched_interval=1",
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none",
             # %n: each slurmd's own node name, so that several share one directory

@@ -123,11 +123,12 @@ def _wait_for_dashboard(address: str, head: subprocess.Popen) -> None:
 
 def _wait_for_job_agent(address: str) -> None:
     """The dashboard answers some seconds before the node's job agent does; until then a submit
-    fails with "No available agent to submit job, please try again later"."""
+    fails with "No available agent to submit job, please try again later". A probe job accepted
+    (--no-wait: its end is not waited for) says it answers."""
     deadline = time.time() + 120
     while True:
         probe = subprocess.run(
-            [*RAY, "job", "submit", "--address", address, "--", sys.executable, "-c", "pass"],
+            [*RAY, "job", "submit", "--address", address, "--no-wait", "--", sys.executable, "-c", "pass"],
             capture_output=True,
             text=True,
             timeout=120,

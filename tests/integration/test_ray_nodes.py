@@ -99,23 +99,27 @@ def wait_for_ray_nodes(nodes: Nodes, count: int, env: dict) -> None:
     )
 
 
-def submit_on_head(nodes: Nodes, job: list[str], env: dict, options: tuple = ()) -> subprocess.Popen:
+def submit_on_head(
+    nodes: Nodes, job: list[str], env: dict, options: tuple = (), agent_answered: bool = False
+) -> subprocess.Popen:
     """`ray job submit [options]` of `python <job>` on node 0, once its job agent answers (some
-    seconds after the dashboard)."""
+    seconds after the dashboard): a probe job is submitted until one is accepted, unless
+    `agent_answered` (an earlier job of this head was)."""
     submit = [*RAY, "job", "submit", "--address", f"http://127.0.0.1:{DASHBOARD_PORT}"]
     deadline = time.time() + 120
-    while (
-        probe := subprocess.run(
-            nodes.command(0, [*submit, "--", sys.executable, "-c", "pass"]),
+    while not agent_answered:
+        probe = subprocess.run(  # accepted is enough (--no-wait): the probe's end is not waited for
+            nodes.command(0, [*submit, "--no-wait", "--", sys.executable, "-c", "pass"]),
             env=env,
             capture_output=True,
             text=True,
             timeout=120,
         )
-    ).returncode != 0:
-        assert "No available agent" in probe.stdout + probe.stderr, (probe.stdout + probe.stderr)[-3000:]
-        assert time.time() < deadline, "the head's job agent did not come up in 120 s"
-        time.sleep(1)
+        agent_answered = probe.returncode == 0
+        if not agent_answered:
+            assert "No available agent" in probe.stdout + probe.stderr, (probe.stdout + probe.stderr)[-3000:]
+            assert time.time() < deadline, "the head's job agent did not come up in 120 s"
+            time.sleep(1)
     return nodes.popen(
         0,
         [*submit, *options, "--", sys.executable, *job],
@@ -325,9 +329,9 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
             assert first.returncode == 0 and "succeeded" in out, out[-5000:]
             run = runs / "vsrn"
             metrics_before = (run / "metrics.json").read_bytes()
-            again = submit_on_head(nodes, job, env, options=SHIPPED)
+            again = submit_on_head(nodes, job, env, options=SHIPPED, agent_answered=True)
             refused = again.communicate(timeout=300)[0]
-            other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=SHIPPED)
+            other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=SHIPPED, agent_answered=True)
             other_refused = other.communicate(timeout=300)[0]
         sets = [
             sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
