@@ -103,6 +103,10 @@ class Recipe(ABC):
     # train.compile=model (the model's forward only) then remains.
     compile_step: ClassVar[bool] = True
     compile_step_refusal: ClassVar[str] = ""
+    # Compiled runs pad captions to data.max_caption_len (uniform_shapes, one length to compile
+    # for). A recipe whose losses change with that padding sets this False: its batches keep
+    # their own lengths, marked dynamic instead.
+    compile_pads_captions: ClassVar[bool] = True
 
     @classmethod
     def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:

@@ -9,9 +9,10 @@
   the wrapped module as its own graphs (its DDPOptimizer), the loss around it.
 
 Shapes: captions are padded to data.max_caption_len (the recipe's `uniform_shapes`, as under
-ZeRO-3: one length bucket, because the caption decoders unroll a Python loop over the length),
-and with train.compile_dynamic every other dimension (batch size, the ragged last batch) is
-symbolic from the first compilation.
+ZeRO-3: one length bucket, because the caption decoders unroll a Python loop over the length;
+LAViTeR, whose losses change with padding, opts out: `Recipe.compile_pads_captions`), and with
+train.compile_dynamic every other dimension (batch size, the ragged last batch) is symbolic from
+the first compilation.
 
 Warm-up and recompilations: the first step that trains a given (streams, updates) combination is
 its warm-up (it compiles; after a resume, the first such step of the new process). Graphs compiled
@@ -73,15 +74,21 @@ class StepCompiler:
         self._losses = recipe.training_losses
         if self.mode == "none":
             return
-        recipe.uniform_shapes = True  # captions padded to data.max_caption_len: one length to compile for
+        # As a fresh process would: graphs of an earlier run here (a previous stage of the job)
+        # count against dynamo's cache_size_limit, past which it runs eager without a word.
+        torch._dynamo.reset()
+        if recipe.compile_pads_captions:
+            recipe.uniform_shapes = True  # captions padded to data.max_caption_len: one length to compile for
         if self.mode == "step":
             self._losses = torch.compile(recipe.training_losses, **self.options)
         log.info(
-            "train.compile=%s (backend %s, dynamic shapes %s): captions padded to data.max_caption_len=%d",
+            "train.compile=%s (backend %s, dynamic shapes %s): %s",
             self.mode,
             t.compile_backend,
             "on" if t.compile_dynamic else "off",
-            config.data.max_caption_len,
+            f"captions padded to data.max_caption_len={config.data.max_caption_len}"
+            if recipe.uniform_shapes
+            else "captions of each batch's own length",
         )
 
     @property
