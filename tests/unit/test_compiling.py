@@ -64,10 +64,25 @@ def _compiler(dynamic: bool) -> StepCompiler:
     return StepCompiler(config, VSRNRecipe(config, Vocab(["a"]), feature_dim=4), Engine())
 
 
+def test_a_first_step_that_ran_eager_is_not_the_warm_up():
+    """On CUDA the first step runs under the FLOP counter, where dynamo compiles nothing: the
+    step after it is the warm-up, not a recompilation."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    compiler = _compiler(True)
+    layer = compiler.compile_model(torch.nn.Linear(3, 2))
+    with compiler.watch(("a",)), FlopCounterMode(display=False):
+        layer(torch.randn(8, 3)).sum().backward()
+    for _ in range(2):
+        with compiler.watch(("a",)):
+            layer(torch.randn(8, 3)).sum().backward()
+    assert compiler.recompilations == 0 and compiler._seen == {("a",)}
+
+
 @pytest.mark.parametrize("dynamic", [True, False])
 def test_graphs_compiled_after_warm_up_are_counted_as_recompilations(dynamic, caplog):
     """Static shapes (compile_dynamic=false): the ragged batch recompiles once, and that is counted;
-    dynamic: it does not. A key seen for the first time (another stream) is warm-up again."""
+    dynamic: it does not. A key's first step (another stream's) would be its own warm-up."""
     compiler = _compiler(dynamic)
     layer = compiler.compile_model(torch.nn.Linear(3, 2))
     with caplog.at_level(logging.INFO, logger="vldist.train"):
@@ -75,6 +90,7 @@ def test_graphs_compiled_after_warm_up_are_counted_as_recompilations(dynamic, ca
             with compiler.watch((key,)):
                 layer(torch.randn(rows, 3)).sum().backward()
     assert compiler.recompilations == (0 if dynamic else 1), caplog.text
+    assert compiler._seen == {("a",)}  # b compiled nothing new: no warm-up of its own
     assert "warm-up of a compiled 1 graphs" in caplog.text
     assert ("recompiled after warm-up" in caplog.text) is not dynamic
 

@@ -14,10 +14,11 @@ LAViTeR, whose losses change with padding, opts out: `Recipe.compile_pads_captio
 train.compile_dynamic every other dimension (batch size, the ragged last batch) is symbolic from
 the first compilation.
 
-Warm-up and recompilations: the first step that trains a given (streams, updates) combination is
-its warm-up (it compiles; after a resume, the first such step of the new process). Graphs compiled
-in any later step are recompilations, counted and reported (metrics.jsonl, Prometheus); a steady
-run has none.
+Warm-up and recompilations: the first step that trains a given (streams, updates) combination
+and compiles is its warm-up (after a resume, the first such step of the new process; on CUDA with
+metrics on, the second step, the first running under the FLOP counter, where dynamo compiles
+nothing). Graphs compiled in any later step are recompilations, counted and reported
+(metrics.jsonl, Prometheus); a steady run has none.
 """
 
 from __future__ import annotations
@@ -107,7 +108,9 @@ class StepCompiler:
     @contextlib.contextmanager
     def watch(self, key: tuple):
         """Around one optimizer step; `key`: what it trains (its streams and updates). Graphs
-        compiled in the first step of a key are its warm-up; any later are recompilations."""
+        compiled in the first step of a key that compiles are its warm-up; any later are
+        recompilations. (On CUDA the FLOP counter's first step runs eager: dynamo does not
+        compile under a dispatch mode, so the second step warms up.)"""
         if not self.enabled:
             yield
             return
@@ -115,8 +118,8 @@ class StepCompiler:
         yield
         new = compiled_graphs() - before
         if key not in self._seen:
-            self._seen.add(key)
-            if new:
+            if new:  # a first step that compiled nothing (run under the FLOP counter: eager) is not its warm-up
+                self._seen.add(key)
                 log.info(
                     "train.compile=%s: warm-up of %s compiled %d graphs (%d graph breaks) in %.1f s",
                     self.mode,
