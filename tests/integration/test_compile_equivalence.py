@@ -160,14 +160,21 @@ def test_a_compiled_run_over_varied_captions_and_a_ragged_batch_recompiles_nothi
     assert counts == [0] * 6
 
 
+@pytest.fixture(scope="module")
+def three_eager_steps(planted_shards, tmp_path_factory) -> Path:
+    from vldist.train import main
+
+    out = tmp_path_factory.mktemp("eager") / "run"
+    assert main(["vsrn", f"data.shards={planted_shards}", *TINY_VSRN, f"output.dir={out}", "train.max_steps=3"]) == 0
+    return out / "checkpoints" / "step-00000003"
+
+
 @pytest.mark.parametrize("first,then", [("none", "model"), ("model", "none")])
-def test_a_run_resumes_across_compiled_and_eager(first, then, planted_shards, tmp_path, capsys):
+def test_a_run_resumes_across_compiled_and_eager(first, then, planted_shards, three_eager_steps, tmp_path, capsys):
     """3 steps, stopped after 2 (checkpoint) and resumed in the other mode, end where 3 eager steps
     do: checkpoints hold the same keys either way. Compiled runs pad captions (other float sums),
     hence a tolerance rather than bit equality."""
     common = [f"data.shards={planted_shards}", *TINY_VSRN]
-    reference = tmp_path / "reference"
-    assert train_vsrn(capsys, *common, f"output.dir={reference}", "train.max_steps=3")[0] == 0
     out = tmp_path / "run"
     code, err = train_vsrn(capsys, *common, f"output.dir={out}", "train.max_steps=2", f"train.compile={first}")
     assert code == 0, err[-3000:]
@@ -177,9 +184,7 @@ def test_a_run_resumes_across_compiled_and_eager(first, then, planted_shards, tm
     assert code == 0, err[-3000:]
     steps = [r["step"] for r in _records(out) if r["event"] == "train"]
     assert steps[-1] == 3
-    assert_same_weights(
-        weights(out / "checkpoints" / "step-00000003"), weights(reference / "checkpoints" / "step-00000003"), atol=1e-5
-    )
+    assert_same_weights(weights(out / "checkpoints" / "step-00000003"), weights(three_eager_steps), atol=1e-5)
 
 
 def test_deepspeed_refuses_step_and_names_model(planted_shards, tmp_path, capsys):
