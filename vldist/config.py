@@ -140,6 +140,22 @@ class TrainConfig(Section):
         "(8: the GPUs of a node); None: the whole global batch (docs/distributed.md, what global negatives cost)",
     )
 
+    compile: Literal["none", "model", "step"] = Field(
+        "none",
+        description="torch.compile: none (eager); model: the recipe's model, compiled in place (same checkpoints); "
+        "step: forward and loss together, backward from the same graph (recipes and engines that allow it). "
+        "Captions are padded to data.max_caption_len, batch sizes are dynamic: no recompilation after warm-up "
+        "(docs/compile.md)",
+    )
+    compile_backend: str = Field(
+        "inductor", description="torch.compile's backend: inductor (generated kernels), aot_eager (no codegen), ..."
+    )
+    compile_dynamic: bool = Field(
+        True,
+        description="compile with dynamic shapes, so that a ragged last batch does not recompile; false: static "
+        "shapes (quicker to compile, one recompilation per new batch size)",
+    )
+
     profile_steps: str | None = Field(
         None,
         description="'A:B': record steps A to B (1-based, both included) with torch.profiler into "

@@ -24,6 +24,7 @@ DOCUMENTED = {
     "vldist_cuda_memory_allocated_bytes": "gauge",
     "vldist_model_flops_utilization": "gauge",
     "vldist_step_own_seconds": "gauge",
+    "vldist_recompilations": "counter",
 }
 
 
@@ -49,6 +50,7 @@ def test_names_types_and_labels(exporter):
         skipped=2,
         losses={"loss": 3.0, "matching": 2.0, "caption": 1.0, "grad_norm": 2.5},
         own_seconds=0.15,
+        recompilations=2,
     )
     exporter.observe_checkpoint(0.7)
     exporter.set_restarts(1)
@@ -73,6 +75,7 @@ def test_names_types_and_labels(exporter):
     assert values[("vldist_loss", "caption")] == 1.0 and ("vldist_loss", "grad_norm") not in values
     assert values[("vldist_checkpoint_save_seconds_sum", None)] == pytest.approx(0.7)
     assert values[("vldist_step_own_seconds", None)] == pytest.approx(0.15)
+    assert values[("vldist_recompilations_total", None)] == 2
 
 
 def test_the_endpoint_binds_to_loopback_and_a_taken_port_is_named(exporter):

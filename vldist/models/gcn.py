@@ -35,8 +35,10 @@ class RegionRelationReasoning(nn.Module):
         return v + self._normalized_residual(self.w_r(y), mask)
 
     def _normalized_residual(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        # BatchNorm over real regions only: padding must not shift the batch statistics.
-        if mask is None or bool(mask.all()):
+        # BatchNorm over real regions only: padding must not shift the batch statistics. Without
+        # padding both branches compute the same; compiled code takes the masked one rather than
+        # ask the device whether there is any (a host sync, and a graph break under torch.compile).
+        if mask is None or (not torch.compiler.is_compiling() and bool(mask.all())):
             return self.bn(x.flatten(0, 1)).view_as(x)
         out = torch.zeros_like(x)
         out[mask] = self.bn(x[mask])

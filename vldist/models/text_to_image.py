@@ -88,7 +88,7 @@ class ConditioningAugmentation(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         mu, logvar = self.glu(self.fc(sentence)).chunk(2, dim=1)
         if noise is None:
-            noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+            noise = _randn(mu.shape, generator, device=mu.device, dtype=mu.dtype)
         return mu + noise * torch.exp(0.5 * logvar), mu, logvar
 
 
@@ -194,7 +194,7 @@ class Generator(nn.Module):
     ) -> Tensor:
         """z ~ N(0, I), (batch, z_dim), on the model's device unless `device` is given."""
         device = device if device is not None else self.ca.fc.weight.device
-        return torch.randn(batch, self.z_dim, generator=generator, device=device)
+        return _randn((batch, self.z_dim), generator, device=device)
 
     def forward(
         self, noise: Tensor, sentence: Tensor, words: Tensor, word_mask: Tensor, condition_noise: Tensor | None = None
@@ -300,3 +300,10 @@ def generator_adversarial_loss(discriminator: Discriminator, fake: Tensor, sente
     `fake` against "real" (the code's form; Eq. 9's ½ factors are not applied, as in AttnGAN)."""
     code = discriminator(fake)
     return _bce(discriminator.uncond_logits(code), 1.0) + _bce(discriminator.cond_logits(code, sentence), 1.0)
+
+
+def _randn(shape, generator: torch.Generator | None, **kwargs) -> Tensor:
+    """torch.randn, passing `generator` only when there is one: the same draws from the default
+    generator, and a call torch.compile traces with a dynamic batch size (randn's generator
+    overload takes only concrete sizes)."""
+    return torch.randn(shape, **kwargs) if generator is None else torch.randn(shape, generator=generator, **kwargs)

@@ -98,6 +98,15 @@ class Recipe(ABC):
     # Some updates leave parameters without gradient (alternating optimizers, training phases):
     # DDP must then look for unused parameters after each backward.
     dynamic_graph: ClassVar[bool] = False
+    # train.compile=step compiles `training_losses` whole (training/compiling.py). A recipe whose
+    # losses cannot be compiled so sets compile_step False and says why in compile_step_refusal;
+    # train.compile=model (the model's forward only) then remains.
+    compile_step: ClassVar[bool] = True
+    compile_step_refusal: ClassVar[str] = ""
+    # Compiled runs pad captions to data.max_caption_len (uniform_shapes, one length to compile
+    # for). A recipe whose losses change with that padding sets this False: its batches keep
+    # their own lengths, marked dynamic instead.
+    compile_pads_captions: ClassVar[bool] = True
 
     @classmethod
     def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:

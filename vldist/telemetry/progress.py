@@ -41,10 +41,20 @@ class TrainingProgress:
         self.start, self.samples, self.steps, self.wait = time.perf_counter(), 0, 0, 0.0
 
     def step(
-        self, *, epoch: int, step: int, samples: int, wait: float, losses: dict, lr: float, note: str | None = None
+        self,
+        *,
+        epoch: int,
+        step: int,
+        samples: int,
+        wait: float,
+        losses: dict,
+        lr: float,
+        note: str | None = None,
+        recompilations: int | None = None,
     ) -> None:
         """After each optimizer step; `samples` counts every rank's rows; `note` ends the progress
-        line (the straggler the watchdog names)."""
+        line (the straggler the watchdog names); `recompilations`: under train.compile, the graphs
+        compiled after warm-up so far (training/compiling.py), else None."""
         self.samples, self.steps, self.wait = self.samples + samples, self.steps + 1, self.wait + wait
         if not self.enabled:
             return
@@ -59,6 +69,7 @@ class TrainingProgress:
         self.write(
             f"epoch {epoch + 1} step {step}/{self.total_steps} | {parts} | lr {lr:.2e} | grad {losses['grad_norm']:.2f} "
             f"| {rate:.0f} samples/s | data wait {100 * self.wait / elapsed:.0f}% | eta {hms(eta)}"
+            + (f" | recompiled {recompilations}" if recompilations else "")
             + (f" | slowest: {note}" if note else "")
         )
         self.record(
@@ -71,6 +82,7 @@ class TrainingProgress:
                 "samples_per_second": rate,
                 "data_wait_share": self.wait / elapsed,
                 "eta_seconds": eta,
+                **({"recompilations": recompilations} if recompilations is not None else {}),
                 **({"straggler": note} if note else {}),
             }
         )

@@ -115,6 +115,12 @@ class RankMetrics:
         self.checkpoint_save_seconds = metric(
             Histogram, "vldist_checkpoint_save_seconds", "time to write a checkpoint", buckets=SAVE_BUCKETS
         )
+        self.recompilations = metric(
+            Counter,
+            "vldist_recompilations",
+            "graphs torch.compile compiled after warm-up (train.compile; 0 in a steady run)",
+        )
+        self._recompilations_seen = 0
         self.restarts = metric(Gauge, "vldist_restarts", "times this run was resumed from a checkpoint")
         self.cuda_memory_allocated_bytes = metric(Gauge, "vldist_cuda_memory_allocated_bytes", "CUDA memory allocated")
         self.model_flops_utilization = metric(
@@ -150,7 +156,9 @@ class RankMetrics:
         grad_norm: float,
         skipped: int = 0,
         own_seconds: float | None = None,
+        recompilations: int = 0,
     ) -> None:
+        """`recompilations`: this process's count so far (the counter goes up by what is new)."""
         self._l(self.samples).inc(samples)
         self._l(self.steps).inc()
         if skipped:
@@ -165,6 +173,8 @@ class RankMetrics:
                 self._l(self.loss, component=component).set(value)
         self._l(self.learning_rate).set(lr)
         self._l(self.grad_norm).set(grad_norm)
+        self._l(self.recompilations).inc(max(recompilations - self._recompilations_seen, 0))
+        self._recompilations_seen = max(recompilations, self._recompilations_seen)
 
     def observe_checkpoint(self, seconds: float) -> None:
         self._l(self.checkpoint_save_seconds).observe(seconds)

@@ -32,6 +32,7 @@ from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.profiling import StepProfiler
 from vldist.telemetry.progress import TrainingProgress
 from vldist.telemetry.trackers import Trackers
+from vldist.training.compiling import StepCompiler
 from vldist.training.evaluations import Evaluations
 from vldist.training.optimizers import build_optimizers, build_scheduler
 from vldist.training.run_state import RunState
@@ -75,6 +76,7 @@ class Trainer:
                 "The batch is the job's global batch, kept when a run resumes on another number of ranks: "
                 "run on a number of ranks that divides it"
             )
+        self.compiler = StepCompiler(config, recipe, engine)  # before the streams: it may pad their captions
         self.streams = TrainingStreams(
             config, recipe, shards, engine.rank, engine.world_size, self.accumulation, self.stop.signals
         )
@@ -89,6 +91,7 @@ class Trainer:
         if config.engine.sync_batchnorm and engine.world_size > 1:
             convert_global_batchnorm(model)
         self.optimizers = build_optimizers(config, recipe.optimizer_groups(model))
+        self.compiler.compile_model(model)  # in place, before the engine wraps it: checkpoints keep their keys
         self.model = engine.setup(model, self.optimizers, dynamic_graph=recipe.dynamic_graph)
         if engine.rank:
             torch.manual_seed(config.seed + engine.rank)  # dropout masks differ between ranks
@@ -131,7 +134,12 @@ class Trainer:
                 step_start = time.perf_counter()
                 heartbeat.step_started()
                 # the FLOP count: the first step only, on CUDA only; the profile: train.profile_steps
-                with self.flops.measure() as counter, self.profiler.step(self.state.step + 1):
+                trains = (tuple(b.get("stream", "main") for b in pending), self.recipe.updates(self.state.step))
+                with (
+                    self.flops.measure() as counter,
+                    self.profiler.step(self.state.step + 1),
+                    self.compiler.watch(trains),
+                ):
                     losses = self._step([_to_device(b, self.engine.device) for b in pending])
                 # the last exact-epoch batch can be ragged, so count rather than assume
                 local = sum(_batch_size(b) for b in pending)
@@ -160,6 +168,7 @@ class Trainer:
                     losses=losses,
                     lr=self.current_lr(),
                     note=self.watchdog.straggler,
+                    recompilations=self.compiler.recompilations if self.compiler.enabled else None,
                 )
                 if self.replicas.due(self.state.step):  # before a checkpoint could keep a diverged copy
                     with heartbeat.collective("all_gather (replica check)"):
@@ -198,6 +207,7 @@ class Trainer:
             grad_norm=losses["grad_norm"],
             skipped=skipped,
             own_seconds=heartbeat.last.own,
+            recompilations=self.compiler.recompilations,
         )
         if self.engine.device.type == "cuda":
             self.metrics.set_device(
@@ -221,7 +231,7 @@ class Trainer:
             for i, batch in enumerate(micro_batches):
                 with self.engine.micro_batch(last=i == len(micro_batches) - 1):
                     with self.engine.autocast(), heartbeat.phase_of(f"forward ({update})"):
-                        losses = self.recipe.training_losses(self.model, batch, update)
+                        losses = self.compiler.training_losses(self.model, batch, update)
                     summed = self._global_finite(losses, update)
                     with heartbeat.phase_of(f"backward ({update})"):
                         self.engine.backward(losses["loss"], len(micro_batches))

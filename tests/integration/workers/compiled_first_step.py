@@ -1,0 +1,141 @@
+"""Each built-in recipe's first training step (every stage of its job), eager and under
+train.compile: `compiled_first_step.py OUT MODE BACKEND JOBS PLANTED SYNTH PAIRS SINGLES SCENES`.
+
+Run in one process or under torchrun (2 gloo ranks, cross-rank negatives). Each stage runs as
+`python -m vldist.train` builds it (run_stages, on_each_rank.run, the Trainer); instead of
+training, the trainer's first micro-batch goes through the loop's own loss call and the engine's
+backward, and every rank saves that step's losses and every parameter's gradient to
+OUT/<job>.<stage>.<eager|MODE>.rank<R>.pt for the test to compare. A stage that a later one starts
+from (CL's captioner, L2C's baseline, LAViTeR's phases) is then trained its one step for real, so
+that the next stage finds its checkpoint.
+"""
+
+import logging
+import sys
+from contextlib import closing
+from pathlib import Path
+
+import torch
+import yaml
+
+import vldist.train
+import vldist.training.on_each_rank
+from vldist.recipes.jobs import load_config
+from vldist.training import loop
+from vldist.training.evaluations import Evaluations
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for its helpers
+from helpers import TINY_LAVITER_MODEL  # noqa: E402
+
+out, mode, backend, jobs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(",")
+planted, synth, pairs, singles, scenes = sys.argv[5:10]
+# the sizes of every_recipe_in_step.py (the replica check of every recipe), without dropout where a
+# job has it, so that eager and compiled draw no random numbers the comparison depends on
+TINY_CAPTIONER = {
+    "model": {"hidden": 32, "embed": 16, "dropout": 0.0},
+    "data": {"batch_size": 8, "eval_batch_size": 8, "shuffle_buffer": 16, "max_regions": 3, "vocab_min_count": 1},
+    "train": {"max_steps": 1, "validate_every": 1},  # validated: CL starts from its best
+    "eval": {"baseline": False},
+}
+SMALL = ["model.hidden=32", "model.embed=16", "data.batch_size=8", "data.shuffle_buffer=16", "model.dropout=0"]
+JOBS = {
+    "vsrn": [
+        f"data.shards={planted}",
+        "model.embed_size=16",
+        "model.decoder_hidden=16",
+        "model.word_dim=8",
+        "model.rrr_layers=1",
+        "model.decoder_dropout=0",
+        "data.batch_size=8",
+        "data.shuffle_buffer=16",
+    ],
+    "captioner": [f"data.shards={planted}", *SMALL, "data.max_regions=3", "data.vocab_min_count=1"],
+    "cl_caption": [
+        f"data.shards={planted}",
+        *SMALL,
+        "data.max_regions=3",
+        "data.vocab_min_count=1",
+        f"model.captioner_job={out / 'tiny_captioner.yaml'}",
+    ],
+    "two_branch_embed": [f"data.shards={synth}", *SMALL, "model.tasks=[retrieval]"],
+    "two_branch_sim": [f"data.shards={synth}", *SMALL, "model.tasks=[retrieval]"],
+    "l2c": [
+        f"data.shards={pairs}",
+        f"model.single_shards={singles}",
+        *SMALL[:2],
+        "model.dropout=0",
+        "data.batch_size=4",
+    ],
+    "laviter": [
+        f"data.shards={scenes}",
+        "model.pretrain_epochs=1",
+        "model.vta_epochs=1",
+        "model.assist_epochs=1",
+        "model.joint_epochs=1",
+        *TINY_LAVITER_MODEL,
+        "model.itm_dropout=0",
+        "data.batch_size=4",
+        "data.shuffle_buffer=16",
+    ],
+}
+COMMON = ["eval.baseline=false", "train.validate_every=0", "metrics.enabled=false", "train.replica_check_every=0"]
+fit = loop.Trainer.fit
+stage_is_last = True
+
+
+def first_step_then_fit(self):
+    """Save the first micro-batch's losses and gradients, then train (a stage others start from)."""
+    engine, recipe = self.engine, self.recipe
+    recipe.start_epoch(0)
+    self.model.train()
+    with closing(self.streams.batches(0)) as batches:
+        batch = next(iter(batches))
+    batch.pop("skipped", None), batch.pop("skip_reasons", None)
+    batch = loop._to_device(batch, engine.device)
+    recipe.start_step(0)
+    update = recipe.updates(0)[0]
+    self.model.zero_grad(set_to_none=True)
+    without_dropout(engine.unwrap())
+    with engine.micro_batch(last=True):
+        losses = self.compiler.training_losses(self.model, batch, update)
+        engine.backward(losses["loss"], 1)
+    grads = {n: p.grad.detach().clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
+    tag = self.config.output_dir.relative_to(out).parts[0]  # eager or MODE (CL's captioner stage: eager in both)
+    name = f"{self.config.recipe}.{self.config.output_dir.name}.{tag}.rank{engine.rank}.pt"
+    torch.save({"losses": {k: v.detach() for k, v in losses.items()}, "grads": grads, "update": update}, out / name)
+    self.model.zero_grad(set_to_none=True)
+    return None if stage_is_last else fit(self)
+
+
+def without_dropout(model: torch.nn.Module) -> None:
+    """Dropout's masks come from another random stream in compiled graphs than in eager kernels,
+    so the comparison runs without it (also where a job has no setting for it: LAViTeR's E_T)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        elif isinstance(module, torch.nn.MultiheadAttention):
+            module.dropout = 0.0
+
+
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+loop.Trainer.fit = first_step_then_fit
+# the test split's evaluation after a stage others start from: its checkpoint is what they read
+Evaluations.results = lambda self, state, started, train_seconds: {}
+(out / "tiny_captioner.yaml").write_text(yaml.safe_dump({"recipe": "captioner", **TINY_CAPTIONER}))
+run = vldist.training.on_each_rank.run
+
+
+def run_keeping_the_group(stage, last=True, **_):
+    global stage_is_last
+    stage_is_last = last
+    return run(stage, last=False)  # one process group for every run
+
+
+vldist.training.on_each_rank.run = run_keeping_the_group
+for tag in ("eager", mode):
+    for job in jobs:
+        compiled = [f"train.compile={tag}", f"train.compile_backend={backend}"] if tag != "eager" else []
+        overrides = [*JOBS[job], *COMMON, "train.max_steps=1", *compiled, f"output.dir={out / tag / job}"]
+        vldist.train.run_stages(load_config(job, overrides))
+        print(f"{job} {tag}: done", flush=True)
+torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
