@@ -188,6 +188,11 @@ class EngineConfig(Section):
         description="backend=deepspeed: ZeRO settings file (jobs/deepspeed/zero{1,2,3}.json)",
     )
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="autocast on CUDA; CPU runs fp32")
+    tf32: bool = Field(
+        True,
+        description="CUDA only: fp32 matmuls and cuDNN convolutions on TF32 tensor cores (about 1e-3 relative "
+        "error per product); false: full fp32, e.g. to compare with an earlier run (docs/performance.md)",
+    )
     sync_batchnorm: bool = Field(False, description="BatchNorm statistics over every rank's rows (exact multi-rank)")
     timeout_s: float = Field(
         1800.0, gt=0, description="torch.distributed's timeout: a collective waiting longer fails (the last resort)"

@@ -1,12 +1,10 @@
 """TF32 for fp32 math is set on CUDA only (distributed/cuda_settings.py), switchable, and readable
 by MFU's peak choice whichever torch API set it."""
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from vldist.distributed.cuda_settings import configure_fp32_math, tf32_matmuls, tf32_wanted
+from vldist.distributed.cuda_settings import configure_fp32_math, tf32_matmuls
 from vldist.telemetry.flops import peak_flops
 
 
@@ -36,5 +34,7 @@ def test_cuda_sets_matmuls_and_convolutions_both_ways(torch_flags):
 
 
 def test_the_switch_defaults_to_on_until_the_job_says_otherwise():
-    assert tf32_wanted(SimpleNamespace(engine=SimpleNamespace())) is True
-    assert tf32_wanted(SimpleNamespace(engine=SimpleNamespace(tf32=False))) is False
+    from vldist.recipes.jobs import load_config
+
+    assert load_config("vsrn", []).engine.tf32 is True
+    assert load_config("vsrn", ["engine.tf32=false"]).engine.tf32 is False

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vldist.checkpoint import sharded_state
-from vldist.distributed.cuda_settings import configure_fp32_math, tf32_wanted
+from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.engine import Engine, grad_norm, pick_device
 from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
 from vldist.launch.environment import adopt_slurm_environment
@@ -38,7 +38,7 @@ class AccelerateEngine(Engine):
         self.rank, self.world_size = state.process_index, state.num_processes
         self.local_rank, self.is_main = state.local_process_index, state.is_main_process
         self.device = self.accelerator.device
-        configure_fp32_math(self.device, tf32_wanted(job))
+        configure_fp32_math(self.device, job.engine.tf32)
         self.optimizers = {}
         self._prepared: dict[str, torch.optim.Optimizer] = {}
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping

@@ -31,8 +31,3 @@ def configure_fp32_math(device: torch.device, tf32: bool = True) -> bool:
 def tf32_matmuls() -> bool:
     """Whether fp32 matmuls on CUDA run in TF32 now, however it was set ("none": torch's default, off)."""
     return torch.backends.cuda.matmul.fp32_precision == "tf32"
-
-
-def tf32_wanted(job) -> bool:
-    """The job's engine.tf32 (default on); read with a default while config.py has no such key."""
-    return bool(getattr(job.engine, "tf32", True))

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from vldist.checkpoint.resharding import load_resharded, refuse_unconvertible
-from vldist.distributed.cuda_settings import configure_fp32_math, tf32_wanted
+from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
 from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
@@ -99,7 +99,7 @@ class DeepSpeedEngine(Engine):
         self.device = torch.device("cuda", self.local_rank) if device.type == "cuda" else device
         if device.type == "cuda":
             torch.cuda.set_device(self.device)
-        configure_fp32_math(self.device, tf32_wanted(job))
+        configure_fp32_math(self.device, job.engine.tf32)
         self.job = job
         self.config = deepspeed_config(job, self.world_size, device.type == "cuda")
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))

@@ -19,6 +19,7 @@ import torch
 from vldist.checkpoint.format import step_name
 from vldist.checkpoint.manager import Checkpointer
 from vldist.config import JobConfig
+from vldist.data.device_prefetch import DevicePrefetch
 from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
@@ -39,10 +40,6 @@ from vldist.training.run_state import RunState
 from vldist.training.stopping import StopRequest, raise_if_interrupted
 
 log = logging.getLogger("vldist.train")
-
-
-def _to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class Trainer:
@@ -122,7 +119,8 @@ class Trainer:
         heartbeat.phase = "data"
         # closing: on an exception the loaders' workers end now, not at interpreter exit (split_evaluation.py)
         with closing(self.streams.batches(epoch)) as batches:
-            for index, batch in enumerate(batches):
+            # on CUDA the next batch's copy runs on a side stream during this step (device_prefetch.py)
+            for index, batch in enumerate(DevicePrefetch(batches, self.engine.device, skip=replay)):
                 if index < replay:
                     continue  # the stream is seeded per epoch, so skipping replays the exact position
                 skipped += batch.pop("skipped", 0)
@@ -140,7 +138,7 @@ class Trainer:
                     self.profiler.step(self.state.step + 1),
                     self.compiler.watch(trains),
                 ):
-                    losses = self._step([_to_device(b, self.engine.device) for b in pending])
+                    losses = self._step(pending)
                 # the last exact-epoch batch can be ragged, so count rather than assume
                 local = sum(_batch_size(b) for b in pending)
                 self.flops.counted(counter, local)
@@ -281,6 +279,9 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            self.streams.close()  # the loaders' workers end now, however the run ended
+            if getattr(self, "evaluations", None) is not None:
+                self.evaluations.close()
             self.profiler.close()  # a run that ended inside the window keeps what it recorded
             self.watchdog.stop()
             if self.trackers is not None:
@@ -301,6 +302,8 @@ class Trainer:
         self.evaluations = Evaluations(
             cfg, self.recipe, self.engine, self.shards, self.stop, self.checkpoints, self.progress, self.trackers
         )
+        if self.state.step < self.total_steps:  # the workers start and fill their buffers meanwhile
+            self.streams.begin(self.state.epoch + (self.state.epoch_step >= self.steps_per_epoch))
         self.evaluations.before_training(self.state)
         while self.state.step < self.total_steps or self._epoch_end_pending():
             epoch = self.state.epoch
