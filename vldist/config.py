@@ -145,7 +145,7 @@ class TrainConfig(Section):
         description="torch.compile: none (eager); model: the recipe's model, compiled in place (same checkpoints); "
         "step: forward and loss together, backward from the same graph (recipes and engines that allow it). "
         "Captions are padded to data.max_caption_len, batch sizes are dynamic: no recompilation after warm-up "
-        "(docs/compile.md)",
+        "(docs/performance.md)",
     )
     compile_backend: str = Field(
         "inductor", description="torch.compile's backend: inductor (generated kernels), aot_eager (no codegen), ..."
