@@ -7,7 +7,9 @@ training, the trainer's first micro-batch goes through the loop's own loss call 
 backward, and every rank saves that step's losses and every parameter's gradient to
 OUT/<job>.<stage>.<eager|MODE>.rank<R>.pt for the test to compare. A stage that a later one starts
 from (CL's captioner, L2C's baseline, LAViTeR's phases) is then trained its one step for real, so
-that the next stage finds its checkpoint.
+that the next stage finds its checkpoint; it runs eager under both tags (its step is saved twice,
+alike), and only each job's last stage is compiled: compiling every stage took minutes more of
+the suite, and the last stage of each job is that recipe's training step.
 """
 
 import logging
@@ -20,6 +22,7 @@ import yaml
 
 import vldist.train
 import vldist.training.on_each_rank
+from vldist.data.device_prefetch import to_device
 from vldist.recipes.jobs import load_config
 from vldist.training import loop
 from vldist.training.evaluations import Evaluations
@@ -91,7 +94,7 @@ def first_step_then_fit(self):
     with closing(self.streams.batches(0)) as batches:
         batch = next(iter(batches))
     batch.pop("skipped", None), batch.pop("skip_reasons", None)
-    batch = loop._to_device(batch, engine.device)
+    batch = to_device(batch, engine.device)
     recipe.start_step(0)
     update = recipe.updates(0)[0]
     self.model.zero_grad(set_to_none=True)
@@ -128,6 +131,8 @@ run = vldist.training.on_each_rank.run
 def run_keeping_the_group(stage, last=True, **_):
     global stage_is_last
     stage_is_last = last
+    if not last:  # a stage a later one starts from runs eager under both tags: the last is compared
+        stage = stage.model_copy(update={"train": stage.train.model_copy(update={"compile": "none"})})
     return run(stage, last=False)  # one process group for every run
 
 
