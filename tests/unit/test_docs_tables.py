@@ -85,6 +85,8 @@ def test_the_docs_show_the_tables_of_the_committed_results(results):
 OTHER_TABLES = {
     "reasoning_identity_vsrn.json": ("reasoning_identity.py", "vsrn.md"),
     "reasoning_identity_l2c.json": ("reasoning_identity.py", "l2c.md"),
+    "decoder_launches.json": ("decoder_launches.py", "benchmarks.md"),
+    "step_throughput_cpu2.json": ("step_throughput.py", "benchmarks.md"),
 }
 
 
