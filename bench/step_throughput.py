@@ -3,7 +3,7 @@ each `train.compile` mode.
 
     python bench/step_throughput.py                                   # every case, every mode, this machine
     python bench/step_throughput.py --cases vsrn vsrn-paper --modes none model --window 10
-    python bench/step_throughput.py --json docs/results/step_throughput_cpu2.json
+    python bench/step_throughput.py --json docs/results/step_throughput_cpu2.json [--append]
     python bench/step_throughput.py --from docs/results/step_throughput_cpu2.json   # the table, no training
 
 Each (case, mode) is one `python -m vldist.train <job>` as a user runs it (the job's own data,
@@ -194,7 +194,7 @@ def measure(args) -> dict:
         "machine": args.machine,
         "device": device_label(args.device),
         "torch": torch.__version__,
-        "command": " ".join(["python", "bench/step_throughput.py", *sys.argv[1:]]),
+        "commands": [" ".join(["python", "bench/step_throughput.py", *sys.argv[1:]])],
         "window": args.window,
         "rows": rows,
     }
@@ -219,7 +219,7 @@ def format_row(row: dict, eager: dict | None = None) -> str:
     gflops = "n/a" if row.get("flops_per_sample") is None else f"{row['flops_per_sample'] / 1e9:.2f}"
     wait = "n/a" if row.get("data_wait_share") is None else f"{100 * row['data_wait_share']:.0f}%"
     return (
-        f"| {row['case']} | {row['mode']} | {num('samples_per_s', '.0f')} | {speedup} | {wait} | "
+        f"| {row['case']} | {row['mode']} | {num('samples_per_s', '.1f' if row.get('samples_per_s', 100) < 100 else '.0f')} | {speedup} | {wait} | "
         f"{num('warmup_s', '.1f')} | {gflops} | {mfu} | {num('peak_memory_mb', '.0f')} | {num('recompilations', 'd')} |"
     )
 
@@ -231,7 +231,7 @@ def table(results: dict) -> str:
         windows += f" (vsrn-paper: {other.pop()})"
     lines = [
         f"{results['machine']}: {results['device']}, torch {results['torch']}, {windows}",
-        f"`{results['command']}`",
+        *(f"`{command}`" for command in results["commands"]),
         "",
         HEADER,
     ]
@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument(
         "--json", type=Path, help="write the results here (docs/results/step_throughput_<machine>.json)"
     )
+    parser.add_argument("--append", action="store_true", help="add the rows to those already in --json")
     parser.add_argument("--from", dest="source", type=Path, help="print the table of committed results; no runs")
     args = parser.parse_args()
     if args.source:
@@ -259,6 +260,10 @@ def main() -> None:
         return
     results = measure(args)
     if args.json:
+        if args.append and args.json.exists():  # more cases measured on the same machine
+            earlier = json.loads(args.json.read_text())
+            results["rows"] = earlier["rows"] + results["rows"]
+            results["commands"] = earlier["commands"] + results["commands"]
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     print()
     print(table(results))

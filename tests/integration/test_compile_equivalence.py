@@ -1,8 +1,9 @@
-"""train.compile takes the step eager takes: every built-in recipe's first step (every stage of
-its job), compiled and eager, the same losses (rtol 1e-4, atol 1e-5) and every parameter's
-gradient within atol 1e-5 + 1e-4 x the tensor's largest entry (fp32), on 1 process and on 2 gloo ranks (cross-rank negatives); and
-compiled runs of VSRN steady at zero recompilations over captions of varied lengths and a ragged
-last batch.
+"""train.compile takes the step eager takes: every built-in recipe's first step (its job's last
+stage compiled; the stages it starts from run eager under both), compiled and eager, the same
+losses (rtol 1e-4, atol 1e-5) and every parameter's gradient within atol 1e-5 + 1e-4 x the tensor's
+largest entry (fp32), on 1 process, and on 2 gloo ranks for the recipes with cross-rank negatives;
+and compiled runs of VSRN steady at zero recompilations over captions of varied lengths and a
+ragged last batch.
 
 Backends: `inductor` (generated C++ kernels) for VSRN on 1 process; `aot_eager` (dynamo and
 AOTAutograd: the same graphs, forward and backward, run by eager kernels, no code generation)
