@@ -60,9 +60,10 @@ class TrainingStreams:
         self.streams, self.micro_per_epoch = self._build(recipe, shards, rank, world_size)
         self.loaders: dict[str, Loader] = {}  # built at the first epoch, kept until close()
         self.begun: int | None = None  # the epoch whose pass the loaders have begun ahead of batches()
-        # the epochs the trainer trains (loop.py's count): no pass is begun beyond the last
-        steps = math.ceil(self.micro_per_epoch / accumulation)
-        self.epochs = math.ceil((config.train.max_steps or config.train.epochs * steps) / steps)
+        # the run's length in optimizer steps and epochs (the trainer's too): no pass is begun beyond the last
+        self.steps_per_epoch = math.ceil(self.micro_per_epoch / accumulation)
+        self.total_steps = config.train.max_steps or config.train.epochs * self.steps_per_epoch
+        self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
 
     def _build(self, recipe, shards, rank: int, world_size: int) -> tuple[dict, int]:
         config, t = self.config, self.config.train

@@ -78,9 +78,8 @@ class Trainer:
             config, recipe, shards, engine.rank, engine.world_size, self.accumulation, self.stop.signals
         )
         self.micro_per_epoch = self.streams.micro_per_epoch
-        self.steps_per_epoch = math.ceil(self.micro_per_epoch / self.accumulation)
-        self.total_steps = t.max_steps or t.epochs * self.steps_per_epoch
-        self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        self.steps_per_epoch, self.total_steps = self.streams.steps_per_epoch, self.streams.total_steps
+        self.epochs = self.streams.epochs
 
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         model = recipe.build_model()
