@@ -53,6 +53,10 @@ def test_the_same_job_resumes_the_stopped_run_whatever_says_how_it_runs(tmp_path
         "engine.timeout_s=60",
         "data.workers=0",
         "train.save_every_steps=4",
+        "train.compile=model",  # compiled or eager: the same steps, the same checkpoints
+        "train.compile_backend=aot_eager",
+        "train.profile_steps=2:3",
+        "engine.tf32=false",
     )
     assert (
         check_run_directory(again, None)

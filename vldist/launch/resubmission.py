@@ -59,6 +59,12 @@ HOW_IT_RUNS = {
     "train.async_checkpoints",
     "train.checkpoint_format",
     "train.replica_check_every",
+    # compiled and eager runs take the same steps and write the same checkpoints (docs/performance.md)
+    "train.compile",
+    "train.compile_backend",
+    "train.compile_dynamic",
+    "train.profile_steps",
+    "engine.tf32",
     "engine.timeout_s",
 }
 
