@@ -1,18 +1,21 @@
 """Each built-in recipe's first training step (every stage of its job), eager and under
-train.compile: `compiled_first_step.py OUT MODE BACKEND JOBS PLANTED SYNTH PAIRS SINGLES SCENES`.
+train.compile: `compiled_first_step.py OUT BACKEND MODE=JOB,JOB[;MODE=JOB...] PLANTED SYNTH PAIRS
+SINGLES SCENES` (e.g. `model=vsrn,laviter;step=vsrn`).
 
 Run in one process or under torchrun (2 gloo ranks, cross-rank negatives). Each stage runs as
 `python -m vldist.train` builds it (run_stages, on_each_rank.run, the Trainer); instead of
 training, the trainer's first micro-batch goes through the loop's own loss call and the engine's
 backward, and every rank saves that step's losses and every parameter's gradient to
-OUT/<job>.<stage>.<eager|MODE>.rank<R>.pt for the test to compare. A stage that a later one starts
-from (CL's captioner, L2C's baseline, LAViTeR's phases) is then trained its one step for real, so
-that the next stage finds its checkpoint; it runs eager under both tags (its step is saved twice,
-alike), and only each job's last stage is compiled: compiling every stage took minutes more of
-the suite, and the last stage of each job is that recipe's training step.
+OUT/<job>.<stage>.<eager|MODE>.rank<R>.pt for the test to compare. Each job runs eager first; a
+stage that a later one starts from (CL's captioner, L2C's baseline, LAViTeR's phases) is then
+trained its one step for real, so that the next stage finds its checkpoint. Then, for each MODE
+that names the job, only the job's last stage runs again, compiled, in the same directory, from
+the checkpoints the stages before it left: the last stage of each job is that recipe's training
+step.
 """
 
 import logging
+import shutil
 import sys
 from contextlib import closing
 from pathlib import Path
@@ -23,6 +26,7 @@ import yaml
 import vldist.train
 import vldist.training.on_each_rank
 from vldist.data.device_prefetch import to_device
+from vldist.recipes import get_recipe
 from vldist.recipes.jobs import load_config
 from vldist.training import loop
 from vldist.training.evaluations import Evaluations
@@ -30,8 +34,9 @@ from vldist.training.evaluations import Evaluations
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for its helpers
 from helpers import TINY_LAVITER_MODEL  # noqa: E402
 
-out, mode, backend, jobs = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4].split(",")
-planted, synth, pairs, singles, scenes = sys.argv[5:10]
+out, backend = Path(sys.argv[1]), sys.argv[2]
+modes = {mode: jobs.split(",") for mode, jobs in (part.split("=") for part in sys.argv[3].split(";"))}
+planted, synth, pairs, singles, scenes = sys.argv[4:9]
 # the sizes of every_recipe_in_step.py (the replica check of every recipe), without dropout where a
 # job has it, so that eager and compiled draw no random numbers the comparison depends on
 TINY_CAPTIONER = {
@@ -83,7 +88,7 @@ JOBS = {
 }
 COMMON = ["eval.baseline=false", "train.validate_every=0", "metrics.enabled=false", "train.replica_check_every=0"]
 fit = loop.Trainer.fit
-stage_is_last = True
+stage_is_last, tag = True, "eager"
 
 
 def first_step_then_fit(self):
@@ -103,7 +108,6 @@ def first_step_then_fit(self):
         losses = self.compiler.training_losses(self.model, batch, update)
         engine.backward(losses["loss"], 1)
     grads = {n: p.grad.detach().clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
-    tag = self.config.output_dir.relative_to(out).parts[0]  # eager or MODE (CL's captioner stage: eager in both)
     name = f"{self.config.recipe}.{self.config.output_dir.name}.{tag}.rank{engine.rank}.pt"
     torch.save({"losses": {k: v.detach() for k, v in losses.items()}, "grads": grads, "update": update}, out / name)
     self.model.zero_grad(set_to_none=True)
@@ -131,16 +135,27 @@ run = vldist.training.on_each_rank.run
 def run_keeping_the_group(stage, last=True, **_):
     global stage_is_last
     stage_is_last = last
-    if not last:  # a stage a later one starts from runs eager under both tags: the last is compared
-        stage = stage.model_copy(update={"train": stage.train.model_copy(update={"compile": "none"})})
+    if not last and tag != "eager":  # it ran eager before, in this directory: its checkpoints are there
+        return None
     return run(stage, last=False)  # one process group for every run
 
 
 vldist.training.on_each_rank.run = run_keeping_the_group
-for tag in ("eager", mode):
-    for job in jobs:
+
+
+def last_stage_dir(config) -> Path:
+    stages = get_recipe(config.recipe).stages(config)
+    return config.output_dir / stages[-1][0] if len(stages) > 1 else config.output_dir
+
+
+for job in dict.fromkeys(job for jobs in modes.values() for job in jobs):
+    for tag in ["eager", *(mode for mode, jobs in modes.items() if job in jobs)]:
         compiled = [f"train.compile={tag}", f"train.compile_backend={backend}"] if tag != "eager" else []
-        overrides = [*JOBS[job], *COMMON, "train.max_steps=1", *compiled, f"output.dir={out / tag / job}"]
-        vldist.train.run_stages(load_config(job, overrides))
+        config = load_config(job, [*JOBS[job], *COMMON, "train.max_steps=1", *compiled, f"output.dir={out / job}"])
+        if tag != "eager" and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            shutil.rmtree(last_stage_dir(config))  # run again, compiled; the stages before it finished
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+        vldist.train.run_stages(config)
         print(f"{job} {tag}: done", flush=True)
 torch.distributed.destroy_process_group() if torch.distributed.is_initialized() else None
