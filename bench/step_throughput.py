@@ -98,7 +98,8 @@ def timed_run(case: str, overrides: list[str], mode: str, window: int, batch: in
     if mode != "none":  # eager runs need no compile key: the same command measures commits from before it
         cmd.append(f"train.compile={mode}")
     log = (out.parent / f"{out.name}.log").open("w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    # its own process group: ending the run ends its loader workers and METEOR's JVM with it
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline, records = time.monotonic() + timeout, []
     while time.monotonic() < deadline and proc.poll() is None:
         records = train_records(records_file)
@@ -106,7 +107,7 @@ def timed_run(case: str, overrides: list[str], mode: str, window: int, batch: in
             break
         time.sleep(1.0)
     if proc.poll() is None:
-        proc.send_signal(signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not what is measured
+        os.killpg(proc.pid, signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not what is measured
     _, status, usage = os.wait4(proc.pid, 0)
     log.close()
     records = train_records(records_file)
