@@ -145,7 +145,7 @@ def key_metrics(job: str, tests: dict[str, dict]) -> str:
     for stage, headline in tests.items():
         for key in (KEY_METRIC[job], PHRASE_METRIC):
             if key in headline:
-                parts.append(f"{stage} {key} {headline[key]:.3g}")
+                parts.append(f"{stage} {key} {headline[key]:.4g}")
     return ", ".join(parts)
 
 
