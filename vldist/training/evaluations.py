@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import contextmanager
 from itertools import islice
 
 import torch
@@ -53,6 +54,9 @@ class Evaluations:
         self.config, self.recipe, self.engine, self.shards = config, recipe, engine, shards
         self.stop, self.checkpoints, self.progress, self.trackers = stop, checkpoints, progress, trackers
         self.kept: dict[str, Loader] = {}  # the validation split's persistent loader, once built
+        # seconds spent in each kind of evaluation: metrics.json's `evaluation_seconds`, so that a
+        # run's wall time splits into training and evaluating (bench/demo_times.py)
+        self.seconds: dict[str, float] = {}
 
     def close(self) -> None:
         """End the workers of the loaders kept between validations."""
@@ -65,9 +69,11 @@ class Evaluations:
         if state.step:
             return
         if not self.config.eval.baseline:
-            self.check_contract()  # the baseline evaluation is checked as it runs
+            with self._timed("contract_check"):
+                self.check_contract()  # the baseline evaluation is checked as it runs
             return
-        state.untrained = self.evaluate(self.config.eval.split, state.step)
+        with self._timed("baseline"):
+            state.untrained = self.evaluate(self.config.eval.split, state.step)
         if self.engine.is_main:
             log.info("untrained model on %s: %s", self.config.eval.split, _short(self.recipe.headline(state.untrained)))
 
@@ -77,7 +83,8 @@ class Evaluations:
         every = self.config.train.validate_every
         if not every or not ((finished and (epoch + 1) % every == 0) or last):
             return
-        val = self.evaluate(self.config.data.val_split, state.step)
+        with self._timed("validation"):
+            val = self.evaluate(self.config.data.val_split, state.step)
         # Rank 0 measured; share its score so every rank agrees on the best epoch.
         score = float(global_sum(torch.tensor(self.recipe.selection_score(val) if val else 0.0, dtype=torch.float64)))
         if val:
@@ -104,7 +111,8 @@ class Evaluations:
         if state.untrained is not None:
             results["untrained"] = state.untrained
         self.close()  # no more validations
-        results["test"] = self.evaluate(cfg.eval.split, state.step)
+        with self._timed("test"):
+            results["test"] = self.evaluate(cfg.eval.split, state.step)
         if results["test"]:
             self.progress.record({"event": "test", "step": state.step, **self.recipe.headline(results["test"])})
             self._caption_examples("test", state.step, results["test"])
@@ -117,6 +125,7 @@ class Evaluations:
             history=state.history,
             train_seconds=train_seconds,
             wall_seconds=time.perf_counter() - started,
+            evaluation_seconds=dict(self.seconds),
         )
         if state.skipped_samples and self.engine.is_main:
             log.warning("skipped %d corrupt samples during training", state.skipped_samples)
@@ -124,6 +133,14 @@ class Evaluations:
             cfg.output_dir.mkdir(parents=True, exist_ok=True)
             (cfg.output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")
         return results
+
+    @contextmanager
+    def _timed(self, kind: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - start
 
     def evaluate(self, split: str, step: int) -> dict | None:
         """Metrics on rank 0 (None elsewhere); the other ranks wait."""

@@ -27,6 +27,7 @@ from vldist.telemetry.prometheus import start_rank_metrics
 from vldist.training.loop import Trainer
 from vldist.training.run_lock import RunLock
 from vldist.training.stopping import stop_requests
+from vldist.training.threads import set_torch_threads
 
 log = logging.getLogger("vldist.train")
 
@@ -60,6 +61,7 @@ def run(
     A stop signal (or `stop_watch()` returning a reason) ends it with TrainingStopped after a checkpoint.
     `last`: no other run follows in this process (else the process group is kept for it)."""
     recipe_cls = get_recipe(config.recipe)
+    set_torch_threads(config.train.threads)
     with stop_requests(config.train.stop_signals, stop_watch) as stop:
         engine = make_engine(config)
         metrics = None

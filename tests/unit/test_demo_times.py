@@ -1,0 +1,101 @@
+"""What bench/demo_times.py reads and reports: the trainer's thread count (train.threads), the
+seconds each kind of evaluation took (metrics.json `evaluation_seconds`), the bench's split of a
+command's wall time into phases, and docs/performance.md holding the committed table."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vldist.training import evaluations
+from vldist.training.threads import set_torch_threads
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "results" / "demo_times.json"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_demo_times", REPO / "bench" / "demo_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_train_threads_sets_torchs_thread_count_and_none_keeps_it(restore_threads):
+    torch.set_num_threads(2)
+    assert set_torch_threads(None) == 2 and torch.get_num_threads() == 2
+    assert set_torch_threads(1) == 1 and torch.get_num_threads() == 1
+
+
+def test_evaluation_seconds_add_up_per_kind(monkeypatch):
+    """Two validations of 1.5 s and 2.25 s sum; the test's 4 s stands apart, also after an error."""
+    clock = iter([10.0, 11.5, 20.0, 22.25, 30.0, 34.0])
+    monkeypatch.setattr(evaluations.time, "perf_counter", lambda: next(clock))
+    ev = object.__new__(evaluations.Evaluations)
+    ev.seconds = {}
+    with ev._timed("validation"):
+        pass
+    with ev._timed("validation"):
+        pass
+    with pytest.raises(RuntimeError), ev._timed("test"):
+        raise RuntimeError("an evaluation that failed still took its time")
+    assert ev.seconds == {"validation": 3.75, "test": 4.0}
+
+
+def test_phases_split_the_wall_time_over_the_stages():
+    bench = _bench()
+    test = {"captions": {"cider_d": 1.5, "bleu4": 0.4, "rouge_l": 0.6}, "n_images": 10, "n_captions": 50}
+    stages = {
+        "mle": {
+            "recipe": "captioner",
+            "wall_seconds": 100.0,
+            "train_seconds": 80.0,
+            "steps": 30,
+            "evaluation_seconds": {"baseline": 20.0, "validation": 5.0, "test": 19.0},
+            "test": test,
+        },
+        "cl": {
+            "recipe": "captioner",
+            "wall_seconds": 50.0,
+            "train_seconds": 30.0,
+            "steps": 10,
+            "evaluation_seconds": {"contract_check": 1.0, "test": 18.0},
+            "test": test,
+        },
+    }
+    row = bench.phases(160.0, stages)
+    assert row["outside_s"] == 160.0 - 150.0
+    assert row["untrained_s"] == 20.0 + 1.0
+    assert row["validation_s"] == 5.0 and row["test_s"] == 19.0 + 18.0
+    # each stage's run less its evaluations before the test: (80 - 20 - 5) + (30 - 1)
+    assert row["training_s"] == 55.0 + 29.0
+    assert row["steps"] == 40
+    assert row["test"]["mle"]["cider_d"] == 1.5
+
+
+@pytest.mark.skipif(not RESULTS.is_file(), reason="docs/results/demo_times.json not committed yet")
+def test_performance_page_holds_the_committed_demo_table():
+    table = subprocess.run(
+        [sys.executable, "bench/demo_times.py", "--from", str(RESULTS)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert table in (REPO / "docs" / "performance.md").read_text(), (
+        "docs/performance.md does not hold `python bench/demo_times.py --from docs/results/demo_times.json` "
+        f"verbatim:\n\n{table}"
+    )
