@@ -21,6 +21,8 @@ What differs, and why:
 - EncoderText gathers with a LongTensor index built on the input's device instead of .cuda().
 - The decoder's max_len (official default 60) is set by the caller to the batch's caption length,
   so both codes decode the same number of steps as vldist (T - 1).
+- The caption encoder's dim_vid (official: 2048, the paper's embed size) is the embed size, so the
+  port also runs at the demo's embed of 256.
 - The official optimizer's parameter list holds the caption model's parameters twice (encoder +
   decoder, then caption_model); current torch warns about duplicates, and Adam would update them
   twice. Here each parameter is in the list once.
