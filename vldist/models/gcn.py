@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vldist.kernels import region_affinity
+from vldist.models.projection import Projection
 
 
 class RegionRelationReasoning(nn.Module):
@@ -22,8 +23,9 @@ class RegionRelationReasoning(nn.Module):
         super().__init__()
         self.normalize, self.kernel = normalize, kernel
         # theta, phi and g as one (D -> 3D) projection: one GEMM instead of three
-        self.theta_phi_g = nn.Linear(dim, 3 * dim)
-        self.w_r = nn.Linear(dim, dim)
+        # Projection: nn.Linear's parameters, on oneDNN's faster CPU kernel where it measured faster
+        self.theta_phi_g = Projection(dim, 3 * dim)
+        self.w_r = Projection(dim, dim)
         self.bn = nn.BatchNorm1d(dim)
         nn.init.zeros_(self.bn.weight)
         nn.init.zeros_(self.bn.bias)

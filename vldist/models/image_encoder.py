@@ -14,6 +14,7 @@ from torch import nn
 
 from vldist.models.common import l2norm, last_hidden_gru, masked_mean, xavier_linear
 from vldist.models.gcn import RegionRelationReasoning
+from vldist.models.projection import Projection
 
 
 class RegionReasoningEncoder(nn.Module):
@@ -27,7 +28,7 @@ class RegionReasoningEncoder(nn.Module):
         gcn_kernel: str = "auto",
     ):
         super().__init__()
-        self.region_projection = xavier_linear(nn.Linear(region_dim, embed_size))  # W_f
+        self.region_projection = xavier_linear(Projection(region_dim, embed_size))  # W_f
         self.rrr = nn.ModuleList(
             RegionRelationReasoning(embed_size, affinity_norm, gcn_kernel) for _ in range(rrr_layers)
         )
