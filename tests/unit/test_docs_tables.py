@@ -87,6 +87,7 @@ OTHER_TABLES = {
     "reasoning_identity_l2c.json": ("reasoning_identity.py", "l2c.md"),
     "decoder_launches.json": ("decoder_launches.py", "benchmarks.md"),
     "step_throughput_cpu2.json": ("step_throughput.py", "benchmarks.md"),
+    "vs_official.json": ("vs_official.py", "benchmarks.md"),
 }
 
 
