@@ -10,6 +10,8 @@ each pair's step does only the work that depends on both its caption and its ima
 - Captions are sorted by length and scored k at a time against all N images, so a group's steps
   stop at its own longest caption, not the longest of all.
 - ln p(target) = logit[target] - logsumexp(logits): no (pairs, V) log-softmax is written.
+- Chunks of ~2048 pairs: the attention's (pairs, regions, hidden) temporaries stay in the cache
+  (captioner demo, pool 200, 2 threads: 8.2 s at 2048 or 4096 pairs, 10.7 s at 8192).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def pair_scorer(decoder) -> PairScorer:
 
 @torch.no_grad()
 def caption_image_logprobs(
-    decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0, pairs_per_chunk: int = 8192
+    decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0, pairs_per_chunk: int = 2048
 ) -> Tensor:
     """(C, N) float32 matrix of sentence log-probabilities (end token included): entry [c, n] is
     ln p(tokens[c] | image n). `tokens` (C, T) start with <start> and are padded with `pad_id`
