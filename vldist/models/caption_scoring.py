@@ -11,7 +11,7 @@ each pair's step does only the work that depends on both its caption and its ima
   stop at its own longest caption, not the longest of all.
 - ln p(target) = logit[target] - logsumexp(logits): no (pairs, V) log-softmax is written.
 - Chunks of ~2048 pairs: the attention's (pairs, regions, hidden) temporaries stay in the cache
-  (captioner demo, pool 200, 2 threads: 8.2 s at 2048 or 4096 pairs, 10.7 s at 8192).
+  (on the captioner demo, 8192 was slower than 2048 and 4096, which tied).
 """
 
 from __future__ import annotations
