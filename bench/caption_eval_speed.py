@@ -61,7 +61,7 @@ def run(args) -> dict:
     config, recipe, model, shards = load_model(args.checkpoint, args.override)
     decoder, vocab = model.decoder, recipe.vocab
     batches = list(eval_loader(config, recipe, shards, config.eval.split))
-    pool = config.eval.self_retrieval_pool
+    pool = args.pool or config.eval.self_retrieval_pool
 
     def generation():
         return [
@@ -124,6 +124,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a trained captioner (run directory or checkpoint); default: untrained")
     parser.add_argument("--override", action="append", default=[], help="job override key=value (untrained only)")
+    parser.add_argument("--pool", type=int, help="self-retrieval pool (default: the job's eval.self_retrieval_pool)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--save", help="write the results (captions, score matrix) to this .pt file")
     parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="check two --save files agree, then exit")
