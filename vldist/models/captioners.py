@@ -56,7 +56,11 @@ class AdaptiveAttentionDecoder(nn.Module):
 
     def _readout(self, x, h_prev, h, m, state: State) -> tuple[torch.Tensor, torch.Tensor]:
         """Sentinel, adaptive attention and word logits for (B, T, .) steps: (logits, attention)."""
-        sentinel = torch.sigmoid(self.sentinel_input(x) + self.sentinel_hidden(h_prev)) * torch.tanh(m)
+        return self._attend(self.sentinel_input(x), h_prev, h, m, state)
+
+    def _attend(self, sentinel_in, h_prev, h, m, state: State) -> tuple[torch.Tensor, torch.Tensor]:
+        """`_readout` given W_x x_t + b (B, T, hidden); the rest reads the image from `state`."""
+        sentinel = torch.sigmoid(sentinel_in + self.sentinel_hidden(h_prev)) * torch.tanh(m)
         query = self.att_query(h)
         region_scores = self.att_score(torch.tanh(state["region_keys"][:, None] + query[:, :, None])).squeeze(-1)
         region_scores = region_scores.masked_fill(~state["mask"][:, None], torch.finfo(region_scores.dtype).min)
@@ -85,6 +89,52 @@ class AdaptiveAttentionDecoder(nn.Module):
         h_all = torch.stack(hs, dim=1)
         h_prev = torch.cat([state["h"][:, None], h_all[:, :-1]], dim=1)
         return self._readout(x, h_prev, h_all, torch.stack(ms, dim=1), state)[0]
+
+    # ------------------------------------------------------------------ pair scoring
+    # vldist.models.caption_scoring's PairScorer: k captions against N images, laid out (N, k, .) so
+    # that `_attend`'s (B, T, .) steps read N images x k captions. The LSTM's and the sentinel's input
+    # x_t = [w_t; v_g] is projected as W [w_t; 0] per caption token plus W [0; v_g] + b per image,
+    # so no pair pays for the input projections (over half of the step's multiply-adds).
+
+    def pair_state(self, features: torch.Tensor, mask: torch.Tensor) -> tuple[State, State]:
+        state = self.init_state(features, mask)
+        embed = self.embed.embedding_dim
+        images = {
+            "regions": state["regions"],
+            "region_keys": state["region_keys"],
+            "mask": state["mask"],
+            "gates": nn.functional.linear(state["global"], self.lstm.weight_ih[:, embed:], self.lstm.bias_ih),
+            "sentinel": nn.functional.linear(
+                state["global"], self.sentinel_input.weight[:, embed:], self.sentinel_input.bias
+            ),
+        }
+        return images, {"h": state["h"][:, None], "m": state["m"][:, None]}
+
+    def pair_words(self, tokens: torch.Tensor) -> State:
+        words = self.embed(tokens[:, :-1])
+        embed = self.embed.embedding_dim
+        return {
+            "gates": nn.functional.linear(words, self.lstm.weight_ih[:, :embed]),
+            "sentinel": nn.functional.linear(words, self.sentinel_input.weight[:, :embed]),
+        }
+
+    def pair_step(self, words: State, images: State, carry: State) -> tuple[torch.Tensor, State]:
+        h_prev, m_prev = carry["h"], carry["m"]
+        gates = nn.functional.linear(h_prev, self.lstm.weight_hh, self.lstm.bias_hh) + (
+            images["gates"][:, None] + words["gates"][None]
+        )
+        h, m = lstm_update(gates, m_prev)
+        sentinel_in = images["sentinel"][:, None] + words["sentinel"][None]
+        logits, _ = self._attend(sentinel_in, h_prev, h, m, images)
+        return logits, {"h": h, "m": m}
+
+
+def lstm_update(gates: torch.Tensor, cell: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, c) of an LSTM cell from its summed gate pre-activations (., 4 hidden) in torch's order
+    (input, forget, cell, output), with the operations of torch's CPU LSTM cell."""
+    ingate, forgetgate, cellgate, outgate = gates.chunk(4, dim=-1)
+    cell = forgetgate.sigmoid() * cell + ingate.sigmoid() * cellgate.tanh()
+    return outgate.sigmoid() * cell.tanh(), cell
 
 
 class ShowTellDecoder(nn.Module):
@@ -121,3 +171,19 @@ class ShowTellDecoder(nn.Module):
         image = self.image(masked_mean(features, mask))[:, None]
         outputs, _ = self._run(torch.cat([image, self.embed(tokens[:, :-1])], dim=1), None)
         return self.out(self.dropout(outputs[:, 1:]))
+
+    # ------------------------------------------------------------------ pair scoring
+    # caption_scoring's PairScorer (see AdaptiveAttentionDecoder): the LSTM's input projection runs
+    # once per caption token (as nn.LSTM does over a sequence on the CPU), not once per pair.
+
+    def pair_state(self, features: torch.Tensor, mask: torch.Tensor) -> tuple[State, State]:
+        state = self.init_state(features, mask)
+        return {}, {"h": state["h"][:, None], "c": state["c"][:, None]}
+
+    def pair_words(self, tokens: torch.Tensor) -> State:
+        return {"gates": nn.functional.linear(self.embed(tokens[:, :-1]), self.lstm.weight_ih_l0, self.lstm.bias_ih_l0)}
+
+    def pair_step(self, words: State, images: State, carry: State) -> tuple[torch.Tensor, State]:
+        gates = nn.functional.linear(carry["h"], self.lstm.weight_hh_l0, self.lstm.bias_hh_l0) + words["gates"][None]
+        h, c = lstm_update(gates, carry["c"])
+        return self.out(self.dropout(h)), {"h": h, "c": c}

@@ -1,0 +1,113 @@
+"""The captioner evaluation's faster paths give what the straightforward computation gives.
+
+caption_image_logprobs (captions sorted by length and grouped, per-image and per-token input
+projections, logsumexp) against each pair stepped alone through `step` with a full log-softmax.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from vldist.models.caption_scoring import StepsOverPairs, caption_image_logprobs, pair_scorer
+from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder, lstm_update
+
+DECODERS = [AdaptiveAttentionDecoder, ShowTellDecoder]
+
+
+@torch.no_grad()
+def _pair_by_pair(decoder, features, mask, tokens, pad_id=0):
+    """ln p(tokens[c] | image n): each pair alone, `step` by `step`, log_softmax over the vocabulary."""
+    out = torch.zeros(tokens.shape[0], features.shape[0])
+    for c in range(tokens.shape[0]):
+        for n in range(features.shape[0]):
+            state = decoder.init_state(features[n : n + 1], mask[n : n + 1])
+            for t in range(tokens.shape[1] - 1):
+                target = int(tokens[c, t + 1])
+                if target == pad_id:
+                    break
+                logits, state = decoder.step(tokens[c, t : t + 1], state)
+                out[c, n] += float(logits.log_softmax(dim=-1)[0, target])
+    return out
+
+
+class _StepOnly(nn.Module):
+    """A decoder with only the step protocol: caption_image_logprobs falls back to StepsOverPairs."""
+
+    def __init__(self, decoder):
+        super().__init__()
+        self.inner = decoder
+
+    def init_state(self, features, mask):
+        return self.inner.init_state(features, mask)
+
+    def step(self, words, state):
+        return self.inner.step(words, state)
+
+
+def _inputs(seed=0, n_images=4, regions=3, feature_dim=6):
+    torch.manual_seed(seed)
+    features = torch.randn(n_images, regions, feature_dim)
+    mask = torch.ones(n_images, regions, dtype=torch.bool)
+    mask[1, 2:] = False
+    mask[2, 1:] = False
+    # <start>=1, <end>=2, padding 0; lengths deliberately out of order (the scorer sorts them),
+    # one caption of <start> alone (ln p of nothing: 0)
+    tokens = torch.tensor(
+        [
+            [1, 4, 2, 0, 0, 0],
+            [1, 5, 6, 7, 8, 2],
+            [1, 0, 0, 0, 0, 0],
+            [1, 9, 10, 2, 0, 0],
+            [1, 3, 11, 5, 2, 0],
+        ]
+    )
+    return features, mask, tokens
+
+
+def _decoder(decoder_class, seed=1):
+    torch.manual_seed(seed)
+    return decoder_class(vocab_size=12, feature_dim=6, hidden=16, embed=8, dropout=0.5).eval()
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
+@pytest.mark.parametrize("pairs_per_chunk", [1, 9, 10_000])  # a caption per group, 2 per group, all in one
+def test_pair_scoring_equals_each_pair_stepped_alone(decoder_class, pairs_per_chunk):
+    decoder = _decoder(decoder_class)
+    features, mask, tokens = _inputs()
+    assert hasattr(pair_scorer(decoder), "pair_words") and pair_scorer(decoder) is decoder
+    matrix = caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=pairs_per_chunk)
+    expected = _pair_by_pair(decoder, features, mask, tokens)
+    assert matrix.shape == (5, 4) and matrix.dtype == torch.float32
+    torch.testing.assert_close(matrix, expected, atol=1e-5, rtol=1e-5)
+    assert (matrix[2] == 0).all() and (matrix[[0, 1, 3, 4]] < 0).all()
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
+def test_the_step_fallback_equals_each_pair_stepped_alone(decoder_class):
+    decoder = _StepOnly(_decoder(decoder_class)).eval()
+    features, mask, tokens = _inputs(seed=2)
+    assert isinstance(pair_scorer(decoder), StepsOverPairs)
+    matrix = caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=9)
+    torch.testing.assert_close(matrix, _pair_by_pair(decoder, features, mask, tokens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
+def test_no_captions_or_no_images(decoder_class):
+    decoder = _decoder(decoder_class)
+    features, mask, tokens = _inputs()
+    assert caption_image_logprobs(decoder, features, mask, tokens[:0]).shape == (0, 4)
+    assert caption_image_logprobs(decoder, features[:0], mask[:0], tokens).shape == (5, 0)
+
+
+def test_lstm_update_is_torchs_lstm_cell():
+    torch.manual_seed(3)
+    cell = nn.LSTMCell(5, 7)
+    x, h, c = torch.randn(4, 5), torch.randn(4, 7), torch.randn(4, 7)
+    gates = nn.functional.linear(h, cell.weight_hh, cell.bias_hh) + nn.functional.linear(
+        x, cell.weight_ih, cell.bias_ih
+    )
+    with torch.no_grad():
+        expected = cell(x, (h, c))
+        got = lstm_update(gates, c)
+    torch.testing.assert_close(got[0], expected[0], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got[1], expected[1], atol=1e-6, rtol=1e-6)
