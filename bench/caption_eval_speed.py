@@ -1,7 +1,7 @@
 """Seconds of each piece of the captioner demo's test evaluation (jobs/captioner.yaml on shards/synth).
 
     PYTHONPATH=$PWD python bench/caption_eval_speed.py --save /tmp/after.pt
-    PYTHONPATH=/work/main python bench/caption_eval_speed.py --save /tmp/before.pt   # main's code
+    PYTHONPATH=../before python bench/caption_eval_speed.py --save /tmp/before.pt    # a checkout of the code before
     python bench/caption_eval_speed.py --compare /tmp/before.pt /tmp/after.pt
 
 The pieces are those of CaptionerRecipe.evaluate, timed apart: beam-search generation over the test
