@@ -88,6 +88,7 @@ OTHER_TABLES = {
     "decoder_launches.json": ("decoder_launches.py", "benchmarks.md"),
     "step_throughput_cpu2.json": ("step_throughput.py", "benchmarks.md"),
     "vs_official.json": ("vs_official.py", "benchmarks.md"),
+    "demo_times.json": ("demo_times.py", "performance.md"),
 }
 
 
