@@ -14,7 +14,6 @@ from vldist.training import evaluations
 from vldist.training.threads import set_torch_threads
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "docs" / "results" / "demo_times.json"
 
 
 def _bench():
