@@ -6,6 +6,7 @@ names the three words. Region features and captions therefore agree, so retrieva
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import subprocess
@@ -332,3 +333,16 @@ def fit_captions(decoder, features, mask, tokens, lr: float, steps: int, stop_be
         if loss.item() < stop_below:
             break
     return loss.item()
+
+
+def bench_module(name: str):
+    """bench/<name>.py as a module (bench/ is no package; its modules import ablation_runs by name)."""
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    if str(bench) not in sys.path:
+        sys.path.insert(0, str(bench))
+    key = name if name == "ablation_runs" else f"bench_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, bench / f"{name}.py")
+        sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+        spec.loader.exec_module(sys.modules[key])
+    return sys.modules[key]

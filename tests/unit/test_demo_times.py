@@ -1,26 +1,15 @@
 """What bench/demo_times.py reads and reports: the trainer's thread count (train.threads), the
 seconds each kind of evaluation took (metrics.json `evaluation_seconds`), the bench's split of a
-command's wall time into phases, and docs/performance.md holding the committed table."""
+command's wall time into phases (docs/performance.md's table: tests/unit/test_docs_tables.py)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import bench_module
 
 from vldist.training import evaluations
 from vldist.training.threads import set_torch_threads
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_demo_times", REPO / "bench" / "demo_times.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -52,7 +41,7 @@ def test_evaluation_seconds_add_up_per_kind(monkeypatch):
 
 
 def test_phases_split_the_wall_time_over_the_stages():
-    bench = _bench()
+    bench = bench_module("demo_times")
     test = {"captions": {"cider_d": 1.5, "bleu4": 0.4, "rouge_l": 0.6}, "n_images": 10, "n_captions": 50}
     stages = {
         "mle": {

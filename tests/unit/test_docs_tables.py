@@ -5,7 +5,6 @@ under them) that docs/<page>.md must hold verbatim, in order; and the shared tab
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -13,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import bench_module
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -26,18 +26,6 @@ METHODS = {
     "laviter": ("laviter_ablation.py", "laviter.md"),
     "duplicates": ("duplicates_ablation.py", "benchmarks.md"),  # the demo before and after no self-negatives
 }
-
-
-def _module(name: str):
-    """A bench module by path (bench/ is no package; its modules import ablation_runs by name)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    key = name if name == "ablation_runs" else f"bench_{name}"  # the benches import ablation_runs by name
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, BENCH / f"{name}.py")
-        sys.modules[key] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
-        spec.loader.exec_module(sys.modules[key])
-    return sys.modules[key]
 
 
 def _from(script: str, results: Path) -> str:
@@ -136,7 +124,7 @@ def _toy(runs: dict[str, dict[str, list[float]]], seeds=(0, 1, 2)) -> dict:
 
 
 def test_the_table_holds_mean_and_sample_std_each_seed_and_the_paper():
-    ar = _module("ablation_runs")
+    ar = bench_module("ablation_runs")
     x_base, y_base, x_plus = [10.0, 12.5, 11.0], [0.1, 0.25, 0.4], [20.0, 21.0, 26.0]
     data = _toy({"base*": {"x": x_base, "y": y_base}, "plus": {"x": x_plus}})
     rows = [ar.Row("plus", "plus", "toy"), ar.Row("base*", "base*", "toy"), ar.Row("absent", "absent", "toy")]
@@ -162,7 +150,7 @@ def test_the_table_holds_mean_and_sample_std_each_seed_and_the_paper():
 
 
 def test_one_seed_shows_the_value_alone_and_a_missing_seed_is_an_error():
-    ar = _module("ablation_runs")
+    ar = bench_module("ablation_runs")
     one = _toy({"a": {"x": [3.14159]}}, seeds=[7])
     assert ar.ablation_table(one, [ar.Row("a", "a", "toy")], [ar.Col("x", "x", 2)]).splitlines()[2] == "| a | 3.14 |"
     assert ar.spread_line(one, [ar.Row("a", "a", "toy")], ar.Col("x", "x"), [("a", "a")]) == ""  # no spread
@@ -173,7 +161,7 @@ def test_one_seed_shows_the_value_alone_and_a_missing_seed_is_an_error():
 
 
 def test_rows_differ_only_beyond_the_two_sample_stds_added():
-    ar = _module("ablation_runs")
+    ar = bench_module("ablation_runs")
     a, b, c = [10.0, 11.0, 12.0], [14.0, 15.0, 16.5], [11.0, 13.0, 15.0]
     data = _toy({"a": {"x": a}, "b": {"x": b}, "c": {"x": c}})
     rows = [ar.Row(k, k.upper(), "toy") for k in "abc"]
@@ -188,7 +176,7 @@ def test_rows_differ_only_beyond_the_two_sample_stds_added():
 
 
 def test_results_files_hold_no_absolute_path_and_the_command_only_what_changes_results(tmp_path):
-    ar = _module("ablation_runs")
+    ar = bench_module("ablation_runs")
     assert ar.portable(str(REPO / "shards" / "synth")) == "shards/synth"
     assert ar.portable("/somewhere/else/shards") == "<outside>/shards"
     assert ar.portable(f"data.shards={REPO / 'shards' / 'synth'}") == "data.shards=shards/synth"
@@ -228,7 +216,7 @@ def test_results_files_hold_no_absolute_path_and_the_command_only_what_changes_r
 def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
     """A finished run is not trained again; its seconds, commit and torch version (the same commit
     on another torch trains to other last digits) reach the results file's entry."""
-    ar = _module("ablation_runs")
+    ar = bench_module("ablation_runs")
     run_dir = tmp_path / "row" / "seed0"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.json").write_text(json.dumps({"test": {"rsum": 101.5}}))
@@ -249,7 +237,7 @@ def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
 
 
 def test_pick_keeps_the_named_numbers_a_run_reported():
-    ar = _module("ablation_runs")
+    ar = bench_module("ablation_runs")
     metrics = {"test": {"full": {"rsum": 400.5}, "captions": {"meteor": float("nan")}}, "best_epoch": 15}
     paths = {
         "rsum": ("test", "full", "rsum"),
@@ -268,7 +256,7 @@ def test_from_prints_every_row_without_torch(method, tmp_path):
     """Each bench's --from on a results file of made-up numbers for all its rows: a table line per
     row, exit 0, and torch never imported (--from must stay fast)."""
     script, _ = METHODS[method]
-    bench = _module(script.removesuffix(".py"))
+    bench = bench_module(script.removesuffix(".py"))
     rows = getattr(bench, "ALL_ROWS", bench.ROWS)
     values = {name: (500 if name == "sr_pool" else 0.1 + i) for i, name in enumerate(bench.METRICS)}
     data = _toy({row.key: {name: [v, v + 0.5, v + 2.0] for name, v in values.items()} for row in rows})

@@ -1,26 +1,22 @@
 """The cost model of all-gathered negatives (bench/global_negatives.py) against the bytes counted
 by hand, and the docs' tables printed from the committed results."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import bench_module
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_global_negatives", REPO / "bench" / "global_negatives.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_model_counts_the_bytes_of_a_ring_all_gather_and_all_reduce():
-    row = {r["gpus"]: r for r in _bench().project(rows=128, dim=2048, bytes_per_value=2, step_seconds=0.0545)}[1024]
+    row = {
+        r["gpus"]: r
+        for r in bench_module("global_negatives").project(rows=128, dim=2048, bytes_per_value=2, step_seconds=0.0545)
+    }[1024]
     one_modality = 1023 * 128 * 2048 * 2  # every other rank's 128 rows of 2,048 bf16 values
     assert row["gathered_mb"] == pytest.approx(2 * one_modality / 1e6)
     assert row["backward_allreduce_mb"] == pytest.approx(2 * 2 * one_modality / 1e6)  # ring: twice the data

@@ -1,10 +1,8 @@
 """bench/reasoning_identity.py: the branch/input ratio and gamma of the reasoning layers, measured
 with forward hooks, against the branch run by hand."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
+from helpers import bench_module
 
 from vldist.data.vocab import Vocab
 from vldist.kernels import region_affinity_torch
@@ -13,10 +11,7 @@ from vldist.recipes.jobs import load_config
 from vldist.recipes.l2c import L2CConfig, L2CModel
 from vldist.recipes.vsrn import VSRNModel
 
-_path = Path(__file__).resolve().parents[2] / "bench" / "reasoning_identity.py"
-_spec = importlib.util.spec_from_file_location("reasoning_identity", _path)
-ri = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ri)
+ri = bench_module("reasoning_identity")
 
 VOCAB = Vocab(["a", "red", "circle"])
 F_DIM, D = 6, 8
