@@ -19,11 +19,15 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write JSON to `path` via a temporary file and os.replace, so readers never see half of it."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write `text` to `path` via a temporary file and os.replace, so readers never see half of it."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -166,8 +166,10 @@ def test_ranks_and_workers_of_a_node_download_each_shard_once_through_the_cache(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     tars = {name: n for name, n in server.faults.gets.items() if name.endswith(".tar")}
-    # 2 ranks x 2 workers x 2 epochs read the shards, each fetched from the server once
-    assert set(tars) == {p.name for p in planted_shards.glob("*.tar")} and set(tars.values()) == {1}
+    # 2 ranks x 2 workers x 2 epochs read the shards, each fetched from the server once (the
+    # resampled draws need not reach every train shard; evaluation reads every other one)
+    evaluated = {p.name for p in planted_shards.glob("*.tar") if not p.name.startswith("train-")}
+    assert evaluated < set(tars) <= {p.name for p in planted_shards.glob("*.tar")} and set(tars.values()) == {1}
     reference = json.loads((two_rank_reference / "metrics.json").read_text())
     assert json.loads((out / "metrics.json").read_text())["test"] == reference["test"]
 

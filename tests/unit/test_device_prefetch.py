@@ -24,12 +24,11 @@ def _batches(count: int, pinned: bool = False) -> list[dict]:
     return out
 
 
-def test_on_the_cpu_every_batch_is_handed_over_as_it_came_after_the_skipped_ones():
+def test_on_the_cpu_every_batch_is_handed_over_as_it_came():
     batches = _batches(5)
-    handed = list(DevicePrefetch(iter(batches), "cpu", skip=2))
+    handed = list(DevicePrefetch(iter(batches), "cpu"))
     assert len(handed) == 5
-    assert handed[:2] == batches[:2]  # skipped: the very objects, untouched
-    for got, sent in zip(handed[2:], batches[2:], strict=True):
+    for got, sent in zip(handed, batches, strict=True):
         assert got.keys() == sent.keys()
         assert torch.equal(got["regions"], sent["regions"]) and torch.equal(got["identity"], sent["identity"])
         assert (got["stream"], got["skipped"]) == (sent["stream"], sent["skipped"])
@@ -43,20 +42,19 @@ def test_on_cuda_the_copies_run_on_the_side_stream_and_the_values_arrive(tmp_pat
     batches = _batches(4, pinned=True)
     sums = []
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        prefetch = DevicePrefetch(iter(batches), device, skip=1)
+        prefetch = DevicePrefetch(iter(batches), device)
         handed = []
         for batch in prefetch:
             handed.append(batch)
             if isinstance(batch["regions"], torch.Tensor) and batch["regions"].is_cuda:
                 sums.append((batch["regions"] * 2).sum())  # a step's work, on the compute stream
         torch.cuda.synchronize(device)
-    assert handed[0]["regions"].device.type == "cpu"  # skipped, not copied
-    for got, sent in zip(handed[1:], batches[1:], strict=True):
+    for got, sent in zip(handed, batches, strict=True):
         assert got["regions"].is_cuda and got["identity"].is_cuda
         assert torch.equal(got["regions"].cpu(), sent["regions"]) and torch.equal(
             got["identity"].cpu(), sent["identity"]
         )
-    assert [float(s) for s in sums] == [float(b["regions"].sum() * 2) for b in batches[1:]]
+    assert [float(s) for s in sums] == [float(b["regions"].sum() * 2) for b in batches]
     trace = tmp_path / "trace.json"
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]

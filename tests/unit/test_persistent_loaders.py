@@ -82,7 +82,7 @@ def test_persistent_workers_read_every_epoch_as_fresh_ones_and_a_resume_reads_on
         assert len(batches) == streams.micro_per_epoch
         read.append([p for b in batches for p in _pairs(b)])
         pids |= {p for b in batches for p in b["pid"]}
-        assert streams.begun == (epoch + 1 if epoch + 1 < EPOCHS else None)  # the next epoch begun at once
+        assert streams.begun == ((epoch + 1, 0) if epoch + 1 < EPOCHS else None)  # the next epoch begun at once
     assert read == [_fresh_each_epoch(reference, epoch) for epoch in range(EPOCHS)]
     assert read[0] != read[1] and (resampled or len({k for k, _ in read[0]}) == len(read[0]))
     assert len(pids) == 2  # the same two workers all along
@@ -97,7 +97,7 @@ def test_persistent_workers_read_every_epoch_as_fresh_ones_and_a_resume_reads_on
     first.close()
     assert not with_stop.loaders  # left unfinished: its workers ended at once
     for resumed in (with_stop, _streams(planted_shards, resampled, workers=2)):
-        rest = [p for b in islice(resumed.batches(1), stop, None) for p in _pairs(b)]
+        rest = [p for b in resumed.batches(1, stop) for p in _pairs(b)]
         assert taken + rest == read[1]
         assert [p for b in resumed.batches(2) for p in _pairs(b)] == read[2]
 

@@ -23,13 +23,11 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 class DevicePrefetch:
-    """The batches of `batches` on `device`. The first `skip` are handed over as they are, never
-    copied: a resumed epoch passes over the batches it trained on before (loop.py)."""
+    """The batches of `batches` on `device`."""
 
-    def __init__(self, batches: Iterable[dict], device: torch.device | str, skip: int = 0):
+    def __init__(self, batches: Iterable[dict], device: torch.device | str):
         self.batches: Iterator[dict] = iter(batches)
         self.device = torch.device(device)
-        self.skip = skip
         self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.ahead: tuple[dict, torch.cuda.Event] | None = None  # the next batch, its copy queued
         self.ended = False
@@ -38,9 +36,6 @@ class DevicePrefetch:
         return self
 
     def __next__(self) -> dict:
-        if self.skip:
-            self.skip -= 1
-            return next(self.batches)
         if self.side is None:
             return to_device(next(self.batches), self.device)
         if self.ahead is None:

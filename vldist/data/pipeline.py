@@ -34,6 +34,7 @@ import webdataset as wds
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vldist.data.batch_handoff import packed, unpacked
+from vldist.data.epoch_order import rank_rows
 from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import skipped
@@ -71,14 +72,19 @@ def _worker() -> tuple[int, int]:
     info = get_worker_info()
     if info is None:
         return 0, 1
-    random.seed(info.seed)
-    torch.manual_seed(info.seed)
+    seed_global_generators(info.seed, info.id)
+    return info.id, info.num_workers
+
+
+def seed_global_generators(seed: int, worker: int = 0) -> None:
+    """Python's, torch's and numpy's global generators seeded as torch seeds a new worker's."""
+    random.seed(seed)
+    torch.manual_seed(seed)
     numpy = sys.modules.get("numpy")
     if numpy is not None:  # as torch's worker loop seeds it (torch/utils/data/_utils/worker.py)
         from torch.utils.data._utils.worker import _generate_state
 
-        numpy.random.seed(_generate_state(info.seed - info.id, info.id))
-    return info.id, info.num_workers
+        numpy.random.seed(_generate_state(seed - worker, worker))
 
 
 class SharedEpoch:
@@ -259,12 +265,7 @@ class ExactEpochStream(_EpochStream):
     def _my_rows(self, batch: int) -> range:
         """This rank's positions within global batch `batch`."""
         world, b = self.spec.world_size, self.spec.batch_size
-        size = min(b * world, self.samples - batch * b * world)
-        if size == b * world:
-            return range(self.spec.rank * b, (self.spec.rank + 1) * b)
-        share, extra = divmod(size, world)
-        start = self.spec.rank * share + min(self.spec.rank, extra)
-        return range(start, start + share + (self.spec.rank < extra))
+        return rank_rows(min(b * world, self.samples - batch * b * world), world, self.spec.rank)
 
     def __iter__(self) -> Iterator[dict]:
         worker, workers = _worker()

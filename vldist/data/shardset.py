@@ -15,9 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
+from vldist.data.sample_index import ShardIndex
 from vldist.data.vocab import Vocab
 from vldist.errors import ShardsNotFoundError, ShardsUnfitError, StoreSupportMissing
-from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME
+from vldist.shards.format.layout import MANIFEST_NAME, VOCAB_NAME, index_name
 from vldist.store.access import StoreAccess
 from vldist.store.location import filesystem, is_url, join, list_names, redact, unreachable
 from vldist.store.publish import INCOMPLETE
@@ -40,7 +41,8 @@ class ShardSet:
     manifest: dict
     access: StoreAccess = field(default_factory=StoreAccess, repr=False)  # data.storage_options, data.retries
     _counted: dict[str, int] = field(default_factory=dict, repr=False)  # splits counted without a manifest
-    _names: set[str] | None = field(default=None, repr=False)  # a remote set's file names, listed once
+    _names: dict[str, int | None] | None = field(default=None, repr=False)  # a remote set's files and sizes, listed once
+    _indexes: dict[str, list[ShardIndex] | None] = field(default_factory=dict, repr=False)  # per split, read once
 
     @classmethod
     def open(cls, directory: str | Path, access: StoreAccess | None = None) -> ShardSet:
@@ -69,7 +71,7 @@ class ShardSet:
             raise ShardsNotFoundError(
                 f"shard directory '{redact(directory)}' does not exist{where}. {_how_to_build(directory)}"
             )
-        shards = cls(directory, {}, access, _names=None if names is None else set(names))
+        shards = cls(directory, {}, access, _names=names)
         text = shards._read_text(MANIFEST_NAME)
         if text is not None:
             try:
@@ -111,13 +113,13 @@ class ShardSet:
         with open_shard(url, self.access) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
             yield tar
 
-    def _listing(self) -> set[str]:
-        """The names of the files in the set's directory (one listing, not a request per shard; a
+    def _listing(self) -> dict[str, int | None]:
+        """The files in the set's directory and their sizes (one listing, not a request per shard; a
         remote set's once per run: evaluations do not ask the store again)."""
         if not is_url(self.directory):
-            return set(list_names(self.directory) or ())
+            return list_names(self.directory) or {}
         if self._names is None:
-            self._names = set(list_names(self.directory, self.access.storage_options) or ())
+            self._names = list_names(self.directory, self.access.storage_options) or {}
         return self._names
 
     def urls(self, split: str) -> list[str]:
@@ -138,6 +140,29 @@ class ShardSet:
         if missing:
             raise ShardsNotFoundError(f"shards listed in the manifest are missing: {', '.join(missing)}")
         return [str(join(self.directory, n)) for n in names]
+
+    def sample_indexes(self, split: str) -> list[ShardIndex] | None:
+        """Each shard's sample index (data/sample_index.py), in urls(split)'s order; None when a
+        shard has none. An index that does not fit its shard (another size) is refused by name."""
+        if split not in self._indexes:
+            present, indexes = self._listing(), []
+            for url in self.urls(split):
+                name = index_name(url.rsplit("/", 1)[-1])
+                if name not in present:
+                    indexes = None
+                    break
+                where = redact(join(self.directory, name))
+                index = ShardIndex.from_json(self._read_text(name), where)
+                size = present.get(url.rsplit("/", 1)[-1])
+                if size is not None and size != index.bytes:
+                    raise ShardsUnfitError(
+                        f"the sample index {where} describes a shard of {index.bytes} bytes, and the shard has "
+                        f"{size}: the shard was rewritten after it was indexed. Rebuild the index with "
+                        f"`python -m vldist.shards index {redact(self.directory)}`"
+                    )
+                indexes.append(index)
+            self._indexes[split] = indexes
+        return self._indexes[split]
 
     def num_samples(self, split: str) -> int | None:
         """From the manifest; without one, counted from the tar headers (shards from other tools)."""

@@ -10,14 +10,21 @@ stream's name in batch["stream"].
 The loaders are built once and keep their workers from epoch to epoch (the epoch reaches them
 through the streams' SharedEpoch): once an epoch's last batch is taken, the next epoch's pass
 begins at once, so the workers fill their shuffle buffers while the trainer validates and saves.
+
+A pass can begin at any step of its epoch (a resumed run's data position). Over indexed shards
+(data/indexed_stream.py) the streams begin there and read nothing before it; a set without an
+index is read from the epoch's start and the batches before the position dropped, as it always
+was, and the log says once how to index it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from vldist.data.indexed_stream import IndexedStream
 from vldist.data.pipeline import (
     ExactEpochStream,
     Loader,
@@ -27,6 +34,9 @@ from vldist.data.pipeline import (
     exact_epoch_steps,
     make_loader,
 )
+from vldist.store.location import redact
+
+log = logging.getLogger("vldist.data")
 
 
 @dataclass(frozen=True)
@@ -48,7 +58,8 @@ def stream_sources(streams: dict[str, str | StreamSource]) -> dict[str, StreamSo
 
 class TrainingStreams:
     """One rank's training streams of a job. `micro_per_epoch`: the micro-batches this rank takes
-    in an epoch (every stream's, together); `batches(epoch)`: that epoch's micro-batches.
+    in an epoch (every stream's, together); `batches(epoch, step)`: that epoch's micro-batches from
+    a step on.
 
     shards: a JobShards (data/job_shards.py), each set opened once; recipe: its train_streams(),
     stream_functions() and sample_keys; accumulation: micro-batches per optimizer step. close()
@@ -57,7 +68,8 @@ class TrainingStreams:
 
     def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1, shielded_signals=()):
         self.config, self.accumulation, self.shielded = config, accumulation, tuple(shielded_signals)
-        self.streams, self.micro_per_epoch = self._build(recipe, shards, rank, world_size)
+        self.streams, self.counts = self._build(recipe, shards, rank, world_size)
+        self.micro_per_epoch = sum(self.counts.values())  # micro-batches per epoch, by stream
         self.loaders: dict[str, Loader] = {}  # built at the first epoch, kept until close()
         self.begun: int | None = None  # the epoch whose pass the loaders have begun ahead of batches()
         # the run's length in optimizer steps and epochs (the trainer's too): no pass is begun beyond the last
@@ -72,7 +84,7 @@ class TrainingStreams:
             raise ValueError(
                 f"data.resampled=false reads one stream; this recipe has {len(sources)} ({', '.join(sources)})"
             )
-        specs, counts = {}, {}
+        specs, counts, streams = {}, {}, {}
         for index, (name, src) in enumerate(sources.items()):
             shard_set = shards.get(src.shards)
             batch = src.batch_size or config.data.batch_size
@@ -100,10 +112,26 @@ class TrainingStreams:
                 optional=recipe.optional_keys,
                 access=shard_set.access,
             )
+            indexes = shard_set.sample_indexes(src.split)
+            if indexes is None:
+                log.warning(
+                    "the shard set %s has no sample index: an exact epoch makes every rank read every shard, and a "
+                    "resumed run reads its epoch up to the position it resumes at. Index it once with "
+                    "`python -m vldist.shards index %s` (docs/distributed.md, \"Data across ranks\")",
+                    redact(shard_set.directory),
+                    redact(shard_set.directory),
+                )
             if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
+                if indexes is not None:
+                    stream = IndexedStream(specs[name], indexes, config.data.shuffle_buffer, True, samples)
+                    return {name: stream}, {name: stream.batches}
                 steps = exact_epoch_steps(samples, micro_global, world_size)
-                return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, steps
+                return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, {name: steps}
             counts[name] = batches_per_rank(samples, batch) * self.accumulation
+            if indexes is not None:
+                streams[name] = IndexedStream(
+                    specs[name], indexes, config.data.shuffle_buffer, False, batches=counts[name]
+                )
         own = dict(counts)
         for name, src in sources.items():
             if src.steps_like is not None:  # e.g. one single-image batch per pair batch, as L2C trains
@@ -113,32 +141,60 @@ class TrainingStreams:
                         f"of this recipe's streams ({', '.join(sources)})"
                     )
                 counts[name] = own[src.steps_like]
-        streams = {name: TrainStream(specs[name], counts[name], config.data.shuffle_buffer) for name in specs}
-        return streams, sum(counts.values())
+                if name in streams:
+                    streams[name].batches = counts[name]
+        for name in specs:
+            if name not in streams:
+                streams[name] = TrainStream(specs[name], counts[name], config.data.shuffle_buffer)
+        return streams, counts
 
-    def batches(self, epoch: int, loader: Callable = make_loader) -> Iterator[dict]:
-        """This epoch's micro-batches, tagged with their stream; streams take turns step by step.
-        Close the iterator (contextlib.closing) once done with it: closed before the epoch's last
-        batch was taken (an exception, a stop, the run's last step), it ends the loaders' workers
-        at once; after it, the next epoch's pass begins (the last epoch's end ends the workers)."""
-        if self.begun != epoch:
-            self.begin(epoch, loader)
+    def schedule(self) -> list[tuple[str, int]]:
+        """An epoch's optimizer steps: (the stream, its micro-batches), streams taking turns."""
+        left = {name: self.counts[name] for name in self.streams}
+        steps = []
+        while any(left.values()):
+            for name in left:
+                if left[name]:
+                    take = min(self.accumulation, left[name])
+                    steps.append((name, take))
+                    left[name] -= take
+        return steps
+
+    def positions(self, step: int) -> dict[str, int]:
+        """Each stream's micro-batches taken once `step` steps of an epoch are done."""
+        taken = dict.fromkeys(self.streams, 0)
+        for name, micro in self.schedule()[:step]:
+            taken[name] += micro
+        return taken
+
+    def batches(self, epoch: int, step: int = 0, loader: Callable = make_loader) -> Iterator[dict]:
+        """This epoch's micro-batches from step `step` on, tagged with their stream; streams take
+        turns step by step. Close the iterator (contextlib.closing) once done with it: closed before
+        the epoch's last batch was taken (an exception, a stop, the run's last step), it ends the
+        loaders' workers at once; after it, the next epoch's pass begins (the last epoch's end ends
+        the workers)."""
+        if self.begun != (epoch, step):
+            self.begin(epoch, step, loader)
         self.begun = None
         passes = {name: iter(self.loaders[name]) for name in self.streams}
-        taken = 0
+        for name, stream in self.streams.items():  # a set without an index: read up to the position
+            if not isinstance(stream, IndexedStream):
+                for _ in range(self.positions(step)[name]):
+                    next(passes[name], None)
+        remaining = self.schedule()[step:]
+        due, taken = sum(micro for _, micro in remaining), 0
         try:
-            while passes:
-                for name in list(passes):
-                    for _ in range(self.accumulation):
-                        batch = next(passes[name], None)
-                        if batch is None:
-                            del passes[name]
-                            break
-                        batch["stream"] = name
-                        taken += 1
-                        yield batch
+            for name, micro in remaining:
+                for _ in range(micro):
+                    batch = next(passes[name], None) if name in passes else None
+                    if batch is None:  # a stream with no more readable samples
+                        passes.pop(name, None)
+                        break
+                    batch["stream"] = name
+                    taken += 1
+                    yield batch
         finally:
-            if taken < self.micro_per_epoch and passes:
+            if taken < due and passes:
                 self.close()  # here, not in a finalizer, where a Ctrl-C that comes meanwhile is lost
             elif epoch + 1 < self.epochs:
                 self.begin(epoch + 1)  # read ahead while the trainer validates and checkpoints
@@ -147,20 +203,23 @@ class TrainingStreams:
             for unfinished in passes.values():
                 unfinished.close()  # a pass that a later one replaced leaves the workers be
 
-    def begin(self, epoch: int, loader: Callable = make_loader) -> None:
-        """Begin the epoch's pass now, so that the workers start and fill their shuffle buffers
-        while the trainer does something else (evaluates the untrained model); batches(epoch)
-        then takes it over. Another epoch's pass, begun before, is dropped."""
+    def begin(self, epoch: int, step: int = 0, loader: Callable = make_loader) -> None:
+        """Begin the epoch's pass at step `step` now, so that the workers start and fill their
+        buffers while the trainer does something else (evaluates the untrained model);
+        batches(epoch, step) then takes it over. Another pass, begun before, is dropped."""
         if not self.loaders:
             workers = self.config.data.workers
             self.loaders = {
                 name: loader(s, workers, self.shielded, persistent=True) for name, s in self.streams.items()
             }
-        for stream in self.streams.values():
+        positions = self.positions(step)
+        for name, stream in self.streams.items():
             stream.epoch = epoch
+            if isinstance(stream, IndexedStream):
+                stream.first_batch = positions[name]
         for name in self.streams:
             self.loaders[name].start()
-        self.begun = epoch
+        self.begun = (epoch, step)
 
     def close(self) -> None:
         """End the loaders' workers now (a later epoch starts new ones)."""

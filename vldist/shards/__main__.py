@@ -1,6 +1,7 @@
 """Command line for shard sets: `python -m vldist.shards synth --out shards/synth`,
 `python -m vldist.shards synth-pairs --out shards/synth_pairs`,
-`python -m vldist.shards convert <format> --src ... --out ...`, `python -m vldist.shards verify <dir>`."""
+`python -m vldist.shards convert <format> --src ... --out ...`, `python -m vldist.shards verify <dir>`,
+`python -m vldist.shards index <dir>`."""
 
 from __future__ import annotations
 
@@ -140,6 +141,30 @@ def _run_verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _add_index(sub) -> None:
+    p = sub.add_parser(
+        "index",
+        help="add each shard's sample index to a set written without one",
+        description="Write <shard>.idx.json beside every shard that lacks one (with --force, every shard): "
+        "where each sample's bytes lie, so that training reads only the samples a rank needs and resumes "
+        "without reading the epoch before its position. Rerun after an interruption; verify checks them.",
+    )
+    p.add_argument("dir", help="the shard set directory, or its URL (s3://..., https://...)")
+    p.add_argument("--force", action="store_true", help="rebuild every index, even those that fit their shard")
+
+
+def _run_index(args) -> int:
+    from vldist.shards.format.indexing import index_set
+
+    start = time.perf_counter()
+    done = index_set(args.dir if is_url(args.dir) else Path(args.dir), force=args.force)
+    print(
+        f"{redact(args.dir)}: indexed {len(done.written)} shards, {len(done.kept)} had an index already "
+        f"({time.perf_counter() - start:.1f} s)"
+    )
+    return 0
+
+
 def _add_convert(sub) -> None:
     from vldist.shards.convert import FORMATS
 
@@ -271,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_synth_pairs(sub)
     _add_convert(sub)
     _add_verify(sub)
+    _add_index(sub)
     args = parser.parse_args(argv)
     runs = {"synth": _run_synth, "synth-pairs": _run_synth_pairs, "convert": _run_convert, "verify": _run_verify}
     try:
@@ -278,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
             return _write(args, runs[args.command])
         if args.command == "verify":
             return _run_verify(args)
-    except (FileExistsError, ValueError, RuntimeError, ConnectionError) as err:  # not bad data: arguments, store
+        if args.command == "index":
+            return _run_index(args)
+    except (FileExistsError, FileNotFoundError, ValueError, RuntimeError, ConnectionError) as err:  # not bad data: arguments, store
         print(f"error: {err}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")

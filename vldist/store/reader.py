@@ -2,7 +2,10 @@
 ends early, the object is opened again and the read goes on at the byte it had reached (a ranged
 read where the filesystem can seek, else the bytes before it are read again and dropped). The tar
 parser above sees the same bytes as from an unbroken read, so no sample is lost or repeated and
-every rank's stream stays what it would have been."""
+every rank's stream stays what it would have been.
+
+The same reader reads one range of an object (start, end): the samples an index points at
+(data/sample_reader.py), one ranged GET, resumed the same way if it breaks."""
 
 from __future__ import annotations
 
@@ -26,13 +29,22 @@ _SKIP_CHUNK = 1 << 20
 
 
 class ResumableReader(io.RawIOBase):
-    """Bytes of one object at `url`, resumed at the current offset after transient errors."""
+    """Bytes of one object at `url` (or of its range [start, end)), resumed at the current offset
+    after transient errors."""
 
-    def __init__(self, url: str, access: StoreAccess | None = None, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        url: str,
+        access: StoreAccess | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        start: int = 0,
+        end: int | None = None,
+    ):
         super().__init__()
         self.url, self.access, self.sleep = url, access or StoreAccess(), sleep
-        self.position = 0
-        self.size: int | None = None
+        self.position = start
+        self.size: int | None = end  # where the read ends: the object's size unless a range was asked
+        self.ranged = end is not None
         self.reopened = 0  # times the object was opened again after an error
         self._file = None
         self._rng = random.Random()  # jitter of its own: the data streams' generators stay untouched
@@ -45,9 +57,15 @@ class ResumableReader(io.RawIOBase):
         fs, path = filesystem(self.url, self.access.storage_options)
         if self.size is None:
             self.size = fs.size(path)  # to tell an early end from the object's end
-        # over HTTP one streaming GET (block_size=0), which servers that ignore Range serve too;
-        # elsewhere read-ahead blocks and a seek to resume (a ranged read)
-        stream = fs.open(path, "rb", **({"block_size": 0} if self._http else {"cache_type": "readahead"}))
+        # over HTTP one streaming GET (block_size=0), which servers that ignore Range serve too
+        # (a range is then reached by reading the bytes before it: give HTTP sets a data.cache_dir);
+        # elsewhere a seek to resume (a ranged read), with read-ahead blocks for a whole object, and
+        # without for a range, read as asked (s3fs would fetch a 50 MiB block for a 20 kB sample)
+        if self._http:
+            options = {"block_size": 0}
+        else:
+            options = {"cache_type": "none" if self.ranged else "readahead"}
+        stream = fs.open(path, "rb", **options)
         if self.position:
             if self._http:
                 left = self.position
@@ -68,7 +86,8 @@ class ResumableReader(io.RawIOBase):
             try:
                 if self._file is None:
                     self._file = self._open()
-                data = self._file.read(len(buffer))
+                wanted = len(buffer) if not self.ranged else min(len(buffer), self.size - self.position)
+                data = self._file.read(wanted) if wanted > 0 else b""
                 if not data and self.size is not None and self.position < self.size:
                     raise ReadInterrupted(f"ended at byte {self.position} of {self.size}")
             except Exception as error:  # noqa: BLE001 - sorted below: transient ones are tried again

@@ -113,15 +113,14 @@ class Trainer:
         self.recipe.start_epoch(epoch)
         t = self.config.train
         self.model.train()
-        replay = self.state.epoch_step * self.accumulation  # micro-batches trained on before a restart
+        # the data position: a resumed epoch's streams begin at the step reached (data/streams.py)
+        first = sum(self.streams.positions(self.state.epoch_step).values())
         fetch_start, pending, skipped = time.perf_counter(), [], 0
         heartbeat.phase = "data"
         # closing: on an exception the loaders' workers end now, not at interpreter exit (split_evaluation.py)
-        with closing(self.streams.batches(epoch)) as batches:
+        with closing(self.streams.batches(epoch, self.state.epoch_step)) as batches:
             # on CUDA the next batch's copy runs on a side stream during this step (device_prefetch.py)
-            for index, batch in enumerate(DevicePrefetch(batches, self.engine.device, skip=replay)):
-                if index < replay:
-                    continue  # the stream is seeded per epoch, so skipping replays the exact position
+            for index, batch in enumerate(DevicePrefetch(batches, self.engine.device), start=first):
                 skipped += batch.pop("skipped", 0)
                 batch.pop("skip_reasons", None)  # the warnings have shown them
                 pending.append(batch)
@@ -302,7 +301,10 @@ class Trainer:
             cfg, self.recipe, self.engine, self.shards, self.stop, self.checkpoints, self.progress, self.trackers
         )
         if self.state.step < self.total_steps:  # the workers start and fill their buffers meanwhile
-            self.streams.begin(self.state.epoch + (self.state.epoch_step >= self.steps_per_epoch))
+            if self.state.epoch_step >= self.steps_per_epoch:
+                self.streams.begin(self.state.epoch + 1)
+            else:
+                self.streams.begin(self.state.epoch, self.state.epoch_step)
         self.evaluations.before_training(self.state)
         while self.state.step < self.total_steps or self._epoch_end_pending():
             epoch = self.state.epoch

@@ -4,7 +4,8 @@ Checks, against `manifest.json` when there is one: every listed shard exists, ha
 its sample count; every sample's members decode (`json` with a non-empty `captions` list,
 `regions.npy` a finite 2-D array with the manifest's feature size, `jpg`/`png` a readable image;
 the same for the named images of pair samples, `img1.jpg`, `img1.regions.npy`);
-keys are unique across the set; the feature standardisation the manifest names
+keys are unique across the set; each shard's sample index, where it has one, fits it (the
+offsets and keys its tar headers give); the feature standardisation the manifest names
 (`features.standardization`) reads, holds finite values and has the manifest's feature size.
 Each problem names the shard and the key (or the file). A set at a URL (s3://...) is checked the
 same way, one file at a time downloaded to a temporary directory (vldist/store), so a remote set
@@ -92,6 +93,32 @@ def _read_shard(path: Path, split: str, feature_dim: int | None, keys: Counter, 
     return len(samples)
 
 
+def _check_index(files: _Files, shard: str, path: Path, report: Report) -> None:
+    """The shard's sample index, if it has one, against the index its tar headers give."""
+    from vldist.data.sample_index import ShardIndex, index_tar_members
+    from vldist.errors import ShardsUnfitError
+    from vldist.shards.format.layout import index_name
+
+    name = index_name(shard)
+    if name not in files.names:
+        return
+    try:
+        with files.local(name) as index_path:
+            index = ShardIndex.from_json(index_path.read_text(), name)
+        with tarfile.open(path) as tar:
+            actual = index_tar_members(tar, shard, path.stat().st_size)
+    except (ShardsUnfitError, tarfile.TarError, OSError, EOFError) as err:
+        report.problem(name, str(err))
+        return
+    if index != actual:
+        differ = [f for f in ("shard", "bytes", "keys", "offsets", "sizes") if getattr(index, f) != getattr(actual, f)]
+        report.problem(
+            name,
+            f"does not fit {shard} (its {', '.join(differ)} differ): rebuild it with "
+            "`python -m vldist.shards index <the set> --force`",
+        )
+
+
 def _check_standardization(files: _Files, features: dict, report: Report) -> None:
     name = features.get("standardization")
     if not name:
@@ -160,6 +187,7 @@ def verify(directory: str | Path, access=None) -> Report:
                     if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
                         report.problem(shard["file"], "sha256 differs from manifest.json (changed or damaged)")
                     count = _read_shard(path, split, feature_dim, keys, report)
+                    _check_index(files, shard["file"], path, report)
                 if "samples" in shard and count != shard["samples"]:
                     report.problem(shard["file"], f"holds {count} samples, manifest.json says {shard['samples']}")
     else:
@@ -169,6 +197,7 @@ def verify(directory: str | Path, access=None) -> Report:
         for name in tars:
             with files.local(name) as path:
                 _read_shard(path, name.rsplit("-", 1)[0], None, keys, report)
+                _check_index(files, name, path, report)
     for key, n in keys.items():
         if n > 1:
             report.problem(key, f"key appears in {n} samples; keys must be unique across the set")

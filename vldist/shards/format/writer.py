@@ -3,7 +3,9 @@
 Tars are written with `tarfile` directly so that the same samples always give the same bytes
 (fixed mtime, owner and mode; a sample's members contiguous and sorted by extension). A shard is
 written under a `.tmp` name and renamed only once complete, and `manifest.json` is written last,
-so a set without a manifest (or with `.tmp` files) is recognisably unfinished.
+so a set without a manifest (or with `.tmp` files) is recognisably unfinished. Each shard's
+sample index (data/sample_index.py) is recorded as the shard is written and put beside it before
+the shard is renamed into place.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from vldist.file_integrity import sha256_file, write_json_atomic
-from vldist.shards.format.layout import MANIFEST_NAME, shard_name
+from vldist.data.sample_index import IndexBuilder
+from vldist.file_integrity import sha256_file, write_json_atomic, write_text_atomic
+from vldist.shards.format.layout import MANIFEST_NAME, index_name, shard_name
 
 FORMAT_NAME = "vldist-shards"
 FORMAT_VERSION = 1
@@ -108,14 +111,19 @@ class ShardFile:
         self.tmp = self.final.with_name(self.final.name + ".tmp")
         self.tar = tarfile.open(self.tmp, "w", format=tarfile.PAX_FORMAT)
         self.samples = 0
+        self.index = IndexBuilder(self.final.name)
 
     def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
+        start = self.tar.offset
         for ext, data in members:
             self.tar.addfile(_tar_info(f"{key}.{ext}", len(data)), io.BytesIO(data))
+        self.index.add(key, start, self.tar.offset)
         self.samples += 1
 
     def finish(self) -> dict:
         self.tar.close()
+        index = self.index.finish(self.tmp.stat().st_size)
+        write_text_atomic(self.final.with_name(index_name(self.final.name)), index.to_json())
         os.replace(self.tmp, self.final)
         return {"file": self.final.name, "samples": self.samples, "sha256": sha256_file(self.final)}
 

@@ -1,0 +1,155 @@
+"""Training streams over indexed shards: each rank reads only its own samples, and a pass can begin
+at any batch without reading the ones before it.
+
+Batch k of an epoch is a function of (seed, epoch, k, rank) alone (data/epoch_order.py):
+
+- exact (data.resampled=false): global batch k is positions [k*G, (k+1)*G) of the epoch's global
+  order, G the global micro-batch; the rank takes its rows of it (rank_rows) and fetches only
+  those. Every sample once per epoch, equal steps on every rank, for any number of ranks: a run
+  resumed on W' ranks gets the rest of the epoch dealt to its W' ranks.
+- resampled: batch k of rank r is positions [k*b, (k+1)*b) of rank r's draws.
+
+A worker takes batches first+w, first+w+workers, ... (the DataLoader takes them from its workers
+in turn, so they arrive in order), so the batches do not depend on the number of workers either.
+Each sample's own random generator (the recipe's caption choice) is seeded by its position, and
+the global generators a recipe may draw from (torchvision's augmentations draw from torch's) by the
+batch's, so a resumed run draws what the uninterrupted one drew.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from vldist.data.epoch_order import ExactOrder, ResampledOrder, rank_rows
+from vldist.data.pipeline import (
+    SharedEpoch,
+    StreamSpec,
+    _collate,
+    _EpochStream,
+    _prepared,
+    _seed,
+    _skipped_unless_a_shard_is_lost,
+    _worker,
+    exact_epoch_steps,
+    seed_global_generators,
+)
+from vldist.data.sample_index import ShardIndex, tar_samples
+from vldist.data.sample_reader import read_spans
+from vldist.data.skips import skipped
+
+
+class IndexMismatch(ValueError):
+    """A sample's bytes are not the sample its index names: the index is stale."""
+
+
+class IndexedStream(_EpochStream):
+    """One rank's training batches over indexed shards; `exact` chooses the order (module docstring).
+    `samples`: an exact epoch's length (the first samples of its order; default all of them);
+    `batches`: a resampled epoch's batches per rank."""
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        indexes: list[ShardIndex],
+        shuffle_buffer: int,
+        exact: bool,
+        samples: int | None = None,
+        batches: int | None = None,
+    ):
+        super().__init__()
+        self.spec, self.indexes, self.shuffle_buffer, self.exact = spec, indexes, shuffle_buffer, exact
+        self.counts = [len(i) for i in indexes]
+        self.samples = min(samples or sum(self.counts), sum(self.counts))
+        global_batch = spec.batch_size * spec.world_size
+        self.batches = exact_epoch_steps(self.samples, global_batch, spec.world_size) if exact else batches
+        self._first = SharedEpoch()  # the batch a pass begins at: set with the epoch before each pass
+
+    @property
+    def first_batch(self) -> int:
+        return self._first.get()
+
+    @first_batch.setter
+    def first_batch(self, value: int) -> None:
+        self._first.set(value)
+
+    def _order(self, epoch: int):
+        if self.exact:
+            return ExactOrder(self.counts, self.spec.seed, epoch, self.shuffle_buffer)
+        return ResampledOrder(self.counts, self.spec.seed, epoch, self.spec.rank, self.shuffle_buffer)
+
+    def positions(self, batch: int) -> range:
+        """This rank's positions in the order for batch `batch`."""
+        b, world = self.spec.batch_size, self.spec.world_size
+        if not self.exact:
+            return range(batch * b, (batch + 1) * b)
+        start = batch * b * world
+        rows = rank_rows(min(b * world, self.samples - start), world, self.spec.rank)
+        return range(start + rows.start, start + rows.stop)
+
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers = _worker()
+        epoch, first = self.epoch, self.first_batch  # read once, as the pass begins
+        order = self._order(epoch)
+        handler = _skipped_unless_a_shard_is_lost if self.exact else skipped
+        for batch in range(first + worker, self.batches, workers):
+            where = self.positions(batch)
+            seed_global_generators(_seed(self.spec.seed, epoch, batch, self.spec.rank, 2))
+            samples = self._read(order.samples(where.start, where.stop), handler)
+            prepared = []
+            for position, raw in zip(where, samples, strict=True):
+                if raw is None:
+                    continue
+                rng = random.Random(_seed(self.spec.seed, epoch, position, *(() if self.exact else (self.spec.rank,))))
+                try:
+                    out = _prepared(self.spec, raw, rng)
+                except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
+                    skipped(exn)
+                    continue
+                if out is not None:
+                    prepared.append(out)
+            if prepared:
+                yield _collate(self.spec, prepared)
+
+    def _read(self, samples: list[tuple[int, int]], handler) -> list[dict | None]:
+        """The raw samples at (shard, row), in that order; None for one that could not be read
+        (the handler counted it, or raised: a lost shard ends an exact epoch)."""
+        rows_of: dict[int, list[int]] = {}
+        for shard, row in samples:
+            rows_of.setdefault(shard, []).append(row)
+        read: dict[tuple[int, int], dict | None] = {}
+        wanted = tuple("." + k for k in (*self.spec.keep, *self.spec.optional))
+        for shard, rows in rows_of.items():
+            url, index = self.spec.urls[shard], self.indexes[shard]
+            try:
+                data = read_spans(url, [index.span(r) for r in rows], self.spec.access)
+            except Exception as exn:  # noqa: BLE001 - the handler decides (count and skip, or stop)
+                exn.args = exn.args + (url,)
+                handler(exn)
+                read.update({(shard, r): None for r in rows})
+                continue
+            for row, chunk in zip(rows, data, strict=True):
+                read[(shard, row)] = _one_sample(chunk, url, index.keys[row], wanted)
+        return [read[s] for s in samples]
+
+
+def _one_sample(data: bytes, url: str, key: str, wanted: tuple[str, ...]) -> dict | None:
+    """The raw sample in `data` holding the members the recipe reads, or None (skipped and
+    counted) if the bytes are not the sample `key` the index names."""
+    try:
+        found = list(tar_samples(data, url, _reraise))
+        if len(found) != 1 or found[0]["__key__"] != key:
+            raise IndexMismatch(
+                f"the bytes the index gives for sample {key!r} of {url} hold "
+                f"{[s['__key__'] for s in found]}: the index is stale; rebuild it with "
+                "`python -m vldist.shards index <the set>`"
+            )
+    except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
+        skipped(exn)
+        return None
+    sample = found[0]
+    return {k: v for k, v in sample.items() if k.startswith("__") or ("." + k).endswith(wanted)}
+
+
+def _reraise(exn: BaseException) -> bool:
+    raise exn
