@@ -163,6 +163,12 @@ class TrainConfig(Section):
         "their top operators by self time (docs/observability.md)",
     )
 
+    sample_log: bool = Field(
+        False,
+        description="write the identities of the samples each rank trains on, step by step, to "
+        "<output.dir>/samples/rank-R.jsonl: an audit of exact epochs across resumes (docs/distributed.md)",
+    )
+
     @field_validator("profile_steps")
     @classmethod
     def _step_window(cls, window: str | None) -> str | None:

@@ -37,6 +37,7 @@ from vldist.training.compiling import StepCompiler
 from vldist.training.evaluations import Evaluations
 from vldist.training.optimizers import build_optimizers, build_scheduler
 from vldist.training.run_state import RunState
+from vldist.training.sample_log import SampleLog
 from vldist.training.stopping import StopRequest, raise_if_interrupted
 
 log = logging.getLogger("vldist.train")
@@ -101,6 +102,7 @@ class Trainer:
         self.profiler = StepProfiler(
             t.profile_steps, config.output_dir / "profile", engine.device, engine.rank, engine.is_main
         )
+        self.sample_log = SampleLog(t.sample_log, config.output_dir, engine.rank)
         self.replicas = ReplicaCheck(
             engine.unwrap(), engine.world_size, t.replica_check_every, config.engine.sync_batchnorm
         )
@@ -149,6 +151,7 @@ class Trainer:
                 step_seconds = time.perf_counter() - step_start
                 heartbeat.step_done(self.state.step + 1, step_seconds, wait)
                 self._observe_step(local, step_seconds, wait, losses, skipped)
+                self.sample_log.record(epoch, self.state.step + 1, pending)
                 self.state.skipped_samples += skipped
                 pending, skipped = [], 0
                 self.state.step += 1
