@@ -24,6 +24,16 @@ def planted_shards(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def unindexed_shards(planted_shards, tmp_path_factory) -> Path:
+    """The planted set as sets written before sample indexes were: no <shard>.idx.json."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("unindexed") / "shards"
+    shutil.copytree(planted_shards, out, ignore=shutil.ignore_patterns("*.idx.json"))
+    return out
+
+
+@pytest.fixture(scope="session")
 def pair_shards(tmp_path_factory) -> Path:
     """A miniature of the embedded image-pair set (L2C): 64 / 16 / 16 pairs of 64-pixel scenes."""
     from vldist.shards.synthetic.pairs import build_synth_pairs

@@ -72,8 +72,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.parametrize("indexed", [True, False])
 @pytest.mark.parametrize("resampled", [True, False])
-def test_persistent_workers_read_every_epoch_as_fresh_ones_and_a_resume_reads_on_alike(planted_shards, resampled):
+def test_persistent_workers_read_every_epoch_as_fresh_ones_and_a_resume_reads_on_alike(
+    planted_shards, unindexed_shards, resampled, indexed
+):
+    """Indexed sets begin a resumed pass at its step; sets without an index read up to it."""
+    if not indexed:
+        planted_shards = unindexed_shards
     streams = _streams(planted_shards, resampled, workers=2)
     reference = _streams(planted_shards, resampled, workers=2)
     read, pids = [], set()
@@ -148,3 +154,15 @@ def test_workers_from_the_fork_server_take_each_epoch_from_the_shared_value(plan
             assert [p for b in loader for p in _pairs(b)] == [p for b in make_loader(fresh, 2) for p in _pairs(b)]
     finally:
         loader.close()
+
+
+def test_a_set_without_an_index_trains_and_says_once_how_to_index_it(planted_shards, unindexed_shards, caplog):
+    with caplog.at_level("WARNING", logger="vldist.data"):
+        streams = _streams(unindexed_shards, resampled=False, workers=0)
+        list(streams.batches(0))
+    said = [r.getMessage() for r in caplog.records if "no sample index" in r.getMessage()]
+    assert len(said) == 1 and f"python -m vldist.shards index {unindexed_shards}" in said[0]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vldist.data"):
+        _streams(planted_shards, resampled=False, workers=0)
+    assert not [r for r in caplog.records if "no sample index" in r.getMessage()]

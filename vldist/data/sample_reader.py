@@ -1,7 +1,9 @@
 """Samples read by their index (data/sample_index.py): only their bytes, from local disk or a store.
 
-The samples asked of one shard are sorted by offset and those close together read as one range
-(a seek and one read on disk, one ranged GET from a store, through the retrying ResumableReader).
+The samples asked of one shard are sorted by offset and read in ranges: on local disk a range
+is a run of adjacent samples (a seek costs nothing worth saving), from a store samples up to
+COALESCE_GAP apart share one ranged GET (through the retrying ResumableReader), since a request
+costs more than the few kilobytes between them.
 With data.cache_dir, a remote shard is downloaded once per node and read from there
 (store/cache.py): a set read many times over is then served from local disk.
 
@@ -11,7 +13,9 @@ a rank reads only its own samples.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import bisect
+import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vldist.store.access import StoreAccess
@@ -50,60 +54,41 @@ def coalesced(spans: Sequence[tuple[int, int]], gap: int = COALESCE_GAP) -> list
 def read_spans(url: str, spans: Sequence[tuple[int, int]], access: StoreAccess | None = None) -> list[bytes]:
     """The bytes of each span [start, end) of the shard at `url`, in the order asked."""
     access = access or StoreAccess()
-    ranges = coalesced(spans)
-    read = _local_reader(url, access)
+    local = _local_copy(url, access)
+    ranges = coalesced(spans, COALESCE_GAP if local is None else 0)
     chunks = {}
-    for start, end in ranges:
-        chunks[start] = read(start, end)
-        read_stats.bytes += end - start
-        read_stats.requests += 1
+    with contextlib.ExitStack() as stack:
+        f = stack.enter_context(open(local, "rb")) if local is not None else None
+        for start, end in ranges:
+            if f is not None:
+                f.seek(start)
+                chunks[start] = f.read(end - start)
+            else:
+                chunks[start] = _ranged(url, access, start, end)
+            read_stats.bytes += end - start
+            read_stats.requests += 1
+    starts = [start for start, _ in ranges]
     out = []
     for start, end in spans:
-        first = _covering(ranges, start)
+        first = starts[bisect.bisect_right(starts, start) - 1]  # the range that holds this span
         out.append(chunks[first][start - first : end - first])
     return out
 
 
-def _covering(ranges: list[tuple[int, int]], position: int) -> int:
-    """The start of the range that holds `position` (ranges sorted and disjoint)."""
-    low, high = 0, len(ranges) - 1
-    while low < high:  # the last range starting at or before position
-        middle = (low + high + 1) // 2
-        if ranges[middle][0] <= position:
-            low = middle
-        else:
-            high = middle - 1
-    return ranges[low][0]
-
-
-def _local_reader(url: str, access: StoreAccess) -> Callable[[int, int], bytes]:
-    """A function reading [start, end) of the shard: from a file (a local shard, or a remote one's
-    cached copy), or by ranged reads from the store."""
-    if is_url(url) and access.cache is None:
-        return lambda start, end: _ranged(url, access, start, end)
-    path = url
-    if is_url(url):
-        path = ShardCache(access.cache).fetch(url, lambda u: ResumableReader(u, access), access.checksums.get(url))
-
-    def read(start: int, end: int) -> bytes:
-        with open(path, "rb") as f:
-            f.seek(start)
-            return f.read(end - start)
-
-    return read
+def _local_copy(url: str, access: StoreAccess) -> str | None:
+    """Where the shard can be read from local disk: its path, or a remote one's copy in this node's
+    cache (downloaded first if need be); None when it is read by ranged reads from the store."""
+    if not is_url(url):
+        return url
+    if access.cache is None:
+        return None
+    return ShardCache(access.cache).fetch(url, lambda u: ResumableReader(u, access), access.checksums.get(url))
 
 
 def _ranged(url: str, access: StoreAccess, start: int, end: int) -> bytes:
     with ResumableReader(url, access, start=start, end=end) as reader:
-        parts = []
-        while chunk := reader.read(end - start - sum(map(len, parts))):
+        parts, got = [], 0
+        while got < end - start and (chunk := reader.read(end - start - got)):
             parts.append(chunk)
+            got += len(chunk)
         return b"".join(parts)
-
-
-def samples_by_shard(requests: Iterator[tuple[int, int]]) -> dict[int, list[int]]:
-    """(shard, row) requests grouped by shard, rows in the order asked."""
-    grouped: dict[int, list[int]] = {}
-    for shard, row in requests:
-        grouped.setdefault(shard, []).append(row)
-    return grouped
