@@ -46,9 +46,7 @@ def _read(stream: IndexedStream, epoch=0, first=0, workers=0) -> list[list[str]]
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_an_exact_epoch_deals_every_sample_once_in_equal_steps_and_each_rank_reads_only_its_own(
-    planted_shards, world
-):
+def test_an_exact_epoch_deals_every_sample_once_in_equal_steps_and_each_rank_reads_only_its_own(planted_shards, world):
     index_bytes = {
         key: size
         for index in ShardSet.open(planted_shards).sample_indexes("train")

@@ -41,7 +41,9 @@ class ShardSet:
     manifest: dict
     access: StoreAccess = field(default_factory=StoreAccess, repr=False)  # data.storage_options, data.retries
     _counted: dict[str, int] = field(default_factory=dict, repr=False)  # splits counted without a manifest
-    _names: dict[str, int | None] | None = field(default=None, repr=False)  # a remote set's files and sizes, listed once
+    _names: dict[str, int | None] | None = field(
+        default=None, repr=False
+    )  # a remote set's files and sizes, listed once
     _indexes: dict[str, list[ShardIndex] | None] = field(default_factory=dict, repr=False)  # per split, read once
 
     @classmethod

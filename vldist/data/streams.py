@@ -19,6 +19,7 @@ was, and the log says once how to index it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -68,6 +69,7 @@ class TrainingStreams:
 
     def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1, shielded_signals=()):
         self.config, self.accumulation, self.shielded = config, accumulation, tuple(shielded_signals)
+        self.global_micro: dict[str, int] = {}  # each stream's micro-batch across all ranks
         self.streams, self.counts = self._build(recipe, shards, rank, world_size)
         self.micro_per_epoch = sum(self.counts.values())  # micro-batches per epoch, by stream
         self.loaders: dict[str, Loader] = {}  # built at the first epoch, kept until close()
@@ -94,6 +96,7 @@ class TrainingStreams:
                     f"ranks x train.grad_accumulation={self.accumulation}"
                 )
             micro_global = batch // self.accumulation
+            self.global_micro[name] = micro_global
             samples = t.samples_per_epoch or shard_set.num_samples(src.split)
             if samples is None:
                 raise ValueError(
@@ -117,7 +120,7 @@ class TrainingStreams:
                 log.warning(
                     "the shard set %s has no sample index: an exact epoch makes every rank read every shard, and a "
                     "resumed run reads its epoch up to the position it resumes at. Index it once with "
-                    "`python -m vldist.shards index %s` (docs/distributed.md, \"Data across ranks\")",
+                    '`python -m vldist.shards index %s` (docs/distributed.md, "Data across ranks")',
                     redact(shard_set.directory),
                     redact(shard_set.directory),
                 )
@@ -148,8 +151,8 @@ class TrainingStreams:
                 streams[name] = TrainStream(specs[name], counts[name], config.data.shuffle_buffer)
         return streams, counts
 
-    def schedule(self) -> list[tuple[str, int]]:
-        """An epoch's optimizer steps: (the stream, its micro-batches), streams taking turns."""
+    @functools.cached_property
+    def _schedule(self) -> list[tuple[str, int]]:
         left = {name: self.counts[name] for name in self.streams}
         steps = []
         while any(left.values()):
@@ -160,12 +163,28 @@ class TrainingStreams:
                     left[name] -= take
         return steps
 
+    def schedule(self) -> list[tuple[str, int]]:
+        """An epoch's optimizer steps: (the stream, its micro-batches), streams taking turns."""
+        return self._schedule
+
     def positions(self, step: int) -> dict[str, int]:
         """Each stream's micro-batches taken once `step` steps of an epoch are done."""
         taken = dict.fromkeys(self.streams, 0)
         for name, micro in self.schedule()[:step]:
             taken[name] += micro
         return taken
+
+    def data_position(self, epoch: int, step: int) -> dict:
+        """What a checkpoint records of where the data stands after `step` steps of `epoch`: with
+        it, and the seed, every stream's next batch is known (their draws are counter-based:
+        data/epoch_order.py), so no generator state or buffer needs to be kept."""
+        taken = self.positions(step)
+        return {
+            "epoch": epoch,
+            "step": step,
+            "samples": {name: taken[name] * self.global_micro[name] for name in self.streams},
+            "indexed": all(isinstance(s, IndexedStream) for s in self.streams.values()),
+        }
 
     def batches(self, epoch: int, step: int = 0, loader: Callable = make_loader) -> Iterator[dict]:
         """This epoch's micro-batches from step `step` on, tagged with their stream; streams take

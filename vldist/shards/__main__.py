@@ -306,7 +306,13 @@ def main(argv: list[str] | None = None) -> int:
             return _run_verify(args)
         if args.command == "index":
             return _run_index(args)
-    except (FileExistsError, FileNotFoundError, ValueError, RuntimeError, ConnectionError) as err:  # not bad data: arguments, store
+    except (
+        FileExistsError,
+        FileNotFoundError,
+        ValueError,
+        RuntimeError,
+        ConnectionError,
+    ) as err:  # not bad data: arguments, store
         print(f"error: {err}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")

@@ -157,6 +157,7 @@ class Trainer:
                 self.state.step += 1
                 self.profiler.step_done(self.state.step)
                 self.state.epoch_step += 1
+                self.state.data_position = self.streams.data_position(epoch, self.state.epoch_step)
                 self.state.epoch_loss_sum += float(losses["loss"])
                 self.state.samples_seen += n
                 self.progress.step(
@@ -364,6 +365,7 @@ class Trainer:
         finished = self.state.epoch_step >= self.steps_per_epoch
         if finished:
             self.state.epoch, self.state.epoch_step, self.state.epoch_loss_sum = epoch + 1, 0, 0.0
+            self.state.data_position = self.streams.data_position(epoch + 1, 0)
         self.state.history.append(entry)
         last = self.state.step >= self.total_steps
         self.evaluations.after_epoch(self.state, epoch, entry, finished, last)

@@ -12,6 +12,7 @@ class RunState:
     step: int = 0
     epoch: int = 0  # the epoch in progress (0-based)
     epoch_step: int = 0  # batches of that epoch already taken: the data position
+    data_position: dict = field(default_factory=dict)  # the same, per stream in samples (streams.data_position)
     epoch_loss_sum: float = 0.0
     samples_seen: int = 0
     skipped_samples: int = 0
