@@ -24,6 +24,17 @@ def planted_shards(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def other_planted_shards(tmp_path_factory) -> Path:
+    """A second planted set, other images (keys other-train-...), 120 train samples: a weighted source."""
+    return write_planted_shards(
+        tmp_path_factory.mktemp("other_planted") / "shards",
+        {"train": 120, "val": 8, "test": 8},
+        seed=1,
+        key_prefix="other-",
+    )
+
+
+@pytest.fixture(scope="session")
 def unindexed_shards(planted_shards, tmp_path_factory) -> Path:
     """The planted set as sets written before sample indexes were: no <shard>.idx.json."""
     import shutil

@@ -35,9 +35,10 @@ def planted_sample(rng: np.random.Generator, regions: int = 3, dim: int = DIM) -
 
 
 def write_planted_shards(
-    out: Path, counts=None, shard_size: int = 50, seed: int = 0, dim: int = DIM, unreadable=()
+    out: Path, counts=None, shard_size: int = 50, seed: int = 0, dim: int = DIM, unreadable=(), key_prefix: str = ""
 ) -> Path:
-    """`unreadable`: keys whose region features hold NaN, as a damaged feature file would."""
+    """`unreadable`: keys whose region features hold NaN, as a damaged feature file would;
+    `key_prefix`: before every key (a second set whose samples are other images)."""
     counts = counts or {"train": 200, "val": 40, "test": 60}
     rng = np.random.default_rng(seed)
     train_captions = []
@@ -47,7 +48,7 @@ def write_planted_shards(
                 feats, captions = planted_sample(rng, dim=dim)
                 if split == "train":
                     train_captions += captions
-                key = f"{split}-{i:07d}"
+                key = f"{key_prefix}{split}-{i:07d}"
                 if key in unreadable:
                     feats[0, 0] = np.nan
                 writer.write(

@@ -28,6 +28,26 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class SourceConfig(Section):
+    """One weighted training source of data.sources."""
+
+    shards: str = Field(description="an indexed shard set (directory or URL) whose train split this source reads")
+    weight: float = Field(1.0, gt=0, description="its share of the training samples, relative to the others'")
+    name: str | None = Field(None, description="its name in metrics (default: the set's last path component)")
+
+    @field_validator("shards")
+    @classmethod
+    def _no_credentials(cls, value, info):
+        from vldist.store.credentials import refuse_credentials
+
+        refuse_credentials(f"data.sources[].{info.field_name}", value)
+        return value
+
+    @property
+    def label(self) -> str:
+        return self.name or self.shards.rstrip("/").rsplit("/", 1)[-1]
+
+
 class DataConfig(Section):
     shards: str = Field(
         "shards/synth",
@@ -54,6 +74,12 @@ class DataConfig(Section):
     build_if_missing: bool = Field(
         True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent"
     )
+    sources: list[SourceConfig] = Field(
+        default_factory=list,
+        description="weighted training sources, e.g. [{shards: shards/a, weight: 2}, {shards: s3://b/c, weight: 1}]: "
+        "the main training stream mixes their train splits in these proportions, in every global batch (exactly "
+        "over an exact epoch); data.shards stays the validation and test set (docs/distributed.md)",
+    )
     train_split: str = "train"
     val_split: str = "val"
     test_split: str = "test"
@@ -70,6 +96,15 @@ class DataConfig(Section):
     vocab_min_count: int = Field(
         1, ge=1, description="words seen fewer times in the train captions become <unk> (captioning papers: 5)"
     )
+
+    @field_validator("sources")
+    @classmethod
+    def _distinct_names(cls, sources: list[SourceConfig]) -> list[SourceConfig]:
+        labels = [s.label for s in sources]
+        repeated = sorted({n for n in labels if labels.count(n) > 1})
+        if repeated:
+            raise ValueError(f"data.sources names {repeated} more than once: give each source a distinct name")
+        return sources
 
     @field_validator("storage_options", "shards")
     @classmethod

@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from vldist.data.epoch_order import ExactOrder, ResampledOrder
-from vldist.data.indexed_stream import IndexedStream
+from vldist.data.indexed_stream import IndexedSource, IndexedStream
 from vldist.data.pipeline import StreamSpec, exact_epoch_steps, make_loader
 from vldist.data.sample_reader import read_stats
 from vldist.data.shardset import ShardSet
@@ -37,7 +37,8 @@ def _stream(shards, world=1, rank=0, global_batch=24, exact=True, buffer=20, bat
         rank=rank,
         world_size=world,
     )
-    return IndexedStream(spec, shard_set.sample_indexes("train"), buffer, exact, batches=batches)
+    source = IndexedSource("train", spec.urls, shard_set.sample_indexes("train"))
+    return IndexedStream(spec, [source], buffer, exact, batches=batches)
 
 
 def _read(stream: IndexedStream, epoch=0, first=0, workers=0) -> list[list[str]]:

@@ -25,6 +25,7 @@ DOCUMENTED = {
     "vldist_model_flops_utilization": "gauge",
     "vldist_step_own_seconds": "gauge",
     "vldist_recompilations": "counter",
+    "vldist_source_samples": "counter",
 }
 
 
@@ -51,6 +52,7 @@ def test_names_types_and_labels(exporter):
         losses={"loss": 3.0, "matching": 2.0, "caption": 1.0, "grad_norm": 2.5},
         own_seconds=0.15,
         recompilations=2,
+        sources={"main": 11, "other": 5},
     )
     exporter.observe_checkpoint(0.7)
     exporter.set_restarts(1)
@@ -76,6 +78,10 @@ def test_names_types_and_labels(exporter):
     assert values[("vldist_checkpoint_save_seconds_sum", None)] == pytest.approx(0.7)
     assert values[("vldist_step_own_seconds", None)] == pytest.approx(0.15)
     assert values[("vldist_recompilations_total", None)] == 2
+    by_source = {
+        s.labels["source"]: s.value for s in families["vldist_source_samples"].samples if s.name.endswith("_total")
+    }
+    assert by_source == {"main": 11, "other": 5}
 
 
 def test_the_endpoint_binds_to_loopback_and_a_taken_port_is_named(exporter):

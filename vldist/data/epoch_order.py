@@ -46,6 +46,12 @@ class _Windows:
             self._built[w] = self._window(w)
         return self._built[w]
 
+    def sample(self, position: int) -> tuple[int, int]:
+        """The (shard, row) at `position`."""
+        w, offset = divmod(position, self.window)
+        shards, rows = self._cached(w)
+        return int(shards[offset]), int(rows[offset])
+
     def samples(self, start: int, stop: int) -> list[tuple[int, int]]:
         """The (shard, row) of positions [start, stop)."""
         out: list[tuple[int, int]] = []
@@ -62,11 +68,12 @@ class _Windows:
 class ExactOrder(_Windows):
     """Every sample of the shards once, in the epoch's order (see the module's docstring)."""
 
-    def __init__(self, counts: Sequence[int], seed: int, epoch: int, window: int):
+    def __init__(self, counts: Sequence[int], seed: int, epoch: int, window: int, round_: int = 0):
+        """`round_`: another order of the same epoch, for a source read more than once in it."""
         super().__init__(window)
         self.shuffled = window > 1
-        self.seed, self.epoch = seed, epoch
-        self.order = _generator(seed, epoch).permutation(len(counts))  # the shards, in this epoch's order
+        self.seed, self.epoch, self.round = seed, epoch, round_
+        self.order = _generator(seed, epoch, round_).permutation(len(counts))  # the shards, in this epoch's order
         in_order = np.asarray(counts, dtype=np.int64)[self.order]
         self.ends = np.cumsum(in_order)  # where each shard's samples end, laid end to end
         self.starts = self.ends - in_order
@@ -75,7 +82,7 @@ class ExactOrder(_Windows):
     def _window(self, w: int) -> tuple[np.ndarray, np.ndarray]:
         positions = np.arange(w * self.window, min(self.size, (w + 1) * self.window), dtype=np.int64)
         if self.shuffled:
-            positions = _generator(self.seed, self.epoch, w, 1).permutation(positions)
+            positions = _generator(self.seed, self.epoch, self.round, w, 1).permutation(positions)
         slot = np.searchsorted(self.ends, positions, side="right")
         return self.order[slot], positions - self.starts[slot]
 

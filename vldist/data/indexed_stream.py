@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from vldist.data.epoch_order import ExactOrder, ResampledOrder, rank_rows
+from vldist.data.mixture import Mixture
 from vldist.data.pipeline import (
     SharedEpoch,
     StreamSpec,
@@ -37,30 +39,51 @@ from vldist.data.pipeline import (
 from vldist.data.sample_index import ShardIndex, tar_samples
 from vldist.data.sample_reader import read_spans
 from vldist.data.skips import skipped
+from vldist.store.access import StoreAccess
 
 
 class IndexMismatch(ValueError):
     """A sample's bytes are not the sample its index names: the index is stale."""
 
 
+@dataclass
+class IndexedSource:
+    """One indexed shard set a stream reads: the split's shards and their indexes; `weight`: its
+    share of the stream's samples among several sources (data.sources)."""
+
+    name: str
+    urls: list[str]
+    indexes: list[ShardIndex]
+    access: StoreAccess = field(default_factory=StoreAccess)
+    weight: float = 1.0
+
+    @property
+    def counts(self) -> list[int]:
+        return [len(i) for i in self.indexes]
+
+
 class IndexedStream(_EpochStream):
-    """One rank's training batches over indexed shards; `exact` chooses the order (module docstring).
-    `samples`: an exact epoch's length (the first samples of its order; default all of them);
-    `batches`: a resampled epoch's batches per rank."""
+    """One rank's training batches over indexed sources; `exact` chooses the order (module
+    docstring). `samples`: an exact epoch's length (default: every sample of every source);
+    `batches`: a resampled epoch's batches per rank. With several sources each position of the
+    stream draws from the source data/mixture.py gives it; a source drawn more often than it has
+    samples in an exact epoch is read again in a new order, one drawn less gives its first samples."""
 
     def __init__(
         self,
         spec: StreamSpec,
-        indexes: list[ShardIndex],
+        sources: list[IndexedSource],
         shuffle_buffer: int,
         exact: bool,
         samples: int | None = None,
         batches: int | None = None,
     ):
         super().__init__()
-        self.spec, self.indexes, self.shuffle_buffer, self.exact = spec, indexes, shuffle_buffer, exact
-        self.counts = [len(i) for i in indexes]
-        self.samples = min(samples or sum(self.counts), sum(self.counts))
+        self.spec, self.sources, self.shuffle_buffer, self.exact = spec, sources, shuffle_buffer, exact
+        self.mixture = Mixture([s.weight for s in sources])
+        total = sum(sum(s.counts) for s in sources)
+        # one source: at most its samples; several: any length (a source may be read more than once)
+        self.samples = min(samples or total, total) if len(sources) == 1 else samples or total
         global_batch = spec.batch_size * spec.world_size
         self.batches = exact_epoch_steps(self.samples, global_batch, spec.world_size) if exact else batches
         self._first = SharedEpoch()  # the batch a pass begins at: set with the epoch before each pass
@@ -73,13 +96,17 @@ class IndexedStream(_EpochStream):
     def first_batch(self, value: int) -> None:
         self._first.set(value)
 
-    def _order(self, epoch: int):
-        if self.exact:
-            return ExactOrder(self.counts, self.spec.seed, epoch, self.shuffle_buffer)
-        return ResampledOrder(self.counts, self.spec.seed, epoch, self.spec.rank, self.shuffle_buffer)
+    def _orders(self, epoch: int):
+        """Each source's order this epoch: source position -> (shard, row)."""
+        if not self.exact:
+            return [
+                ResampledOrder(s.counts, self.spec.seed + i, epoch, self.spec.rank, self.shuffle_buffer)
+                for i, s in enumerate(self.sources)
+            ]
+        return [_Rounds(s.counts, self.spec.seed + i, epoch, self.shuffle_buffer) for i, s in enumerate(self.sources)]
 
     def positions(self, batch: int) -> range:
-        """This rank's positions in the order for batch `batch`."""
+        """This rank's positions in the stream for batch `batch`."""
         b, world = self.spec.batch_size, self.spec.world_size
         if not self.exact:
             return range(batch * b, (batch + 1) * b)
@@ -90,17 +117,19 @@ class IndexedStream(_EpochStream):
     def __iter__(self) -> Iterator[dict]:
         worker, workers = _worker()
         epoch, first = self.epoch, self.first_batch  # read once, as the pass begins
-        order = self._order(epoch)
+        orders = self._orders(epoch)
         handler = _skipped_unless_a_shard_is_lost if self.exact else skipped
+        rank = () if self.exact else (self.spec.rank,)
         for batch in range(first + worker, self.batches, workers):
             where = self.positions(batch)
             seed_global_generators(_seed(self.spec.seed, epoch, batch, self.spec.rank, 2))
-            samples = self._read(order.samples(where.start, where.stop), handler)
-            prepared = []
-            for position, raw in zip(where, samples, strict=True):
+            draws = self.mixture.draws(where.start, where.stop)
+            samples = self._read([(source, *orders[source].sample(p)) for source, p in draws], handler)
+            prepared, by_source = [], [0] * len(self.sources)
+            for (source, p), raw in zip(draws, samples, strict=True):
                 if raw is None:
                     continue
-                rng = random.Random(_seed(self.spec.seed, epoch, position, *(() if self.exact else (self.spec.rank,))))
+                rng = random.Random(_seed(self.spec.seed, epoch, source, p, *rank))
                 try:
                     out = _prepared(self.spec, raw, rng)
                 except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
@@ -108,29 +137,50 @@ class IndexedStream(_EpochStream):
                     continue
                 if out is not None:
                     prepared.append(out)
+                    by_source[source] += 1
             if prepared:
-                yield _collate(self.spec, prepared)
+                collated = _collate(self.spec, prepared)
+                if len(self.sources) > 1:
+                    collated["source_counts"] = dict(zip((s.name for s in self.sources), by_source, strict=True))
+                yield collated
 
-    def _read(self, samples: list[tuple[int, int]], handler) -> list[dict | None]:
-        """The raw samples at (shard, row), in that order; None for one that could not be read
-        (the handler counted it, or raised: a lost shard ends an exact epoch)."""
-        rows_of: dict[int, list[int]] = {}
-        for shard, row in samples:
-            rows_of.setdefault(shard, []).append(row)
-        read: dict[tuple[int, int], dict | None] = {}
-        wanted = tuple("." + k for k in (*self.spec.keep, *self.spec.optional))
-        for shard, rows in rows_of.items():
-            url, index = self.spec.urls[shard], self.indexes[shard]
+    def _read(self, wanted: list[tuple[int, int, int]], handler) -> list[dict | None]:
+        """The raw samples at (source, shard, row), in that order; None for one that could not be
+        read (the handler counted it, or raised: a lost shard ends an exact epoch)."""
+        rows_of: dict[tuple[int, int], list[int]] = {}
+        for source, shard, row in wanted:
+            rows_of.setdefault((source, shard), []).append(row)
+        read: dict[tuple[int, int, int], dict | None] = {}
+        members = tuple("." + k for k in (*self.spec.keep, *self.spec.optional))
+        for (source, shard), rows in rows_of.items():
+            src = self.sources[source]
+            url, index = src.urls[shard], src.indexes[shard]
             try:
-                data = read_spans(url, [index.span(r) for r in rows], self.spec.access)
+                data = read_spans(url, [index.span(r) for r in rows], src.access)
             except Exception as exn:  # noqa: BLE001 - the handler decides (count and skip, or stop)
                 exn.args = exn.args + (url,)
                 handler(exn)
-                read.update({(shard, r): None for r in rows})
+                read.update({(source, shard, r): None for r in rows})
                 continue
             for row, chunk in zip(rows, data, strict=True):
-                read[(shard, row)] = _one_sample(chunk, url, index.keys[row], wanted)
-        return [read[s] for s in samples]
+                read[(source, shard, row)] = _one_sample(chunk, url, index.keys[row], members)
+        return [read[w] for w in wanted]
+
+
+class _Rounds:
+    """An exact source's samples at any position of an epoch: its epoch order, and after its last
+    sample (a source drawn more often than it has samples) the order of another round."""
+
+    def __init__(self, counts: list[int], seed: int, epoch: int, window: int):
+        self.counts, self.seed, self.epoch, self.window = counts, seed, epoch, window
+        self.size = sum(counts)
+        self._orders: dict[int, ExactOrder] = {}
+
+    def sample(self, position: int) -> tuple[int, int]:
+        round_, within = divmod(position, self.size)
+        if round_ not in self._orders:
+            self._orders[round_] = ExactOrder(self.counts, self.seed, self.epoch, self.window, round_)
+        return self._orders[round_].sample(within)
 
 
 def _one_sample(data: bytes, url: str, key: str, wanted: tuple[str, ...]) -> dict | None:

@@ -27,9 +27,10 @@ EMBEDDED_SETS = {
 
 
 def stream_sets(config, recipe_cls) -> list[str]:
-    """Shard sets other than data.shards that the job's training streams read."""
+    """Shard sets other than data.shards that the job's training streams read (data.sources too)."""
     sources = stream_sources(recipe_cls.train_streams(config)).values()
-    return list(dict.fromkeys(s.shards for s in sources if s.shards and s.shards != config.data.shards))
+    sets = [s.shards for s in sources if s.shards] + [s.shards for s in config.data.sources]
+    return list(dict.fromkeys(d for d in sets if d != config.data.shards))
 
 
 def built_where_read(directory: str, build_if_missing: bool) -> bool:

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from vldist.data.indexed_stream import IndexedStream
+from vldist.data.indexed_stream import IndexedSource, IndexedStream
 from vldist.data.pipeline import (
     ExactEpochStream,
     Loader,
@@ -97,14 +97,17 @@ class TrainingStreams:
                 )
             micro_global = batch // self.accumulation
             self.global_micro[name] = micro_global
-            samples = t.samples_per_epoch or shard_set.num_samples(src.split)
+            indexed = self._indexed_sources(config, shards, shard_set, src)
+            samples = t.samples_per_epoch or (
+                sum(sum(s.counts) for s in indexed) if indexed else shard_set.num_samples(src.split)
+            )
             if samples is None:
                 raise ValueError(
                     f"the shard set has no manifest count for split '{src.split}'; set train.samples_per_epoch"
                 )
             sample_fn, collate_fn = recipe.stream_functions(name)
             specs[name] = StreamSpec(
-                urls=shard_set.urls(src.split),
+                urls=[url for s in indexed for url in s.urls] if indexed else shard_set.urls(src.split),
                 keep=src.keys or recipe.sample_keys,
                 sample_fn=sample_fn,
                 collate_fn=collate_fn,
@@ -115,25 +118,16 @@ class TrainingStreams:
                 optional=recipe.optional_keys,
                 access=shard_set.access,
             )
-            indexes = shard_set.sample_indexes(src.split)
-            if indexes is None:
-                log.warning(
-                    "the shard set %s has no sample index: an exact epoch makes every rank read every shard, and a "
-                    "resumed run reads its epoch up to the position it resumes at. Index it once with "
-                    '`python -m vldist.shards index %s` (docs/distributed.md, "Data across ranks")',
-                    redact(shard_set.directory),
-                    redact(shard_set.directory),
-                )
             if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
-                if indexes is not None:
-                    stream = IndexedStream(specs[name], indexes, config.data.shuffle_buffer, True, samples)
+                if indexed:
+                    stream = IndexedStream(specs[name], indexed, config.data.shuffle_buffer, True, samples)
                     return {name: stream}, {name: stream.batches}
                 steps = exact_epoch_steps(samples, micro_global, world_size)
                 return {name: ExactEpochStream(specs[name], samples, config.data.shuffle_buffer)}, {name: steps}
             counts[name] = batches_per_rank(samples, batch) * self.accumulation
-            if indexes is not None:
+            if indexed:
                 streams[name] = IndexedStream(
-                    specs[name], indexes, config.data.shuffle_buffer, False, batches=counts[name]
+                    specs[name], indexed, config.data.shuffle_buffer, False, batches=counts[name]
                 )
         own = dict(counts)
         for name, src in sources.items():
@@ -150,6 +144,44 @@ class TrainingStreams:
             if name not in streams:
                 streams[name] = TrainStream(specs[name], counts[name], config.data.shuffle_buffer)
         return streams, counts
+
+    @staticmethod
+    def _indexed_sources(config, shards, shard_set, src: StreamSource) -> list[IndexedSource] | None:
+        """What an indexed stream reads: data.sources for the stream of data.shards when they are
+        set (each must be indexed), else the stream's own set; None for a set without an index
+        (said once, with how to index it)."""
+        if config.data.sources and src.shards in (None, config.data.shards):
+            out = []
+            for source in config.data.sources:
+                each = shards.get(source.shards)
+                indexes = each.sample_indexes(src.split)
+                if indexes is None:
+                    raise ValueError(
+                        f"data.sources reads only indexed shard sets, and {redact(source.shards)} has no sample index: "
+                        f"index it with `python -m vldist.shards index {redact(source.shards)}`"
+                    )
+                out.append(IndexedSource(source.label, each.urls(src.split), indexes, each.access, source.weight))
+            return out
+        indexes = shard_set.sample_indexes(src.split)
+        if indexes is None:
+            log.warning(
+                "the shard set %s has no sample index: an exact epoch makes every rank read every shard, and a "
+                "resumed run reads its epoch up to the position it resumes at. Index it once with "
+                '`python -m vldist.shards index %s` (docs/distributed.md, "Data across ranks")',
+                redact(shard_set.directory),
+                redact(shard_set.directory),
+            )
+            return None
+        return [IndexedSource(src.split, shard_set.urls(src.split), indexes, shard_set.access)]
+
+    def source_names(self) -> list[str]:
+        """The weighted sources whose per-step counts the batches carry (data.sources), in order."""
+        return [
+            s.name
+            for stream in self.streams.values()
+            if isinstance(stream, IndexedStream) and len(stream.sources) > 1
+            for s in stream.sources
+        ]
 
     @functools.cached_property
     def _schedule(self) -> list[tuple[str, int]]:

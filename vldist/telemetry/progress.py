@@ -51,10 +51,12 @@ class TrainingProgress:
         lr: float,
         note: str | None = None,
         recompilations: int | None = None,
+        sources: dict[str, int] | None = None,
     ) -> None:
         """After each optimizer step; `samples` counts every rank's rows; `note` ends the progress
         line (the straggler the watchdog names); `recompilations`: under train.compile, the graphs
-        compiled after warm-up so far (training/compiling.py), else None."""
+        compiled after warm-up so far (training/compiling.py), else None; `sources`: with data.sources,
+        the samples trained on from each source so far in the run."""
         self.samples, self.steps, self.wait = self.samples + samples, self.steps + 1, self.wait + wait
         if not self.enabled:
             return
@@ -83,6 +85,7 @@ class TrainingProgress:
                 "data_wait_share": self.wait / elapsed,
                 "eta_seconds": eta,
                 **({"recompilations": recompilations} if recompilations is not None else {}),
+                **({"samples_by_source": dict(sources)} if sources else {}),
                 **({"straggler": note} if note else {}),
             }
         )

@@ -87,6 +87,9 @@ class RankMetrics:
 
         self.samples = metric(Counter, "vldist_samples", "training samples this rank processed")
         self.steps = metric(Counter, "vldist_steps", "optimizer steps this rank took")
+        self.source_samples = metric(
+            Counter, "vldist_source_samples", "training samples this rank took from each of data.sources", ["source"]
+        )
         self.skipped = metric(Counter, "vldist_skipped_samples", "corrupt samples this rank's loader skipped")
         self.samples_per_second = metric(
             Gauge, "vldist_samples_per_second", "this rank's samples per second, last step"
@@ -157,9 +160,13 @@ class RankMetrics:
         skipped: int = 0,
         own_seconds: float | None = None,
         recompilations: int = 0,
+        sources: dict[str, int] | None = None,
     ) -> None:
-        """`recompilations`: this process's count so far (the counter goes up by what is new)."""
+        """`recompilations`: this process's count so far (the counter goes up by what is new);
+        `sources`: this step's samples from each of data.sources."""
         self._l(self.samples).inc(samples)
+        for source, count in (sources or {}).items():
+            self._l(self.source_samples, source=source).inc(count)
         self._l(self.steps).inc()
         if skipped:
             self._l(self.skipped).inc(skipped)

@@ -118,12 +118,16 @@ class Trainer:
         # the data position: a resumed epoch's streams begin at the step reached (data/streams.py)
         first = sum(self.streams.positions(self.state.epoch_step).values())
         fetch_start, pending, skipped = time.perf_counter(), [], 0
+        sources = self.streams.source_names()
+        from_sources: dict[str, int] = {}
         heartbeat.phase = "data"
         # closing: on an exception the loaders' workers end now, not at interpreter exit (split_evaluation.py)
         with closing(self.streams.batches(epoch, self.state.epoch_step)) as batches:
             # on CUDA the next batch's copy runs on a side stream during this step (device_prefetch.py)
             for index, batch in enumerate(DevicePrefetch(batches, self.engine.device), start=first):
                 skipped += batch.pop("skipped", 0)
+                for source, n in batch.pop("source_counts", {}).items():  # data.sources: this rank's rows of each
+                    from_sources[source] = from_sources.get(source, 0) + n
                 batch.pop("skip_reasons", None)  # the warnings have shown them
                 pending.append(batch)
                 if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
@@ -144,13 +148,18 @@ class Trainer:
                 self.flops.counted(counter, local)
                 # One all-reduce: the global sample count, and whether any rank was asked to stop (a
                 # signal may reach one rank only; all then stop after this same step).
+                # data.sources: every source's rows, summed over the ranks in the same all-reduce.
                 with heartbeat.collective("all_reduce (samples, stop)"):
-                    n, stopping = (int(v) for v in global_sum(torch.tensor([local, int(self.stop.requested)])))
+                    counts = [local, int(self.stop.requested), *(from_sources.get(s, 0) for s in sources)]
+                    n, stopping, *by_source = (int(v) for v in global_sum(torch.tensor(counts)))
                 if self.engine.device.type == "cuda":
                     torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
                 step_seconds = time.perf_counter() - step_start
                 heartbeat.step_done(self.state.step + 1, step_seconds, wait)
-                self._observe_step(local, step_seconds, wait, losses, skipped)
+                self._observe_step(local, step_seconds, wait, losses, skipped, from_sources)
+                for source, count in zip(sources, by_source, strict=True):
+                    self.state.samples_by_source[source] = self.state.samples_by_source.get(source, 0) + count
+                from_sources = {}
                 self.sample_log.record(epoch, self.state.step + 1, pending)
                 self.state.skipped_samples += skipped
                 pending, skipped = [], 0
@@ -169,6 +178,7 @@ class Trainer:
                     lr=self.current_lr(),
                     note=self.watchdog.straggler,
                     recompilations=self.compiler.recompilations if self.compiler.enabled else None,
+                    sources=self.state.samples_by_source or None,
                 )
                 if self.replicas.due(self.state.step):  # before a checkpoint could keep a diverged copy
                     with heartbeat.collective("all_gather (replica check)"):
@@ -195,7 +205,9 @@ class Trainer:
             )
         return self.state.epoch_loss_sum / self.state.epoch_step
 
-    def _observe_step(self, samples: int, seconds: float, wait: float, losses: dict, skipped: int) -> None:
+    def _observe_step(
+        self, samples: int, seconds: float, wait: float, losses: dict, skipped: int, sources: dict[str, int]
+    ) -> None:
         if self.metrics is None:
             return
         self.metrics.observe_step(
@@ -208,6 +220,7 @@ class Trainer:
             skipped=skipped,
             own_seconds=heartbeat.last.own,
             recompilations=self.compiler.recompilations,
+            sources=sources,
         )
         if self.engine.device.type == "cuda":
             self.metrics.set_device(

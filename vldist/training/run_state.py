@@ -15,6 +15,7 @@ class RunState:
     data_position: dict = field(default_factory=dict)  # the same, per stream in samples (streams.data_position)
     epoch_loss_sum: float = 0.0
     samples_seen: int = 0
+    samples_by_source: dict = field(default_factory=dict)  # data.sources: samples trained on from each
     skipped_samples: int = 0
     best_score: float = -math.inf
     best_epoch: int | None = None
