@@ -303,3 +303,52 @@ def test_through_a_proxy_that_cuts_stalls_and_refuses_every_sample_arrives_as_fr
     assert len(reached) >= 2 and all(
         not proxy.faults.slow_down[n] and not proxy.faults.stall[n] and not proxy.faults.cut[n] for n in reached
     )  # each fault of each was met
+
+
+def test_an_exact_epoch_reads_only_each_ranks_samples_by_ranged_reads_through_cuts_stalls_and_refusals(
+    s3_set, planted_shards, proxy
+):
+    """Indexed exact epochs against the real store: each shard's first request answered 503, its
+    first GET stalled past the read timeout, the next three cut a few hundred bytes in (ranged
+    GETs are small); each rank's samples, in order, are those read from local disk, and the two
+    ranks together ask the store for the set's bytes once."""
+    from vldist.data.indexed_stream import IndexedSource, IndexedStream
+    from vldist.data.sample_reader import read_stats
+    from vldist.data.shardset import ShardSet
+    from vldist.store.access import StoreAccess
+
+    access = StoreAccess(storage_options={"endpoint_url": proxy.url, "config_kwargs": {"read_timeout": 1}})
+    local_set, remote_set = ShardSet.open(planted_shards), ShardSet.open(s3_set, access)
+    for url in local_set.urls("train"):
+        name = url.rsplit("/", 1)[1]
+        proxy.faults.slow_down[name], proxy.faults.stall[name], proxy.faults.cut[name] = 1, [2.0], [700] * 3
+
+    def exact(shard_set):
+        indexes = shard_set.sample_indexes("train")
+        return lambda spec: IndexedStream(
+            spec, [IndexedSource("train", spec.urls, indexes, spec.access)], shuffle_buffer=40, exact=True
+        )
+
+    expected = _keys_per_rank(local_set.urls("train"), StoreAccess(), exact(local_set), workers=0)
+    read_stats.reset()
+    got = _keys_per_rank(remote_set.urls("train"), access, exact(remote_set), workers=0)
+    assert got == expected and sorted(got[0] + got[1]) == sorted(set(got[0] + got[1]))
+    assert len(got[0] + got[1]) == 200
+    total = sum((planted_shards / u.rsplit("/", 1)[1]).stat().st_size for u in local_set.urls("train"))
+    assert read_stats.bytes < 1.01 * total  # both ranks together: the set once, not twice
+    reached = [n for n in proxy.faults.cut if proxy.faults.requests[n]]
+    assert len(reached) == 4 and all(not proxy.faults.cut[n] and not proxy.faults.stall[n] for n in reached)
+
+
+def test_the_index_command_indexes_a_set_in_the_store(s3_store, planted_shards):
+    """`vldist.shards index s3://...` on a set uploaded without indexes writes the indexes the
+    writer wrote locally, and verify checks them there."""
+    fs = s3_store.filesystem()
+    fs.put(str(planted_shards), "vldist-tests/unindexed", recursive=True)
+    for path in fs.glob("vldist-tests/unindexed/*.idx.json"):
+        fs.rm_file(path)
+    url = "s3://vldist-tests/unindexed"
+    assert _shards_cli("index", url).returncode == 0
+    for local in planted_shards.glob("*.idx.json"):
+        assert fs.cat_file(f"vldist-tests/unindexed/{local.name}").decode() == local.read_text()
+    assert _shards_cli("verify", url).returncode == 0

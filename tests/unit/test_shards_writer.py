@@ -87,7 +87,8 @@ def test_round_trip_with_tarfile_and_webdataset(tmp_path):
 
 def test_rollover_and_manifest(tmp_path):
     manifest = _write(tmp_path, _samples(7), shard_size=3)
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".idx.json"))
+    assert {p.name for p in tmp_path.glob("*.idx.json")} == {f"{n}.idx.json" for n in files if n.endswith(".tar")}
     assert files == [MANIFEST_NAME, "train-000000.tar", "train-000001.tar", "train-000002.tar"]
     assert manifest == json.loads((tmp_path / MANIFEST_NAME).read_text())
     assert (manifest["format"], manifest["version"], manifest["source"]) == ("vldist-shards", 1, "test")

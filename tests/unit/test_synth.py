@@ -40,7 +40,8 @@ def test_layout_and_manifest(tiny):
     root, manifest = tiny
     out = root / "a"
     assert not (root / "a.partial").exists()
-    names = sorted(p.name for p in out.iterdir())
+    names = sorted(p.name for p in out.iterdir() if not p.name.endswith(".idx.json"))
+    assert {p.name for p in out.glob("*.idx.json")} == {f"{n}.idx.json" for n in names if n.endswith(".tar")}
     assert names == [
         "feature_standardization.safetensors",
         "manifest.json",

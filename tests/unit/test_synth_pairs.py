@@ -476,7 +476,8 @@ def test_built_set_round_trips(tiny):
     root, manifest = tiny
     out = root / "a"
     assert not (root / "a.partial").exists()
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert {p.name for p in out.glob("*.idx.json")} == {f"{p.name}.idx.json" for p in out.glob("*.tar")}
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".idx.json")) == [
         "manifest.json",
         "test-000000.tar",
         "train-000000.tar",

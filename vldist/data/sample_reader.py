@@ -1,9 +1,10 @@
 """Samples read by their index (data/sample_index.py): only their bytes, from local disk or a store.
 
-The samples asked of one shard are sorted by offset and read in ranges: on local disk a range
-is a run of adjacent samples (a seek costs nothing worth saving), from a store samples up to
-COALESCE_GAP apart share one ranged GET (through the retrying ResumableReader), since a request
-costs more than the few kilobytes between them.
+The samples asked of one shard are sorted by offset and each run of adjacent ones read as one
+range: a seek and one read on disk, one ranged GET from a store (through the retrying
+ResumableReader). Samples with others' samples between them are read apart, so that a rank reads
+its own samples' bytes and no others: the per-node cache (data.cache_dir) is the choice where many
+small requests would cost more than whole shards.
 With data.cache_dir, a remote shard is downloaded once per node and read from there
 (store/cache.py): a set read many times over is then served from local disk.
 
@@ -23,10 +24,6 @@ from vldist.store.cache import ShardCache
 from vldist.store.location import is_url
 from vldist.store.reader import ResumableReader
 
-# Two samples with at most this many bytes between them are read in one range: a second request
-# costs more than reading a few kilobytes that are dropped.
-COALESCE_GAP = 64 << 10
-
 
 @dataclass
 class ReadStats:
@@ -40,7 +37,7 @@ class ReadStats:
 read_stats = ReadStats()
 
 
-def coalesced(spans: Sequence[tuple[int, int]], gap: int = COALESCE_GAP) -> list[tuple[int, int]]:
+def coalesced(spans: Sequence[tuple[int, int]], gap: int = 0) -> list[tuple[int, int]]:
     """The ranges that cover `spans`, those at most `gap` bytes apart merged."""
     ranges: list[list[int]] = []
     for start, end in sorted(spans):
@@ -55,7 +52,7 @@ def read_spans(url: str, spans: Sequence[tuple[int, int]], access: StoreAccess |
     """The bytes of each span [start, end) of the shard at `url`, in the order asked."""
     access = access or StoreAccess()
     local = _local_copy(url, access)
-    ranges = coalesced(spans, COALESCE_GAP if local is None else 0)
+    ranges = coalesced(spans)
     chunks = {}
     with contextlib.ExitStack() as stack:
         f = stack.enter_context(open(local, "rb")) if local is not None else None

@@ -160,7 +160,7 @@ def _is_set_file(path: Path) -> bool:
     name = path.name
     if name == STATE_DIR or name in _SET_FILES:
         return True
-    stem = name.removesuffix(".tmp")
+    stem = name.removesuffix(".tmp").removesuffix(".idx.json")  # a shard, or its sample index
     split, _, index = stem.removesuffix(".tar").rpartition("-")
     return stem.endswith(".tar") and bool(split) and index.isdigit() and len(index) == 6
 

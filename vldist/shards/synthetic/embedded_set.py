@@ -19,7 +19,7 @@ SPLITS = ("train", "val", "test")
 JPEG_QUALITY = 90
 # What a shard-set directory may hold; --overwrite deletes nothing else.
 _SET_NAMES = "|".join(re.escape(name) for name in (MANIFEST_NAME, VOCAB_NAME, STANDARDIZATION_NAME))
-_SET_FILE = re.compile(r"^([A-Za-z0-9_]+-\d{6}\.tar|" + _SET_NAMES + r")(\.tmp)?$")
+_SET_FILE = re.compile(r"^([A-Za-z0-9_]+-\d{6}\.tar(\.idx\.json)?|" + _SET_NAMES + r")(\.tmp)?$")
 
 
 def split_rng(stream: str, seed: int, split: str) -> random.Random:
