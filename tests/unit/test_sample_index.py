@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from vldist.data.sample_index import ShardIndex, index_tar, tar_samples
+from vldist.data.sample_index import ShardIndex, index_tar, one_sample, tar_samples
 from vldist.data.sample_reader import coalesced, read_spans
 from vldist.data.shard_stream import shard_samples
 from vldist.data.shardset import ShardSet
@@ -35,7 +35,7 @@ def test_the_writers_index_equals_one_built_from_the_tar_and_reads_every_sample_
         spans = [index.span(row) for row in range(len(index))]
         for sample, data in zip(streamed, read_spans(str(shard), spans), strict=True):
             (alone,) = tar_samples(data, str(shard), _raise)
-            assert alone == sample
+            assert alone == sample and one_sample(data, str(shard)) == sample
         rows = [5, 1, 2]
         got = read_spans(str(shard), [index.span(r) for r in rows])
         assert [next(iter(tar_samples(d, str(shard), _raise)))["__key__"] for d in got] == [index.keys[r] for r in rows]
@@ -82,3 +82,35 @@ def test_an_index_of_another_version_of_its_shard_or_a_damaged_one_is_refused_by
     (changed / "train-000000.tar.idx.json").write_text("{not json")
     with pytest.raises(ShardsUnfitError, match="is damaged .*python -m vldist.shards index"):
         ShardSet.open(changed).sample_indexes("train")
+
+
+def test_the_quick_parser_leaves_extended_headers_to_tarfile_and_refuses_a_damaged_header(tmp_path):
+    import io
+    import tarfile
+
+    from vldist.data.sample_index import index_tar_members
+
+    path = tmp_path / "train-000000.tar"
+    long_key = "k" * 120  # a name over 100 bytes: the writer adds a PAX header for it
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for key in ("short", long_key):
+            for ext, data in (("json", b'{"captions": ["a"]}'), ("txt", b"hello")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with tarfile.open(path) as tar:
+        index = index_tar_members(tar, path.name, path.stat().st_size)
+    data = path.read_bytes()
+    short, long_ = (data[slice(*index.span(row))] for row in (0, 1))
+    assert one_sample(short, "u") == {
+        "__key__": "short",
+        "__url__": "u",
+        "json": b'{"captions": ["a"]}',
+        "txt": b"hello",
+    }
+    assert one_sample(long_, "u") is None  # PAX: tarfile's job
+    assert next(iter(tar_samples(long_, "u", _raise)))["__key__"] == long_key
+    damaged = bytearray(short)
+    damaged[0] ^= 1  # the first header's name: its checksum no longer fits
+    with pytest.raises(tarfile.HeaderError, match="bad checksum"):
+        one_sample(bytes(damaged), "u")

@@ -36,8 +36,8 @@ from vldist.data.pipeline import (
     exact_epoch_steps,
     seed_global_generators,
 )
-from vldist.data.sample_index import ShardIndex, tar_samples
-from vldist.data.sample_reader import read_spans
+from vldist.data.sample_index import ShardIndex, one_sample, tar_samples
+from vldist.data.sample_reader import read_shards
 from vldist.data.skips import skipped
 from vldist.store.access import StoreAccess
 
@@ -152,19 +152,32 @@ class IndexedStream(_EpochStream):
             rows_of.setdefault((source, shard), []).append(row)
         read: dict[tuple[int, int, int], dict | None] = {}
         members = tuple("." + k for k in (*self.spec.keep, *self.spec.optional))
-        for (source, shard), rows in rows_of.items():
+        groups = list(rows_of.items())
+        requests = []
+        for (source, shard), rows in groups:
             src = self.sources[source]
-            url, index = src.urls[shard], src.indexes[shard]
-            try:
-                data = read_spans(url, [index.span(r) for r in rows], src.access)
-            except Exception as exn:  # noqa: BLE001 - the handler decides (count and skip, or stop)
-                exn.args = exn.args + (url,)
-                handler(exn)
-                read.update({(source, shard, r): None for r in rows})
-                continue
-            for row, chunk in zip(rows, data, strict=True):
-                read[(source, shard, row)] = _one_sample(chunk, url, index.keys[row], members)
+            requests.append((src.urls[shard], [src.indexes[shard].span(r) for r in rows], src.access))
+        try:
+            data = read_shards(requests)
+        except Exception:  # noqa: BLE001 - one shard failed: read each alone, so that the others are kept
+            data = [self._read_one(request, handler) for request in requests]
+        for ((source, shard), rows), chunks in zip(groups, data, strict=True):
+            url, index = self.sources[source].urls[shard], self.sources[source].indexes[shard]
+            for row, chunk in zip(rows, chunks or [None] * len(rows), strict=True):
+                read[(source, shard, row)] = (
+                    None if chunk is None else _one_sample(chunk, url, index.keys[row], members)
+                )
         return [read[w] for w in wanted]
+
+    @staticmethod
+    def _read_one(request, handler) -> list[bytes] | None:
+        """One shard's spans; None when it cannot be read (the handler counted it, or raised)."""
+        try:
+            return read_shards([request])[0]
+        except Exception as exn:  # noqa: BLE001 - the handler decides (count and skip, or stop)
+            exn.args = exn.args + (request[0],)
+            handler(exn)
+            return None
 
 
 class _Rounds:
@@ -187,18 +200,18 @@ def _one_sample(data: bytes, url: str, key: str, wanted: tuple[str, ...]) -> dic
     """The raw sample in `data` holding the members the recipe reads, or None (skipped and
     counted) if the bytes are not the sample `key` the index names."""
     try:
-        found = list(tar_samples(data, url, _reraise))
-        if len(found) != 1 or found[0]["__key__"] != key:
+        sample = one_sample(data, url)
+        found = [sample] if sample is not None else list(tar_samples(data, url, _reraise))
+        if len(found) != 1 or found[0].get("__key__") != key:
             raise IndexMismatch(
                 f"the bytes the index gives for sample {key!r} of {url} hold "
-                f"{[s['__key__'] for s in found]}: the index is stale; rebuild it with "
+                f"{[s.get('__key__') for s in found]}: the index is stale; rebuild it with "
                 "`python -m vldist.shards index <the set>`"
             )
     except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
         skipped(exn)
         return None
-    sample = found[0]
-    return {k: v for k, v in sample.items() if k.startswith("__") or ("." + k).endswith(wanted)}
+    return {k: v for k, v in found[0].items() if k.startswith("__") or ("." + k).endswith(wanted)}
 
 
 def _reraise(exn: BaseException) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -158,6 +159,49 @@ class _Counted(io.RawIOBase):
         buffer[: len(data)] = data
         self.position += len(data)
         return len(data)
+
+
+_REGULAR = (b"0", b"\0", b"7")  # tarfile's REGULAR_TYPES
+_META = re.compile(r"__[^/]*__($|/)")  # WebDataset's skip_meta
+
+
+def one_sample(data: bytes, url: str) -> dict | None:
+    """The raw sample in one sample's bytes, parsed from its 512-byte headers directly: what
+    tar_samples gives, at a fraction of the cost of a tarfile opened per sample (most of an
+    indexed pass on disk went there). Reads the POSIX ustar fields (name, prefix, size, type) and
+    checks each header's checksum; None where a header is one it leaves to tarfile (PAX or GNU
+    extended headers, a size in base-256); raises on a damaged header or members of two keys."""
+    sample: dict = {}
+    position = 0
+    while position + _BLOCK <= len(data):
+        block = data[position : position + _BLOCK]
+        if block.count(0) == _BLOCK:  # the archive's end
+            break
+        kind, size_field = block[156:157], block[124:136]
+        if kind not in _REGULAR and kind != b"5" or size_field[0] & 0x80:
+            return None  # extended headers, links, base-256 sizes: tarfile's job
+        checksum = int(block[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+        if checksum != sum(block[:148]) + 256 + sum(block[156:]):
+            raise tarfile.HeaderError(f"bad checksum in a header of {url}")
+        size = int(size_field.split(b"\0", 1)[0].strip() or b"0", 8)
+        start = position + _BLOCK
+        position = start + _padded(size)
+        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if block[257:263] == b"ustar\0" and block[345] != 0:  # a long name's leading directories
+            name = block[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape") + "/" + name
+        if kind not in _REGULAR or ("/" not in name and name.startswith("__") and name.endswith("__")):
+            continue
+        if _META.match(name):
+            continue
+        key, ext = base_plus_ext(name)
+        if key is None:
+            continue
+        if sample.setdefault("__key__", key) != key:
+            raise ValueError(f"the bytes of sample {sample['__key__']!r} in {url} also hold members of {key!r}")
+        sample[ext.lower()] = data[start : start + size]
+    if sample:
+        sample["__url__"] = url
+    return sample
 
 
 def tar_samples(data: bytes, url: str, handler) -> Iterator[dict]:

@@ -15,8 +15,9 @@ a rank reads only its own samples.
 from __future__ import annotations
 
 import bisect
-import contextlib
+import os
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from vldist.store.access import StoreAccess
@@ -50,26 +51,53 @@ def coalesced(spans: Sequence[tuple[int, int]], gap: int = 0) -> list[tuple[int,
 
 def read_spans(url: str, spans: Sequence[tuple[int, int]], access: StoreAccess | None = None) -> list[bytes]:
     """The bytes of each span [start, end) of the shard at `url`, in the order asked."""
-    access = access or StoreAccess()
-    local = _local_copy(url, access)
-    ranges = coalesced(spans)
-    chunks = {}
-    with contextlib.ExitStack() as stack:
-        f = stack.enter_context(open(local, "rb")) if local is not None else None
-        for start, end in ranges:
-            if f is not None:
-                f.seek(start)
-                chunks[start] = f.read(end - start)
-            else:
-                chunks[start] = _ranged(url, access, start, end)
-            read_stats.bytes += end - start
-            read_stats.requests += 1
-    starts = [start for start, _ in ranges]
+    return read_shards([(url, spans, access or StoreAccess())])[0]
+
+
+def read_shards(requests: Sequence[tuple[str, Sequence[tuple[int, int]], StoreAccess]]) -> list[list[bytes]]:
+    """For each (url, spans, access): the bytes of each span, in the order asked. The ranged reads
+    from a store run READ_THREADS at a time (one after the other, each waits a round trip)."""
+    plans = []
+    for url, spans, access in requests:
+        local = _local_copy(url, access)
+        plans.append((url, spans, access, local, coalesced(spans)))
+    fetched: list[dict[int, bytes | Future]] = []
+    for url, _, access, local, ranges in plans:
+        chunks: dict[int, bytes | Future] = {}
+        if local is not None:
+            with open(local, "rb") as f:
+                for start, end in ranges:
+                    f.seek(start)
+                    chunks[start] = f.read(end - start)
+        else:
+            for start, end in ranges:
+                chunks[start] = _pool().submit(_ranged, url, access, start, end)
+        read_stats.bytes += sum(end - start for start, end in ranges)
+        read_stats.requests += len(ranges)
+        fetched.append(chunks)
     out = []
-    for start, end in spans:
-        first = starts[bisect.bisect_right(starts, start) - 1]  # the range that holds this span
-        out.append(chunks[first][start - first : end - first])
+    for (_, spans, _, _, ranges), chunks in zip(plans, fetched, strict=True):
+        starts = [start for start, _ in ranges]
+        data = {s: c.result() if isinstance(c, Future) else c for s, c in chunks.items()}
+        pieces = []
+        for start, end in spans:
+            first = starts[bisect.bisect_right(starts, start) - 1]  # the range that holds this span
+            pieces.append(data[first][start - first : end - first])
+        out.append(pieces)
     return out
+
+
+READ_THREADS = 16
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool() -> ThreadPoolExecutor:
+    """This process's reading threads (a forked loader worker makes its own: threads do not fork)."""
+    pid = os.getpid()
+    if pid not in _pools:
+        _pools.clear()
+        _pools[pid] = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="vldist-ranged-read")
+    return _pools[pid]
 
 
 def _local_copy(url: str, access: StoreAccess) -> str | None:
