@@ -92,6 +92,23 @@ def write_scene_images(out: Path, counts=None, seed: int = 0, image_size: int = 
     return out
 
 
+class OneStreamRecipe:
+    """What the training streams need of a recipe, for tests of the streams alone: one stream of the
+    train split, reading the JSON members, through the given sample and collate functions."""
+
+    sample_keys, optional_keys = ("json",), ()
+
+    def __init__(self, sample_fn, collate_fn):
+        self.sample_fn, self.collate_fn = sample_fn, collate_fn
+
+    @classmethod
+    def train_streams(cls, config):
+        return {"train": "train"}
+
+    def stream_functions(self, name):
+        return self.sample_fn, self.collate_fn
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     import socket

@@ -56,3 +56,9 @@ def test_two_ranks_take_each_sources_share_of_every_exact_epoch(planted_shards, 
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if r.get("event") == "train"][-1]
     assert last["samples_by_source"] == {"main": 2 * share[0], "other": 2 * share[1]}
+    import torch
+
+    final = sorted((out / "checkpoints").glob("step-*"))[-1]
+    run = torch.load(final / "state.pt", weights_only=True)["run"]  # what a resume starts from
+    assert run["samples_by_source"] == last["samples_by_source"]
+    assert run["data_position"]["epoch"] == 2 and run["data_position"]["step"] == 0 and run["data_position"]["indexed"]

@@ -8,6 +8,7 @@ import random
 from itertools import islice
 
 import pytest
+from helpers import OneStreamRecipe
 
 from vldist.data.job_shards import JobShards
 from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
@@ -27,17 +28,6 @@ def _collate(samples):
     return {key: [s[key] for s in samples] for key in ("key", "draw", "pid")}
 
 
-class Recipe:
-    sample_keys, optional_keys = ("json",), ()
-
-    @classmethod
-    def train_streams(cls, config):
-        return {"train": "train"}
-
-    def stream_functions(self, name):
-        return _sample, _collate
-
-
 def _streams(planted_shards, resampled: bool, workers: int) -> TrainingStreams:
     config = load_config(
         "vsrn",
@@ -50,7 +40,9 @@ def _streams(planted_shards, resampled: bool, workers: int) -> TrainingStreams:
             f"train.epochs={EPOCHS}",
         ],
     )
-    return TrainingStreams(config, Recipe(), JobShards(ShardSet.open(planted_shards)), rank=1, world_size=2)
+    return TrainingStreams(
+        config, OneStreamRecipe(_sample, _collate), JobShards(ShardSet.open(planted_shards)), rank=1, world_size=2
+    )
 
 
 def _fresh_each_epoch(streams: TrainingStreams, epoch: int) -> list:

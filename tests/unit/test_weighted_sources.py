@@ -8,6 +8,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import OneStreamRecipe
 
 from vldist.data.indexed_stream import IndexedSource, IndexedStream
 from vldist.data.job_shards import JobShards
@@ -91,19 +92,9 @@ def _training(planted, sources: str, resampled=False):
     config = load_config(
         "vsrn", [f"data.shards={planted}", f"data.sources={sources}", f"data.resampled={str(resampled).lower()}"]
     )
-
-    class Recipe:
-        sample_keys, optional_keys = ("json",), ()
-
-        @classmethod
-        def train_streams(cls, config):
-            return {"train": "train"}
-
-        def stream_functions(self, name):
-            return (lambda raw, rng: {"key": raw["__key__"]}), (lambda s: {"keys": [x["key"] for x in s]})
-
+    recipe = OneStreamRecipe(lambda raw, rng: {"key": raw["__key__"]}, lambda s: {"keys": [x["key"] for x in s]})
     opened = {s.shards: ShardSet.open(s.shards) for s in config.data.sources}
-    return TrainingStreams(config, Recipe(), JobShards(ShardSet.open(planted), opened), rank=0, world_size=1)
+    return TrainingStreams(config, recipe, JobShards(ShardSet.open(planted), opened), rank=0, world_size=1)
 
 
 def test_a_job_reads_its_sources_and_refuses_one_without_an_index(
