@@ -184,15 +184,8 @@ def test_a_run_resumed_on_as_many_ranks_trains_on_the_uninterrupted_runs_samples
         assert len(set(drawn)) < len(drawn)  # draws with replacement: some sample twice in an epoch
 
 
-SKIPS_OF_RANK_0_ONLY = (
-    "vldist/training/loop.py Trainer.train_epoch: state.skipped_samples adds this rank's skips only (the "
-    "all-reduce sums samples and the stop flag, not the skips), so metrics.json's skipped_samples is rank 0's "
-    "share on several ranks"
-)
-
-
 @pytest.mark.parametrize(
-    "resumed_on", [1, pytest.param(2, marks=pytest.mark.xfail(strict=True, reason=SKIPS_OF_RANK_0_ONLY))]
+    "resumed_on", [1, 2]
 )
 def test_a_resumed_epoch_reads_none_of_the_samples_before_its_step(
     planted_shards, stopped, train_identities, tmp_path, resumed_on

@@ -146,12 +146,12 @@ class Trainer:
                 # the last exact-epoch batch can be ragged, so count rather than assume
                 local = sum(_batch_size(b) for b in pending)
                 self.flops.counted(counter, local)
-                # One all-reduce: the global sample count, and whether any rank was asked to stop (a
-                # signal may reach one rank only; all then stop after this same step).
-                # data.sources: every source's rows, summed over the ranks in the same all-reduce.
+                # One all-reduce: the global sample count, the samples every rank skipped as corrupt,
+                # whether any rank was asked to stop (a signal may reach one rank only; all then stop
+                # after this same step), and with data.sources every source's rows.
                 with heartbeat.collective("all_reduce (samples, stop)"):
-                    counts = [local, int(self.stop.requested), *(from_sources.get(s, 0) for s in sources)]
-                    n, stopping, *by_source = (int(v) for v in global_sum(torch.tensor(counts)))
+                    counts = [local, skipped, int(self.stop.requested), *(from_sources.get(s, 0) for s in sources)]
+                    n, skipped_here, stopping, *by_source = (int(v) for v in global_sum(torch.tensor(counts)))
                 if self.engine.device.type == "cuda":
                     torch.cuda.synchronize(self.engine.device)  # kernels run async: time the step, not its launch
                 step_seconds = time.perf_counter() - step_start
@@ -161,7 +161,7 @@ class Trainer:
                     self.state.samples_by_source[source] = self.state.samples_by_source.get(source, 0) + count
                 from_sources = {}
                 self.sample_log.record(epoch, self.state.step + 1, pending)
-                self.state.skipped_samples += skipped
+                self.state.skipped_samples += skipped_here  # every rank's: metrics.json is rank 0's
                 pending, skipped = [], 0
                 self.state.step += 1
                 self.profiler.step_done(self.state.step)
