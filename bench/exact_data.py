@@ -180,7 +180,7 @@ def counted_reads():
 # ---------------------------------------------------------------- the streams
 
 
-def full_permutation_stream(spec, indexes):
+def full_permutation_stream(spec, sources):
     """IndexedStream with one permutation of the whole epoch for an order: what ExactOrder's
     windows are measured against (every batch spread over every shard)."""
     import numpy as np
@@ -198,11 +198,14 @@ def full_permutation_stream(spec, indexes):
             slot = np.searchsorted(self.ends, positions, side="right")
             return list(zip(self.order[slot].tolist(), (positions - self.starts[slot]).tolist(), strict=True))
 
-    class FullPermutationStream(IndexedStream):
-        def _order(self, epoch: int):
-            return FullPermutation(self.counts, self.spec.seed, epoch)
+        def sample(self, position: int) -> tuple[int, int]:
+            return self.samples(position, position + 1)[0]
 
-    return FullPermutationStream(spec, indexes, 0, True)
+    class FullPermutationStream(IndexedStream):
+        def _orders(self, epoch: int):
+            return [FullPermutation(self.sources[0].counts, self.spec.seed, epoch)]
+
+    return FullPermutationStream(spec, sources, 0, True)
 
 
 @dataclasses.dataclass
@@ -222,7 +225,7 @@ class Source:
 
 def make_stream(stream: str, source: Source, rank: int, world: int, args, batches: int | None, cache: str | None):
     """The stream `stream` (STREAMS, or "full permutation") of rank `rank` of `world`."""
-    from vldist.data.indexed_stream import IndexedStream
+    from vldist.data.indexed_stream import IndexedSource, IndexedStream
     from vldist.data.pipeline import ExactEpochStream, StreamSpec, TrainStream
     from vldist.store.cache import CacheConfig
 
@@ -242,16 +245,17 @@ def make_stream(stream: str, source: Source, rank: int, world: int, args, batche
         access=access,
     )
     samples = shard_set.num_samples("train")
+    indexed = [IndexedSource("train", spec.urls, shard_set.sample_indexes("train"), access)]
     if stream == "indexed exact":
-        return IndexedStream(spec, shard_set.sample_indexes("train"), args.shuffle_buffer, True)
+        return IndexedStream(spec, indexed, args.shuffle_buffer, True)
     if stream == "indexed resampled":
-        return IndexedStream(spec, shard_set.sample_indexes("train"), args.shuffle_buffer, False, batches=batches)
+        return IndexedStream(spec, indexed, args.shuffle_buffer, False, batches=batches)
     if stream == "unindexed exact":
         return ExactEpochStream(spec, samples, args.shuffle_buffer)
     if stream == "unindexed resampled":
         return TrainStream(spec, batches, args.shuffle_buffer)
     if stream == "full permutation":
-        return full_permutation_stream(spec, shard_set.sample_indexes("train"))
+        return full_permutation_stream(spec, indexed)
     raise ValueError(stream)
 
 
