@@ -140,3 +140,17 @@ def test_a_corrupt_sample_or_a_stale_index_entry_is_skipped_and_counted(planted_
     assert sum(batch["skipped"] for batch in batches) == 2
     assert "IndexMismatch" in reasons[0] and "python -m vldist.shards index" in reasons[0]
     assert len(got) == SAMPLES - 2 and not {"train-0000000", "train-0000001"} & set(got)
+
+
+def test_a_batch_of_which_nothing_can_be_read_ends_the_run_by_name_instead_of_leaving_the_ranks_out_of_step(
+    planted_shards,
+):
+    from vldist.store.retry import ShardLostInExactEpoch
+
+    def unreadable(raw, rng):
+        raise ValueError("damaged")
+
+    stream = _stream(planted_shards, world=2, rank=1)
+    stream.spec.sample_fn = unreadable
+    with pytest.raises(ShardLostInExactEpoch, match=r"none of rank 1's 12 samples of batch 1 of epoch 1 could be read"):
+        _read(stream)

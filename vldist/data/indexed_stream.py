@@ -40,6 +40,7 @@ from vldist.data.sample_index import ShardIndex, one_sample, tar_samples
 from vldist.data.sample_reader import read_shards
 from vldist.data.skips import skipped
 from vldist.store.access import StoreAccess
+from vldist.store.retry import ShardLostInExactEpoch
 
 
 class IndexMismatch(ValueError):
@@ -138,11 +139,19 @@ class IndexedStream(_EpochStream):
                 if out is not None:
                     prepared.append(out)
                     by_source[source] += 1
-            if prepared:
-                collated = _collate(self.spec, prepared)
-                if len(self.sources) > 1:
-                    collated["source_counts"] = dict(zip((s.name for s in self.sources), by_source, strict=True))
-                yield collated
+            if not prepared:
+                # a rank without a batch for this step would take fewer steps than the others and
+                # leave them waiting in a collective: end the run here, saying why
+                raise ShardLostInExactEpoch(
+                    f"none of rank {self.spec.rank}'s {len(draws)} samples of batch {batch + 1} of epoch {epoch + 1} "
+                    "could be read (the warnings above say why), and a rank without a batch would put the ranks out "
+                    "of step; the checkpoints written before are whole. Check the set with `python -m vldist.shards "
+                    "verify`, then carry on with train.resume=latest"
+                )
+            collated = _collate(self.spec, prepared)
+            if len(self.sources) > 1:
+                collated["source_counts"] = dict(zip((s.name for s in self.sources), by_source, strict=True))
+            yield collated
 
     def _read(self, wanted: list[tuple[int, int, int]], handler) -> list[dict | None]:
         """The raw samples at (source, shard, row), in that order; None for one that could not be
