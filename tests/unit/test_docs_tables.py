@@ -77,6 +77,7 @@ OTHER_TABLES = {
     "step_throughput_cpu2.json": ("step_throughput.py", "benchmarks.md"),
     "vs_official.json": ("vs_official.py", "benchmarks.md"),
     "demo_times.json": ("demo_times.py", "performance.md"),
+    "fault_soak.json": ("fault_soak.py", "preemption.md"),
 }
 
 
