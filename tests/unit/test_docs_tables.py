@@ -78,6 +78,7 @@ OTHER_TABLES = {
     "vs_official.json": ("vs_official.py", "benchmarks.md"),
     "demo_times.json": ("demo_times.py", "performance.md"),
     "exact_data.json": ("exact_data.py", "benchmarks.md"),
+    "fault_soak.json": ("fault_soak.py", "preemption.md"),
 }
 
 
