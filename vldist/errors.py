@@ -97,6 +97,11 @@ class StoreLost(RuntimeError):
         return str(self.args[0])
 
 
+class UnreadableBatch(StoreLost):
+    """A rank could read none of a batch's samples: without a batch it would take one step fewer
+    than the others and leave them waiting, so the run ends (the message says what to check)."""
+
+
 class ReplicasDiverged(RuntimeError):
     """The ranks' replicas of the model differ; the message names the step, the tensor and the ranks."""
 

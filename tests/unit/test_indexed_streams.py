@@ -145,12 +145,30 @@ def test_a_corrupt_sample_or_a_stale_index_entry_is_skipped_and_counted(planted_
 def test_a_batch_of_which_nothing_can_be_read_ends_the_run_by_name_instead_of_leaving_the_ranks_out_of_step(
     planted_shards,
 ):
-    from vldist.store.retry import ShardLostInExactEpoch
+    from vldist.errors import UnreadableBatch
 
     def unreadable(raw, rng):
         raise ValueError("damaged")
 
     stream = _stream(planted_shards, world=2, rank=1)
     stream.spec.sample_fn = unreadable
-    with pytest.raises(ShardLostInExactEpoch, match=r"none of rank 1's 12 samples of batch 1 of epoch 1 could be read"):
+    with pytest.raises(UnreadableBatch, match=r"none of rank 1's 12 samples of batch 1 of epoch 1 could be read"):
         _read(stream)
+
+
+def test_a_resampled_row_that_cannot_be_read_is_drawn_again_alike_on_every_pass(planted_shards):
+    def some_unreadable(raw, rng):
+        if raw["__key__"].endswith(("3", "7")):  # a fifth of the samples
+            raise ValueError("damaged")
+        return _sample(raw, rng)
+
+    def keys(first=0):
+        stream = _stream(planted_shards, world=2, rank=0, exact=False, batches=8)
+        stream.spec.sample_fn = some_unreadable
+        stream.epoch, stream.first_batch = 0, first
+        return [b["keys"] for b in make_loader(stream, 0)]
+
+    batches = keys()
+    assert [len(b) for b in batches] == [12] * 8  # every row drawn again until readable
+    assert not any(k.endswith(("3", "7")) for b in batches for k in b)
+    assert keys(first=5) == batches[5:]  # the redraws are the same on a resumed pass

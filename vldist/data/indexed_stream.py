@@ -39,8 +39,10 @@ from vldist.data.pipeline import (
 from vldist.data.sample_index import ShardIndex, one_sample, tar_samples
 from vldist.data.sample_reader import read_shards
 from vldist.data.skips import skipped
+from vldist.errors import UnreadableBatch
 from vldist.store.access import StoreAccess
-from vldist.store.retry import ShardLostInExactEpoch
+
+REDRAWS = 8  # resampled: times an unreadable row is drawn again before it is left out
 
 
 class IndexMismatch(ValueError):
@@ -120,38 +122,53 @@ class IndexedStream(_EpochStream):
         epoch, first = self.epoch, self.first_batch  # read once, as the pass begins
         orders = self._orders(epoch)
         handler = _skipped_unless_a_shard_is_lost if self.exact else skipped
-        rank = () if self.exact else (self.spec.rank,)
         for batch in range(first + worker, self.batches, workers):
             where = self.positions(batch)
             seed_global_generators(_seed(self.spec.seed, epoch, batch, self.spec.rank, 2))
             draws = self.mixture.draws(where.start, where.stop)
-            samples = self._read([(source, *orders[source].sample(p)) for source, p in draws], handler)
-            prepared, by_source = [], [0] * len(self.sources)
-            for (source, p), raw in zip(draws, samples, strict=True):
-                if raw is None:
-                    continue
-                rng = random.Random(_seed(self.spec.seed, epoch, source, p, *rank))
-                try:
-                    out = _prepared(self.spec, raw, rng)
-                except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
-                    skipped(exn)
-                    continue
-                if out is not None:
-                    prepared.append(out)
-                    by_source[source] += 1
+            rows = self._prepared_rows(draws, orders, epoch, handler)
+            # resampled: a row that cannot be read is drawn again further along its source's draws,
+            # past the epoch's (deterministic, so a resumed run redraws alike), a few times at most
+            stride = self.batches * self.spec.batch_size
+            for attempt in range(1, 0 if self.exact else REDRAWS + 1):
+                missing = [i for i, row in enumerate(rows) if row is None]
+                if not missing:
+                    break
+                again = [(draws[i][0], draws[i][1] + attempt * stride) for i in missing]
+                for i, row in zip(missing, self._prepared_rows(again, orders, epoch, handler), strict=True):
+                    rows[i] = row
+            prepared = [row for row in rows if row is not None]
             if not prepared:
-                # a rank without a batch for this step would take fewer steps than the others and
-                # leave them waiting in a collective: end the run here, saying why
-                raise ShardLostInExactEpoch(
+                raise UnreadableBatch(
                     f"none of rank {self.spec.rank}'s {len(draws)} samples of batch {batch + 1} of epoch {epoch + 1} "
                     "could be read (the warnings above say why), and a rank without a batch would put the ranks out "
                     "of step; the checkpoints written before are whole. Check the set with `python -m vldist.shards "
                     "verify`, then carry on with train.resume=latest"
                 )
-            collated = _collate(self.spec, prepared)
+            collated = _collate(self.spec, [out for out, _ in prepared])
             if len(self.sources) > 1:
+                by_source = [0] * len(self.sources)
+                for _, source in prepared:
+                    by_source[source] += 1
                 collated["source_counts"] = dict(zip((s.name for s in self.sources), by_source, strict=True))
             yield collated
+
+    def _prepared_rows(self, draws, orders, epoch: int, handler) -> list[tuple[dict, int] | None]:
+        """Each (source, position)'s recipe sample and source, or None where it could not be read or
+        decoded (skipped and counted)."""
+        samples = self._read([(source, *orders[source].sample(p)) for source, p in draws], handler)
+        rank = () if self.exact else (self.spec.rank,)
+        rows: list[tuple[dict, int] | None] = []
+        for (source, p), raw in zip(draws, samples, strict=True):
+            out = None
+            if raw is not None:
+                rng = random.Random(_seed(self.spec.seed, epoch, source, p, *rank))
+                try:
+                    out = _prepared(self.spec, raw, rng)
+                except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
+                    skipped(exn)
+            rows.append(None if out is None else (out, source))
+        return rows
 
     def _read(self, wanted: list[tuple[int, int, int]], handler) -> list[dict | None]:
         """The raw samples at (source, shard, row), in that order; None for one that could not be

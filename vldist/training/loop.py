@@ -26,7 +26,7 @@ from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.distributed.heartbeat import heartbeat
 from vldist.distributed.replicas import ReplicaCheck
 from vldist.distributed.watchdog import Watchdog, watchdog_store
-from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, TrainingStopped
+from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, TrainingStopped, UnreadableBatch
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
@@ -117,6 +117,18 @@ class Trainer:
         self.model.train()
         # the data position: a resumed epoch's streams begin at the step reached (data/streams.py)
         first = sum(self.streams.positions(self.state.epoch_step).values())
+        try:
+            self._train_batches(epoch, first, t)
+        except UnreadableBatch:
+            if self.state.epoch_step == 0:  # not one batch this epoch: the split, not a batch, is unreadable
+                raise self._empty_epoch(epoch) from None
+            raise
+        if self.state.epoch_step == 0:
+            raise self._empty_epoch(epoch)
+        return self.state.epoch_loss_sum / self.state.epoch_step
+
+    def _train_batches(self, epoch: int, first: int, t) -> None:
+        """The epoch's steps from its data position on (train_epoch)."""
         fetch_start, pending, skipped = time.perf_counter(), [], 0
         sources = self.streams.source_names()
         from_sources: dict[str, int] = {}
@@ -196,14 +208,14 @@ class Trainer:
                     break
                 fetch_start = time.perf_counter()
                 heartbeat.phase = "data"
-        if self.state.epoch_step == 0:
-            raise EmptySplitError(
-                f"epoch {epoch + 1} yielded no training batches: every sample of the {self.config.data.train_split} "
-                f"split of {self.config.data.shards} was skipped as unreadable, or the split is empty (the warnings "
-                f"above give the first reasons). `python -m vldist.shards verify {self.config.data.shards}` lists "
-                "every problem."
-            )
-        return self.state.epoch_loss_sum / self.state.epoch_step
+
+    def _empty_epoch(self, epoch: int) -> EmptySplitError:
+        return EmptySplitError(
+            f"epoch {epoch + 1} yielded no training batches: every sample of the {self.config.data.train_split} "
+            f"split of {self.config.data.shards} was skipped as unreadable, or the split is empty (the warnings "
+            f"above give the first reasons). `python -m vldist.shards verify {self.config.data.shards}` lists "
+            "every problem."
+        )
 
     def _observe_step(
         self, samples: int, seconds: float, wait: float, losses: dict, skipped: int, sources: dict[str, int]
