@@ -36,6 +36,14 @@ def test_every_run_of_positions_holds_each_source_within_one_sample_of_its_weigh
         Mixture([1.0, 0.0])
 
 
+def _key(raw, rng):  # module level: loader workers from a fork server get them pickled
+    return {"key": raw["__key__"]}
+
+
+def _keys(samples):
+    return {"keys": [s["key"] for s in samples]}
+
+
 def _two_sources(planted, other, weights=(2.0, 1.0), world=1, rank=0, exact=True, samples=None, batches=None):
     sources = []
     for name, directory, weight in (("main", planted, weights[0]), ("other", other, weights[1])):
@@ -44,8 +52,8 @@ def _two_sources(planted, other, weights=(2.0, 1.0), world=1, rank=0, exact=True
     spec = StreamSpec(
         urls=[u for s in sources for u in s.urls],
         keep=("json",),
-        sample_fn=lambda raw, rng: {"key": raw["__key__"]},
-        collate_fn=lambda samples: {"keys": [s["key"] for s in samples]},
+        sample_fn=_key,
+        collate_fn=_keys,
         batch_size=24 // world,
         rank=rank,
         world_size=world,
@@ -92,7 +100,7 @@ def _training(planted, sources: str, resampled=False):
     config = load_config(
         "vsrn", [f"data.shards={planted}", f"data.sources={sources}", f"data.resampled={str(resampled).lower()}"]
     )
-    recipe = OneStreamRecipe(lambda raw, rng: {"key": raw["__key__"]}, lambda s: {"keys": [x["key"] for x in s]})
+    recipe = OneStreamRecipe(_key, _keys)
     opened = {s.shards: ShardSet.open(s.shards) for s in config.data.sources}
     return TrainingStreams(config, recipe, JobShards(ShardSet.open(planted), opened), rank=0, world_size=1)
 
