@@ -183,3 +183,15 @@ def s3_store(tmp_path_factory):
         pytest.skip(f"no SeaweedFS: {missing}")
     yield store
     store.stop()
+
+
+@pytest.fixture(autouse=True)
+def fresh_skip_counter():
+    """Each test starts with the process's skip counter as a new process has it: its warnings are
+    rate-limited over the process's life, so skips counted by an earlier test would silence a
+    later test's first warnings."""
+    from vldist.data.skips import SkipCounter, skipped
+
+    fresh = SkipCounter()
+    skipped.__dict__.update(fresh.__dict__)
+    yield

@@ -34,6 +34,7 @@ from vldist.data.pipeline import (
     _skipped_unless_a_shard_is_lost,
     _worker,
     exact_epoch_steps,
+    member_suffixes,
     seed_global_generators,
 )
 from vldist.data.sample_index import ShardIndex, one_sample, tar_samples
@@ -177,7 +178,7 @@ class IndexedStream(_EpochStream):
         for source, shard, row in wanted:
             rows_of.setdefault((source, shard), []).append(row)
         read: dict[tuple[int, int, int], dict | None] = {}
-        members = tuple("." + k for k in (*self.spec.keep, *self.spec.optional))
+        members = member_suffixes(self.spec)
         groups = list(rows_of.items())
         requests = []
         for (source, shard), rows in groups:

@@ -120,8 +120,13 @@ class _EpochStream(IterableDataset):
 
 def _raw(spec: StreamSpec, urls, handler=skipped) -> Iterator[dict]:
     """Undecoded samples of the given shards, holding only the members the recipe keeps."""
-    wanted = tuple("." + k for k in (*spec.keep, *spec.optional))
+    wanted = member_suffixes(spec)
     return shard_samples(urls, handler, lambda n: n.endswith(wanted), spec.access)
+
+
+def member_suffixes(spec: StreamSpec) -> tuple[str, ...]:
+    """The endings of the tar members a stream reads (".json", ".regions.npy", ...)."""
+    return tuple("." + k for k in (*spec.keep, *spec.optional))
 
 
 def _skipped_unless_a_shard_is_lost(exn: BaseException) -> bool:

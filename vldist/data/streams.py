@@ -228,9 +228,10 @@ class TrainingStreams:
             self.begin(epoch, step, loader)
         self.begun = None
         passes = {name: iter(self.loaders[name]) for name in self.streams}
+        reached = self.positions(step)
         for name, stream in self.streams.items():  # a set without an index: read up to the position
             if not isinstance(stream, IndexedStream):
-                for _ in range(self.positions(step)[name]):
+                for _ in range(reached[name]):
                     next(passes[name], None)
         remaining = self.schedule()[step:]
         due, taken = sum(micro for _, micro in remaining), 0
