@@ -37,11 +37,23 @@ from helpers import TINY_LAVITER_MODEL  # noqa: E402
 out, backend = Path(sys.argv[1]), sys.argv[2]
 modes = {mode: jobs.split(",") for mode, jobs in (part.split("=") for part in sys.argv[3].split(";"))}
 planted, synth, pairs, singles, scenes = sys.argv[4:9]
+# Compiled, the caption decoders unroll their loop over data.max_caption_len (captions padded to
+# it), and tracing that loop was most of this test's time at the default 32: 8 on the planted sets,
+# whose captions are 5 tokens (3 words, <start>, <end>), 12 on L2C's pairs (7-20 tokens, the longer
+# ones cut at 12 eager and compiled alike), so that compiled batches are still padded.
+PLANTED_CAPTION_LEN, PAIRS_CAPTION_LEN = 8, 12
 # the sizes of every_recipe_in_step.py (the replica check of every recipe), without dropout where a
 # job has it, so that eager and compiled draw no random numbers the comparison depends on
 TINY_CAPTIONER = {
     "model": {"hidden": 32, "embed": 16, "dropout": 0.0},
-    "data": {"batch_size": 8, "eval_batch_size": 8, "shuffle_buffer": 16, "max_regions": 3, "vocab_min_count": 1},
+    "data": {
+        "batch_size": 8,
+        "eval_batch_size": 8,
+        "shuffle_buffer": 16,
+        "max_regions": 3,
+        "vocab_min_count": 1,
+        "max_caption_len": PLANTED_CAPTION_LEN,
+    },
     "train": {"max_steps": 1, "validate_every": 1},  # validated: CL starts from its best
     "eval": {"baseline": False},
 }
@@ -56,13 +68,21 @@ JOBS = {
         "model.decoder_dropout=0",
         "data.batch_size=8",
         "data.shuffle_buffer=16",
+        f"data.max_caption_len={PLANTED_CAPTION_LEN}",
     ],
-    "captioner": [f"data.shards={planted}", *SMALL, "data.max_regions=3", "data.vocab_min_count=1"],
+    "captioner": [
+        f"data.shards={planted}",
+        *SMALL,
+        "data.max_regions=3",
+        "data.vocab_min_count=1",
+        f"data.max_caption_len={PLANTED_CAPTION_LEN}",
+    ],
     "cl_caption": [
         f"data.shards={planted}",
         *SMALL,
         "data.max_regions=3",
         "data.vocab_min_count=1",
+        f"data.max_caption_len={PLANTED_CAPTION_LEN}",
         f"model.captioner_job={out / 'tiny_captioner.yaml'}",
     ],
     "two_branch_embed": [f"data.shards={synth}", *SMALL, "model.tasks=[retrieval]"],
@@ -73,6 +93,7 @@ JOBS = {
         *SMALL[:2],
         "model.dropout=0",
         "data.batch_size=4",
+        f"data.max_caption_len={PAIRS_CAPTION_LEN}",
     ],
     "laviter": [
         f"data.shards={scenes}",
@@ -126,8 +147,12 @@ def without_dropout(model: torch.nn.Module) -> None:
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 loop.Trainer.fit = first_step_then_fit
-# the test split's evaluation after a stage others start from: its checkpoint is what they read
+# Left out of a stage others start from (trained for real): the test split's evaluation after it
+# (its checkpoint is what they read), and the one-batch contract check before it (for captioning
+# stages, Java's caption metrics), which every other training run in the suite makes; no step
+# compared here depends on either
 Evaluations.results = lambda self, state, started, train_seconds: {}
+Evaluations.check_contract = lambda self: None
 (out / "tiny_captioner.yaml").write_text(yaml.safe_dump({"recipe": "captioner", **TINY_CAPTIONER}))
 run = vldist.training.on_each_rank.run
 
