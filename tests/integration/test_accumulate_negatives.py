@@ -7,6 +7,7 @@ VSRN without BatchNorm (model.rrr_layers=0) and without dropout: hardest negativ
 batch and its caption loss. Tolerances: tests/integration/test_distributed_equivalence.py's.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMALL_VSRN, train_vsrn
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import accumulate_negatives_step as worker  # noqa: E402
@@ -81,3 +83,52 @@ def test_plain_accumulation_is_not_the_whole_batch_step(whole_batch):
     assert cached["matching"] == pytest.approx(whole_batch["matching"], rel=1e-5)
     gap = max(float((plain["params"][n] - p).abs().max()) for n, p in whole_batch["params"].items())
     assert gap > 1e-2
+
+
+# ---------------------------------------------------------------- through the trainer
+
+TRAIN = [
+    *SMALL_VSRN,
+    *worker.NO_BATCHNORM,
+    "model.decoder_dropout=0",
+    "data.batch_size=8",
+    "data.workers=0",
+    "train.validate_every=0",
+    "train.max_steps=2",
+    "train.log_every=1",
+]
+
+
+def _logged_steps(capsys, shards: Path, out: Path, *extra: str) -> list[dict]:
+    code, err = train_vsrn(capsys, f"data.shards={shards}", f"output.dir={out}", *TRAIN, *extra)
+    assert code == 0, err[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["event"] == "train"]
+
+
+def test_the_trainer_logs_and_steps_on_the_whole_batch(planted_shards, tmp_path, capsys):
+    """`python -m vldist.train` with train.grad_accumulation=2: with accumulate_negatives its two
+    steps log the losses of the whole batch of 8 (the second after the same update), without it
+    the easier negatives of 4."""
+    whole = _logged_steps(capsys, planted_shards, tmp_path / "whole")
+    accumulation = ["train.grad_accumulation=2"]
+    plain = _logged_steps(capsys, planted_shards, tmp_path / "plain", *accumulation)
+    cached = _logged_steps(capsys, planted_shards, tmp_path / "cached", *accumulation, "train.accumulate_negatives=true")
+    for step in (0, 1):
+        for key in ("loss", "matching", "caption"):
+            assert cached[step][key] == pytest.approx(whole[step][key], rel=1e-4), (step, key)
+    assert plain[0]["matching"] < whole[0]["matching"] - 1e-2
+
+
+def test_the_trainer_refuses_compile_step_and_names_what_to_do(planted_shards, tmp_path, capsys):
+    code, err = train_vsrn(
+        capsys,
+        f"data.shards={planted_shards}",
+        f"output.dir={tmp_path / 'run'}",
+        *TRAIN,
+        "train.grad_accumulation=2",
+        "train.accumulate_negatives=true",
+        "train.compile=step",
+    )
+    assert code == 2
+    assert "Use train.compile=model" in err and "Traceback" not in err

@@ -59,7 +59,7 @@ def test_the_step_is_the_whole_batch_loss_and_gradient(reduction, micro_batches)
     batch = recipe.collate_train(base.global_samples())
     matching, caption = _whole_batch_vsrn_loss(model(**recipe.forward_inputs(batch)), batch["tokens"], reduction)
     (matching + caption).backward()
-    matching, caption = float(matching), float(caption)
+    matching, caption = float(matching.detach()), float(caption.detach())
     expected = {n: p.grad for n, p in model.named_parameters()}
 
     run = worker.cached_step(cpu_engine(), recipe, micro_batches)
