@@ -45,7 +45,7 @@ def _whole_batch_vsrn_loss(out: dict, tokens: torch.Tensor, reduction: str) -> t
 
 
 def _global_values(losses: dict, update: str) -> dict[str, float]:
-    return {k: float(v) for k, v in losses.items()}
+    return {k: float(v.detach()) for k, v in losses.items()}
 
 
 @pytest.mark.parametrize("reduction", ["caption", "token"])
@@ -96,7 +96,7 @@ def _two_branch_batches(recipe, micro_batches: int, images: int = 8) -> list[dic
     return [recipe.collate_train(samples[k * m : (k + 1) * m]) for k in range(micro_batches)]
 
 
-def _cached_two_branch_step(recipe, batches, seed: int = 0):
+def _cached_step(recipe, batches, seed: int = 0):
     """The model after one NegativeCache accumulation (no optimizer step) and its losses."""
     torch.manual_seed(0)
     model = recipe.build_model()
@@ -107,23 +107,25 @@ def _cached_two_branch_step(recipe, batches, seed: int = 0):
     return model, logged
 
 
-def _direct_two_branch(recipe, batches, seed: int = 0):
+def _direct(recipe, batches, seed: int = 0):
     """The cross-batch loss of the micro-batches' embeddings, each micro-batch run once with
     gradient in turn (its own dropout draws and BatchNorm statistics), concatenated."""
     torch.manual_seed(0)
     model = recipe.build_model()
     torch.manual_seed(seed)
-    outs = [model(**recipe.forward_inputs(b)) for b in batches]
-    embeddings = {k: torch.cat([o[k] for o in outs]) for k in ("image", "text")}
+    outs = [recipe.cross_batch_embeddings(model(**recipe.forward_inputs(b))) for b in batches]
+    embeddings = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
     loss = recipe.cross_batch_losses(embeddings, recipe.joined_batch(batches))["loss"]
     loss.backward()
-    return model, float(loss)
+    return model, float(loss.detach())
 
 
 def _assert_same_gradients(a: torch.nn.Module, b: torch.nn.Module) -> None:
     grads_b = dict(b.named_parameters())
-    for name, p in a.named_parameters():
-        assert torch.allclose(p.grad, grads_b[name].grad, rtol=1e-4, atol=1e-6), name
+    trained = [name for name, p in a.named_parameters() if p.grad is not None]
+    assert trained == [name for name, p in b.named_parameters() if p.grad is not None]
+    for name in trained:
+        assert torch.allclose(dict(a.named_parameters())[name].grad, grads_b[name].grad, rtol=1e-4, atol=1e-6), name
 
 
 def test_dropout_draws_the_same_masks_in_the_cached_and_the_re_run_forward():
@@ -132,11 +134,11 @@ def test_dropout_draws_the_same_masks_in_the_cached_and_the_re_run_forward():
     cached ones, or it would have raised)."""
     recipe = _two_branch("model.dropout=0.5", "model.batchnorm=none")
     batches = _two_branch_batches(recipe, 2)
-    cached, logged = _cached_two_branch_step(recipe, batches, seed=7)
-    direct, loss = _direct_two_branch(recipe, batches, seed=7)
+    cached, logged = _cached_step(recipe, batches, seed=7)
+    direct, loss = _direct(recipe, batches, seed=7)
     assert logged["loss"] == pytest.approx(loss, rel=1e-5)
     _assert_same_gradients(cached, direct)
-    _, other_masks = _direct_two_branch(recipe, batches, seed=8)
+    _, other_masks = _direct(recipe, batches, seed=8)
     assert abs(other_masks - loss) > 1e-3  # the masks matter: another seed, another loss
 
 
@@ -146,7 +148,7 @@ def test_a_forward_that_draws_outside_the_saved_random_state_is_caught(monkeypat
     monkeypatch.setattr(negative_cache, "_set_random_state", lambda state, device: None)
     recipe = _two_branch("model.dropout=0.5", "model.batchnorm=none")
     with pytest.raises(RandomStateMismatch, match="Python's random, numpy"):
-        _cached_two_branch_step(recipe, _two_branch_batches(recipe, 2))
+        _cached_step(recipe, _two_branch_batches(recipe, 2))
 
 
 class NumpyNoiseRecipe(TwoBranchEmbedRecipe):
@@ -160,7 +162,7 @@ class NumpyNoiseRecipe(TwoBranchEmbedRecipe):
 def test_noise_from_numpy_is_caught():
     recipe = NumpyNoiseRecipe(_two_branch("model.dropout=0", "model.batchnorm=none").config, VOCAB, DIM)
     with pytest.raises(RandomStateMismatch, match="cached gradients belong to another function"):
-        _cached_two_branch_step(recipe, _two_branch_batches(recipe, 2))
+        _cached_step(recipe, _two_branch_batches(recipe, 2))
 
 
 def test_batchnorm_normalises_each_micro_batch_and_updates_its_statistics_once_per_micro_batch():
@@ -170,8 +172,8 @@ def test_batchnorm_normalises_each_micro_batch_and_updates_its_statistics_once_p
     plain accumulation moves them."""
     recipe = _two_branch("model.dropout=0", "model.batchnorm=last")
     batches = _two_branch_batches(recipe, 2)
-    cached, logged = _cached_two_branch_step(recipe, batches)
-    direct, loss = _direct_two_branch(recipe, batches)
+    cached, logged = _cached_step(recipe, batches)
+    direct, loss = _direct(recipe, batches)
     assert logged["loss"] == pytest.approx(loss, rel=1e-5)
     _assert_same_gradients(cached, direct)
     buffers = dict(direct.named_buffers())
@@ -185,6 +187,56 @@ def test_batchnorm_normalises_each_micro_batch_and_updates_its_statistics_once_p
     whole(**recipe.forward_inputs(_two_branch_batches(recipe, 1)[0]))
     mean = next(n for n in buffers if n.endswith("running_mean"))
     assert not torch.allclose(dict(whole.named_buffers())[mean], buffers[mean])
+
+
+# ---------------------------------------------------------------- LAViTeR
+
+
+def _laviter(phase: str):
+    from test_laviter_recipe import recipe_for
+
+    return recipe_for(phase, "train.accumulate_negatives=true", "train.grad_accumulation=2")
+
+
+def _laviter_batches(recipe, micro_batches: int) -> list[dict]:
+    """8 images with captions of 3-8 words: each micro-batch pads its words to its own longest."""
+    from test_laviter_recipe import CAPTIONS
+
+    torch.manual_seed(0)
+    captions = [" ".join(CAPTIONS[i % 4].split()[: 3 + i % 6]) for i in range(8)]
+    samples = [
+        {
+            "image": torch.rand(3, 64, 64) * 2 - 1,
+            "words": recipe.words(c),
+            "tokens": recipe.vocab.encode(c, recipe.config.data.max_caption_len),
+        }
+        for c in captions
+    ]
+    m = len(samples) // micro_batches
+    return [recipe.collate_train(samples[k * m : (k + 1) * m]) for k in range(micro_batches)]
+
+
+def test_laviter_vta_takes_damsm_over_every_micro_batch():
+    """Phase vta (DAMSM alone; its text encoder has dropout, its frozen trunk's BatchNorm runs
+    in eval mode): the step is the DAMSM of all micro-batches' features concatenated."""
+    recipe = _laviter("vta")
+    check_supported(recipe.config, recipe)
+    batches = _laviter_batches(recipe, 2)
+    cached, logged = _cached_step(recipe, batches, seed=3)
+    direct, loss = _direct(recipe, batches, seed=3)
+    assert logged["loss"] == pytest.approx(loss, rel=1e-5)
+    _assert_same_gradients(cached, direct)
+    torch.manual_seed(3)  # the same features, DAMSM within each micro-batch: another loss
+    with torch.no_grad():
+        features = [recipe.cross_batch_embeddings(direct(**recipe.forward_inputs(b))) for b in batches]
+        plain = [recipe.cross_batch_losses(f, b)["loss"] for f, b in zip(features, batches, strict=True)]
+    assert abs(float(sum(plain)) / 2 - loss) > 1e-2 * loss
+
+
+def test_laviter_phases_with_gan_updates_are_refused():
+    recipe = _laviter("joint")
+    with pytest.raises(ConfigError, match="phase joint alternates GAN updates.*model.phase=vta"):
+        check_supported(recipe.config, recipe)
 
 
 # ---------------------------------------------------------------- refusals
