@@ -58,9 +58,7 @@ def _assert_same_step(run: dict, one: dict, label) -> None:
         assert torch.allclose(update_run, update_one, rtol=1e-4, atol=1e-4), (label, name)
 
 
-@pytest.mark.parametrize(
-    ("ranks", "backend"), [(1, "accelerate"), (2, "accelerate"), (1, ZERO2), (2, ZERO2)], ids=str
-)
+@pytest.mark.parametrize(("ranks", "backend"), [(1, "accelerate"), (2, "accelerate"), (1, ZERO2), (2, ZERO2)], ids=str)
 def test_micro_batches_on_ranks_take_the_whole_batch_step(tmp_path, whole_batch, ranks, backend):
     if ranks == 1 and backend == "accelerate":  # one process: no launch needed
         runs = {n: worker.cached_step(cpu_engine(), worker.make_recipe(backend, n), n) for n in worker.MICRO_BATCHES}
@@ -113,7 +111,9 @@ def test_the_trainer_logs_and_steps_on_the_whole_batch(planted_shards, tmp_path,
     whole = _logged_steps(capsys, planted_shards, tmp_path / "whole")
     accumulation = ["train.grad_accumulation=2"]
     plain = _logged_steps(capsys, planted_shards, tmp_path / "plain", *accumulation)
-    cached = _logged_steps(capsys, planted_shards, tmp_path / "cached", *accumulation, "train.accumulate_negatives=true")
+    cached = _logged_steps(
+        capsys, planted_shards, tmp_path / "cached", *accumulation, "train.accumulate_negatives=true"
+    )
     for step in (0, 1):
         for key in ("loss", "matching", "caption"):
             assert cached[step][key] == pytest.approx(whole[step][key], rel=1e-4), (step, key)

@@ -425,7 +425,13 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         e = embeddings
         gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
         damsm = cross_rank_damsm_loss(
-            e["words"], batch["lengths"], e["regions"], e["sentence"], e["image"], *gammas, identity=batch.get("identity")
+            e["words"],
+            batch["lengths"],
+            e["regions"],
+            e["sentence"],
+            e["image"],
+            *gammas,
+            identity=batch.get("identity"),
         )
         return {"loss": self.weights()["damsm"] * damsm, "damsm": damsm.detach()}
 

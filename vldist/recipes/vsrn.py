@@ -209,7 +209,11 @@ class VSRNRecipe(Recipe):
 
     def micro_batch_weight(self, batch: dict) -> int:
         targets = batch["tokens"][:, 1:]
-        return targets.shape[0] if self.cfg.caption_loss_reduction == "caption" else int((targets != self.vocab.pad_id).sum())
+        return (
+            targets.shape[0]
+            if self.cfg.caption_loss_reduction == "caption"
+            else int((targets != self.vocab.pad_id).sum())
+        )
 
     @torch.no_grad()
     def evaluate(
