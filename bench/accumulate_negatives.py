@@ -220,13 +220,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_step(**json.loads(args.one))))
         return
-    if args.source:
-        print(tables(json.loads(args.source.read_text())))
-        return
-    results = measure(args)
-    if args.json:
+    results = json.loads(args.source.read_text()) if args.source else measure(args)
+    if args.json and not args.source:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
-    print()
     print(tables(results))
 
 

@@ -48,9 +48,8 @@ def _global_values(losses: dict, update: str) -> dict[str, float]:
     return {k: float(v.detach()) for k, v in losses.items()}
 
 
-@pytest.mark.parametrize("reduction", ["caption", "token"])
-@pytest.mark.parametrize("micro_batches", [2, 4])
-def test_the_step_is_the_whole_batch_loss_and_gradient(reduction, micro_batches):
+@pytest.mark.parametrize(("micro_batches", "reduction"), [(2, "caption"), (4, "token")])
+def test_the_step_is_the_whole_batch_loss_and_gradient(micro_batches, reduction):
     """Micro-batches of unequal token counts: per token, each micro-batch's caption term counts by
     its share of the batch's tokens, not by 1/N."""
     overrides = [f"model.caption_loss_reduction={reduction}"]

@@ -41,25 +41,13 @@ def global_values(losses: dict, update: str) -> dict[str, float]:
     return dict(zip(losses, totals.tolist(), strict=True))
 
 
-def cached_step(engine: Engine, recipe, micro_batches: int, start=None) -> dict:
-    """One SGD step (lr 0.5) of `micro_batches` per rank through NegativeCache; `start`: the
-    weights to begin from (default: equivalence_step's)."""
+def cached_step(engine: Engine, recipe, micro_batches: int) -> dict:
+    """One SGD step (lr 0.5) of `micro_batches` per rank through NegativeCache."""
     recipe.uniform_shapes = engine.uniform_shapes
     module = base.build_model(recipe)
-    if start is not None:
-        module.load_state_dict(start)
     model = engine.setup(module, {"main": torch.optim.SGD(module.parameters(), lr=0.5)})
     batches = [recipe.collate_train(rows) for rows in base.my_rows(engine, False, micro_batches)]
-    logged = NegativeCache(recipe, engine).accumulate(model, batches, "main", global_values)
-    grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
-    engine.step("main", None)
-    state = engine.model_state_dict()
-    return {
-        **logged,
-        "grads": grads,
-        "params": state and {n: state[n] for n, _ in engine.unwrap().named_parameters()},
-        "world_size": engine.world_size,
-    }
+    return base.outcome(engine, NegativeCache(recipe, engine).accumulate(model, batches, "main", global_values))
 
 
 if __name__ == "__main__":
