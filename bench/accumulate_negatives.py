@@ -5,7 +5,8 @@ with every negative in the loss.
     flock /work/runs/cpu.lock python bench/accumulate_negatives.py --json docs/results/accumulate_negatives.json
     python bench/accumulate_negatives.py --from docs/results/accumulate_negatives.json   # the tables, no runs
 
-Every step runs in a fresh subprocess (`--one`), one process, on the CPU with one thread per core:
+Every step runs in a fresh subprocess (`--one`), one process, on the CPU with one thread (on a
+shared 2-core machine two threads a process oversubscribe it: steps measured 10-30x slower):
 a VSRN of the sizes below (the paper's 4 RRR layers, GRU reasoning and caption decoder, far
 smaller than the paper's so that the series runs in minutes on 2 shared cores: 16 regions of 128
 features, embed 64, decoder 64, words 32, a vocabulary of 500) on a synthetic global batch of
@@ -13,7 +14,8 @@ features, embed 64, decoder 64, words 32, a vocabulary of 500) on a synthetic gl
 SGD, as the trainer's step does it: plain (Trainer._accumulate: each micro-batch's forward and
 backward, its negatives its own) or cached (NegativeCache.accumulate), or the whole batch at once.
 
-- time: the median of --repeats steps after one warm-up step, at global batch --time-batch;
+- time: at global batch --time-batch, one process per micro-batch size alternating plain and
+  cached steps, --repeats of each after a warm-up round; the median and the range;
 - memory: the child's peak resident set (ru_maxrss) after one step, with the batch's inputs (all
   its micro-batches, as the trainer holds them) and the model; the largest global batch of the
   doubling series from --min-batch to --max-batch whose step stays within --budget-mb, for the
@@ -95,13 +97,15 @@ def one_step(batch: int, micro: int, mode: str, repeats: int) -> dict:
 
     cache = NegativeCache(recipe, engine)
     step = {"plain": plain, "whole": plain, "cached": lambda: cache.accumulate(model, micro_batches, "main", finite)}
-    seconds = []
-    for r in range(repeats + (1 if repeats > 1 else 0)):
-        start = time.perf_counter()
-        step[mode]()
-        engine.step("main", None)
-        if repeats == 1 or r > 0:
-            seconds.append(time.perf_counter() - start)
+    modes = ("plain", "cached") if mode == "both" else (mode,)
+    seconds: dict[str, list[float]] = {m: [] for m in modes}
+    for r in range(repeats + (1 if repeats > 1 else 0)):  # a warm-up round first, when timing
+        for m in modes:  # alternating: a slower stretch of a shared machine hits both alike
+            start = time.perf_counter()
+            step[m]()
+            engine.step("main", None)
+            if repeats == 1 or r > 0:
+                seconds[m].append(time.perf_counter() - start)
     return {
         "batch": batch,
         "micro": micro,
@@ -114,7 +118,7 @@ def one_step(batch: int, micro: int, mode: str, repeats: int) -> dict:
 
 def in_child(batch: int, micro: int, mode: str, repeats: int = 1) -> dict:
     spec = json.dumps({"batch": batch, "micro": micro, "mode": mode, "repeats": repeats})
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, __file__, "--one", spec], capture_output=True, text=True, env=env, cwd=REPO, timeout=1800
     )
@@ -126,10 +130,9 @@ def in_child(batch: int, micro: int, mode: str, repeats: int = 1) -> dict:
 def measure(args) -> dict:
     timing = []
     for micro in args.time_micro:
-        for mode in ("plain", "cached"):
-            run = in_child(args.time_batch, micro, mode, args.repeats)
-            print(f"time: batch {args.time_batch}, micro {micro}, {mode}: {run['seconds']}", flush=True)
-            timing.append(run)
+        run = in_child(args.time_batch, micro, "both", args.repeats)
+        print(f"time: batch {args.time_batch}, micro {micro}: {run['seconds']}", flush=True)
+        timing.append(run)
     memory = []
     for mode in ("whole", "cached"):
         batch = args.min_batch
@@ -166,9 +169,8 @@ def tables(results: dict) -> str:
         "| micro-batches | micro-batch | plain accumulation, s | accumulate_negatives, s | extra |",
         "|---|---|---|---|---|",
     ]
-    runs = {(r["micro"], r["mode"]): r["seconds"] for r in results["timing"]}
-    for micro in sorted({m for m, _ in runs}, reverse=True):
-        plain, cached = runs[(micro, "plain")], runs[(micro, "cached")]
+    for run in sorted(results["timing"], key=lambda r: -r["micro"]):
+        micro, plain, cached = run["micro"], run["seconds"]["plain"], run["seconds"]["cached"]
         p, c = statistics.median(plain), statistics.median(cached)
         lines.append(
             f"| {results['time_batch'] // micro} | {micro} | {p:.2f} ({min(plain):.2f}-{max(plain):.2f}) | "
@@ -210,11 +212,11 @@ def main() -> None:
     parser.add_argument("--from", dest="source", type=Path, help="print the tables of earlier results; no runs")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--time-batch", type=int, default=128)
-    parser.add_argument("--time-micro", type=int, nargs="+", default=[64, 32])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--time-micro", type=int, nargs="+", default=[128, 64, 32])
+    parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--budget-mb", type=int, default=1000)
     parser.add_argument("--memory-micro", type=int, default=64)
-    parser.add_argument("--min-batch", type=int, default=128)
+    parser.add_argument("--min-batch", type=int, default=256)
     parser.add_argument("--max-batch", type=int, default=2048)
     args = parser.parse_args()
     if args.one:
