@@ -118,17 +118,3 @@ def test_the_trainer_logs_and_steps_on_the_whole_batch(planted_shards, tmp_path,
         for key in ("loss", "matching", "caption"):
             assert cached[step][key] == pytest.approx(whole[step][key], rel=1e-4), (step, key)
     assert plain[0]["matching"] < whole[0]["matching"] - 1e-2
-
-
-def test_the_trainer_refuses_compile_step_and_names_what_to_do(planted_shards, tmp_path, capsys):
-    code, err = train_vsrn(
-        capsys,
-        f"data.shards={planted_shards}",
-        f"output.dir={tmp_path / 'run'}",
-        *TRAIN,
-        "train.grad_accumulation=2",
-        "train.accumulate_negatives=true",
-        "train.compile=step",
-    )
-    assert code == 2
-    assert "Use train.compile=model" in err and "Traceback" not in err
