@@ -120,7 +120,15 @@ class TrainConfig(Section):
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (overrides epochs)")
     samples_per_epoch: int | None = Field(None, ge=1, description="default: the train split's size")
     grad_accumulation: int = Field(
-        1, ge=1, description="micro-batches per optimizer step; each sees only its own hard negatives"
+        1,
+        ge=1,
+        description="micro-batches per optimizer step; each sees only its own hard negatives unless "
+        "train.accumulate_negatives",
+    )
+    accumulate_negatives: bool = Field(
+        False,
+        description="with grad_accumulation: the cross-batch loss over the whole global batch (every micro-batch "
+        "of every rank) by caching embeddings (GradCache: a second forward per micro-batch); docs/distributed.md",
     )
     optimizer: Literal["adam", "adamw"] = "adam"
     lr: float = Field(2e-4, gt=0)

@@ -102,6 +102,11 @@ class UnreadableBatch(StoreLost):
     than the others and leave them waiting, so the run ends (the message says what to check)."""
 
 
+class RandomStateMismatch(RuntimeError):
+    """train.accumulate_negatives: a micro-batch's forward, re-run from its saved random state,
+    gave other embeddings than the cached ones (the message names the likely causes)."""
+
+
 class ReplicasDiverged(RuntimeError):
     """The ranks' replicas of the model differ; the message names the step, the tensor and the ranks."""
 

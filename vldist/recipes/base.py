@@ -107,6 +107,12 @@ class Recipe(ABC):
     # for). A recipe whose losses change with that padding sets this False: its batches keep
     # their own lengths, marked dynamic instead.
     compile_pads_captions: ClassVar[bool] = True
+    # train.accumulate_negatives needs recipes/capabilities.py's CachesNegatives; a recipe without
+    # it says here why its objective does not split so.
+    accumulate_negatives_refusal: ClassVar[str] = (
+        "it does not split its loss into a cross-batch term over cached embeddings and terms of each micro-batch "
+        "(recipes/capabilities.py, CachesNegatives)"
+    )
 
     @classmethod
     def stages(cls, config: JobConfig) -> list[tuple[str, JobConfig]]:

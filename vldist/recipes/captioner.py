@@ -101,6 +101,9 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
     name = "captioner"
     description = "image captioning: attention LSTM (AdaptiveAttention or Neuraltalk2) by token NLL"
     ModelConfig = CaptionerConfig
+    accumulate_negatives_refusal = (
+        "its loss has no negatives: each caption's NLL is its own, so plain accumulation already keeps all there is"
+    )
     sample_keys = ("json", "regions.npy")
 
     @property

@@ -149,6 +149,12 @@ class CLCaptionRecipe(CaptionerRecipe):
         "Contrastive Learning for captioning (Dai & Lin 2017): target vs frozen reference, from an MLE captioner"
     )
     ModelConfig = CLCaptionConfig
+    accumulate_negatives_refusal = (
+        "a mismatched pair's log-probability is a forward of both captioners on that (image, caption) pair, not a "
+        "product of per-row embeddings a cache could hold; and the loss is a mean over sampled pairs, with no "
+        "max or softmax across the batch, so plain accumulation (negatives drawn within each micro-batch) already "
+        "follows it"
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -167,6 +167,9 @@ class L2CRecipe(GeneratesCaptions, Recipe):
     name = "l2c"
     description = "L2C: describe the difference of two images (semantic pooling, relation GCN, single + pair streams)"
     ModelConfig = L2CConfig
+    accumulate_negatives_refusal = (
+        "its loss has no negatives: each caption's NLL is its own, so plain accumulation already keeps all there is"
+    )
     sample_keys = PAIR_KEYS
     optional_keys = MASKS_AND_PNG
     dynamic_graph = True  # a stream without stored masks leaves the mask head without gradient

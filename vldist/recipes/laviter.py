@@ -40,6 +40,7 @@ from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
 from vldist.models.memory_format import channels_last_wanted
 from vldist.recipes.base import Recipe, StartingWeights, unwrap
+from vldist.recipes.capabilities import joined_rows
 from vldist.recipes.captioner import GeneratesCaptions
 from vldist.recipes.laviter_report import laviter_report
 
@@ -360,9 +361,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             loss = cross_rank_mean(out["discriminator"], batch_size)
             return {"loss": loss, "discriminator": loss.detach()}
         if "label_logits" in out:
-            bce = F.binary_cross_entropy_with_logits(out["label_logits"].float(), batch["labels"])
-            loss = cross_rank_mean(bce, batch_size)
-            return {"loss": loss, "labels": loss.detach()}
+            return self.micro_batch_losses(out, batch)
         terms: dict[str, torch.Tensor] = {}
         gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
         if weights.get("damsm"):
@@ -395,6 +394,56 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             )
         loss = sum(weights[name] * value for name, value in terms.items())
         return {"loss": loss, **{name: value.detach() for name, value in terms.items()}}
+
+    # ------------------------------------------------------------------ train.accumulate_negatives
+
+    # recipes/capabilities.py's CachesNegatives, phases pretrain (the labels' loss, a per-image
+    # mean: per micro-batch, exact) and vta (DAMSM over the global batch from cached word, region,
+    # sentence and image features, exact). Not phases assist and joint: see negatives_refusal.
+
+    def negatives_refusal(self) -> str:
+        if self.phase in ("assist", "joint"):
+            return (
+                f"phase {self.phase} alternates GAN updates and scores generated images and captions (L_FI, L_FT), "
+                "which the cache does not hold: it is built for phases pretrain and vta (model.phase=vta, or "
+                "model.assist_epochs=0 and model.joint_epochs=0)"
+            )
+        return ""
+
+    def cross_batch_embeddings(self, out: dict) -> dict[str, torch.Tensor]:
+        if "label_logits" in out:
+            return {}
+        # each micro-batch pads its words to its own longest caption; DAMSM masks by length, so
+        # padding to max_words lets the micro-batches be concatenated without changing the loss
+        words = F.pad(out["words"], (0, 0, 0, self.cfg.max_words - out["words"].shape[1]))
+        return {"words": words, "regions": out["regions"], "sentence": out["sentence"], "image": out["image"]}
+
+    def joined_batch(self, batches: list[dict]) -> dict:
+        return joined_rows(batches, "lengths", "identity")
+
+    def cross_batch_losses(self, embeddings: dict, batch: dict) -> dict[str, torch.Tensor]:
+        e = embeddings
+        gammas = (self.cfg.gamma1, self.cfg.gamma2, self.cfg.gamma3)
+        damsm = cross_rank_damsm_loss(
+            e["words"],
+            batch["lengths"],
+            e["regions"],
+            e["sentence"],
+            e["image"],
+            *gammas,
+            identity=batch.get("identity"),
+        )
+        return {"loss": self.weights()["damsm"] * damsm, "damsm": damsm.detach()}
+
+    def micro_batch_losses(self, out: dict, batch: dict) -> dict[str, torch.Tensor]:
+        if "label_logits" not in out:
+            return {}
+        bce = F.binary_cross_entropy_with_logits(out["label_logits"].float(), batch["labels"])
+        loss = cross_rank_mean(bce, batch["images"].shape[0])
+        return {"loss": loss, "labels": loss.detach()}
+
+    def micro_batch_weight(self, batch: dict) -> int:
+        return batch["images"].shape[0]
 
     # ------------------------------------------------------------------ evaluation
 

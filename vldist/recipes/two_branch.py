@@ -46,6 +46,7 @@ from vldist.metrics import phrase_localization_recall, retrieval_protocols, sent
 from vldist.metrics.report import chance_recall, retrieval_report
 from vldist.models.two_branch import TwoBranchModel
 from vldist.recipes.base import Recipe, unwrap
+from vldist.recipes.capabilities import joined_rows
 
 FUSION_WIDTHS = (512, 256)  # the paper's fusion layers: FC 512x512, ReLU, FC 512x256, ReLU, FC 256x1
 
@@ -453,6 +454,36 @@ class TwoBranchEmbedRecipe(TwoBranchRecipe):
         )
         return {"loss": loss}
 
+    # train.accumulate_negatives (recipes/capabilities.py, CachesNegatives): the ranking loss over
+    # the global batch from cached embeddings, exact; nothing per micro-batch.
+
+    def negatives_refusal(self) -> str:
+        if "phrases" in self.cfg.tasks:
+            return (
+                "phrase localisation (model.tasks includes phrases) ranks each phrase against its image's regions "
+                "drawn per micro-batch and the batch's phrases by coreference chain, which are not cached; it is "
+                "built for retrieval only (model.tasks=[retrieval])"
+            )
+        return ""
+
+    def cross_batch_embeddings(self, out: dict) -> dict[str, torch.Tensor]:
+        return {"image": out["image"], "text": out["text"]}
+
+    def joined_batch(self, batches: list[dict]) -> dict:
+        """text_image counts image rows within its micro-batch: offset by the images before it."""
+        offsets = np.cumsum([0, *(b["images"].shape[0] for b in batches)])[:-1]
+        text_image = torch.cat([b["text_image"] + int(o) for b, o in zip(batches, offsets, strict=True)])
+        return {"text_image": text_image, **joined_rows(batches, "identity")}
+
+    def cross_batch_losses(self, embeddings: dict, batch: dict) -> dict[str, torch.Tensor]:
+        return self.retrieval_loss(None, embeddings, batch)
+
+    def micro_batch_losses(self, out: dict, batch: dict) -> dict[str, torch.Tensor]:
+        return {}
+
+    def micro_batch_weight(self, batch: dict) -> int:
+        return 1  # no per-micro-batch terms to weigh
+
     def phrase_loss(self, model, out, batch) -> torch.Tensor:
         """Algorithm 1 of the paper (losses/two_branch.py, `phrase_ranking_loss`): each phrase's
         positive region ranks the batch's phrases of other chains, each phrase ranks the negative
@@ -486,6 +517,11 @@ class TwoBranchSimRecipe(TwoBranchRecipe):
     description = "two-branch similarity network: element-wise product, fusion layers, logistic loss"
     ModelConfig = TwoBranchSimConfig
     network = "similarity"
+    accumulate_negatives_refusal = (
+        "its loss draws non-matching pairs from the global batch and scores each through the fusion layers, "
+        "whose own gradients a cache of the branches' embeddings would not carry; use two_branch_embed, whose "
+        "ranking loss reads the embeddings alone"
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

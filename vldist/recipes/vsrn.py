@@ -26,6 +26,7 @@ from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.image_encoder import RegionReasoningEncoder
 from vldist.models.text_encoder import GRUTextEncoder
 from vldist.recipes.base import Recipe
+from vldist.recipes.capabilities import joined_rows
 
 
 class VSRNConfig(Section):
@@ -172,22 +173,47 @@ class VSRNRecipe(Recipe):
 
     def losses(self, out: dict, batch: dict, update: str = "main", model=None) -> dict[str, torch.Tensor]:
         # Each term is this rank's share of the global batch's loss (see losses/distributed.py).
+        cross = self.cross_batch_losses(out, batch)
+        own = self.micro_batch_losses(out, batch)
+        return {**cross, **own, "loss": cross["loss"] + own["loss"] if own else cross["loss"]}
+
+    # train.accumulate_negatives (recipes/capabilities.py, CachesNegatives): L_M over the global
+    # batch from cached embeddings; L_G, a mean over captions (or tokens), per micro-batch: exact.
+
+    def negatives_refusal(self) -> str:
+        return ""
+
+    def cross_batch_embeddings(self, out: dict) -> dict[str, torch.Tensor]:
+        return {"image": out["image"], "text": out["text"]}
+
+    def joined_batch(self, batches: list[dict]) -> dict:
+        return joined_rows(batches, "identity")
+
+    def cross_batch_losses(self, embeddings: dict, batch: dict) -> dict[str, torch.Tensor]:
         matching = cross_rank_vse_hinge_loss(
-            out["image"],
-            out["text"],
+            embeddings["image"],
+            embeddings["text"],
             self.cfg.margin,
             self.hardest_negatives,
             self.cfg.gather_negatives,
             batch.get("identity"),
         )
-        parts = {"matching": matching}
-        total = matching
-        if "caption_logits" in out:
-            nll = cross_rank_caption_nll if self.cfg.caption_loss_reduction == "caption" else cross_rank_token_nll
-            caption = nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
-            parts["caption"] = caption
-            total = total + self.cfg.caption_loss_weight * caption
-        return {"loss": total, **{k: v.detach() for k, v in parts.items()}}
+        return {"loss": matching, "matching": matching.detach()}
+
+    def micro_batch_losses(self, out: dict, batch: dict) -> dict[str, torch.Tensor]:
+        if "caption_logits" not in out:
+            return {}
+        nll = cross_rank_caption_nll if self.cfg.caption_loss_reduction == "caption" else cross_rank_token_nll
+        caption = nll(out["caption_logits"], batch["tokens"][:, 1:], self.vocab.pad_id)
+        return {"loss": self.cfg.caption_loss_weight * caption, "caption": caption.detach()}
+
+    def micro_batch_weight(self, batch: dict) -> int:
+        targets = batch["tokens"][:, 1:]
+        return (
+            targets.shape[0]
+            if self.cfg.caption_loss_reduction == "caption"
+            else int((targets != self.vocab.pad_id).sum())
+        )
 
     @torch.no_grad()
     def evaluate(

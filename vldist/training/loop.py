@@ -35,6 +35,7 @@ from vldist.telemetry.progress import TrainingProgress
 from vldist.telemetry.trackers import Trackers
 from vldist.training.compiling import StepCompiler
 from vldist.training.evaluations import Evaluations
+from vldist.training.negative_cache import NegativeCache
 from vldist.training.optimizers import build_optimizers, build_scheduler
 from vldist.training.run_state import RunState
 from vldist.training.sample_log import SampleLog
@@ -75,6 +76,7 @@ class Trainer:
                 "run on a number of ranks that divides it"
             )
         self.compiler = StepCompiler(config, recipe, engine)  # before the streams: it may pad their captions
+        self.negative_cache = NegativeCache.for_job(config, recipe, engine)  # train.accumulate_negatives
         self.streams = TrainingStreams(
             config, recipe, shards, engine.rank, engine.world_size, self.accumulation, self.stop.signals
         )
@@ -244,7 +246,8 @@ class Trainer:
 
     def _step(self, micro_batches: list[dict]) -> dict:
         """One optimizer step per update the recipe asks for, each accumulated over the micro-batches.
-        Logged values are global: the mean over micro-batches of the summed rank shares."""
+        Logged values are global: the mean over micro-batches of the summed rank shares (with
+        train.accumulate_negatives, the whole global batch's loss)."""
         logged: dict[str, float] = {}
         self.recipe.start_step(self.state.step)
         for update in self.recipe.updates(self.state.step):
@@ -253,20 +256,31 @@ class Trainer:
                 # An update's backward may reach parameters another optimizer owns (a GAN's generator
                 # loss flows through the discriminator); those gradients must not carry over.
                 self.model.zero_grad(set_to_none=True)
-            for i, batch in enumerate(micro_batches):
-                with self.engine.micro_batch(last=i == len(micro_batches) - 1):
-                    with self.engine.autocast(), heartbeat.phase_of(f"forward ({update})"):
-                        losses = self.compiler.training_losses(self.model, batch, update)
-                    summed = self._global_finite(losses, update)
-                    with heartbeat.phase_of(f"backward ({update})"):
-                        self.engine.backward(losses["loss"], len(micro_batches))
-                for k, v in summed.items():
-                    logged[prefix + k] = logged.get(prefix + k, 0.0) + v / len(micro_batches)
+            if self.negative_cache is not None:  # the cross-batch loss over every micro-batch at once
+                summed = self.negative_cache.accumulate(self.model, micro_batches, update, self._global_finite)
+            else:
+                summed = self._accumulate(micro_batches, update)
+            for k, v in summed.items():
+                logged[prefix + k] = logged.get(prefix + k, 0.0) + v
             with heartbeat.phase_of(f"optimizer step ({update})"):
                 logged[prefix + "grad_norm"] = self.engine.step(update, self.config.train.grad_clip)
             self.schedulers[update].step()
         logged.setdefault("loss", sum(v for k, v in logged.items() if k.endswith("/loss")))
         logged.setdefault("grad_norm", max(v for k, v in logged.items() if k.endswith("grad_norm")))
+        return logged
+
+    def _accumulate(self, micro_batches: list[dict], update: str) -> dict[str, float]:
+        """Each micro-batch's forward and backward; returns the mean of their global losses."""
+        logged: dict[str, float] = {}
+        for i, batch in enumerate(micro_batches):
+            with self.engine.micro_batch(last=i == len(micro_batches) - 1):
+                with self.engine.autocast(), heartbeat.phase_of(f"forward ({update})"):
+                    losses = self.compiler.training_losses(self.model, batch, update)
+                summed = self._global_finite(losses, update)
+                with heartbeat.phase_of(f"backward ({update})"):
+                    self.engine.backward(losses["loss"], len(micro_batches))
+            for k, v in summed.items():
+                logged[k] = logged.get(k, 0.0) + v / len(micro_batches)
         return logged
 
     def _global_finite(self, losses: dict, update: str) -> dict[str, float]:

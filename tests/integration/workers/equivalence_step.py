@@ -88,6 +88,11 @@ def step(engine: Engine, recipe: VSRNRecipe, ragged: bool = False, micro_batches
             engine.backward(losses["loss"], len(rows))
         for key in totals:
             totals[key] += float(global_sum(losses[key])) / len(rows)
+    return outcome(engine, totals)
+
+
+def outcome(engine: Engine, totals: dict) -> dict:
+    """The step's logged `totals`, its gradients, then the SGD update taken: what rank 0 saves."""
     # Under ZeRO-2/3 gradients live in DeepSpeed's partitions, not in .grad
     grads = {n: p.grad.clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
     engine.step("main", None)
