@@ -84,6 +84,7 @@ def pytest_xdist_auto_num_workers(config):
 # that the workers seldom run both Ray clusters at once. A file missing here, or gone, changes
 # nothing but the order.
 LONGEST_FIRST = (
+    "integration/test_compile_equivalence.py",
     "integration/test_ray_nodes.py",
     "integration/test_two_branch_train.py",
     "integration/test_deepspeed.py",

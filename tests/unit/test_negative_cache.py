@@ -238,6 +238,20 @@ def test_laviter_phases_with_gan_updates_are_refused():
         check_supported(recipe.config, recipe)
 
 
+def test_a_laviter_job_of_every_phase_is_refused_before_its_first_phase_trains():
+    from test_laviter_recipe import TINY
+
+    from vldist.recipes.laviter import LAViTeRRecipe
+
+    config = load_config("laviter", [*TINY, "train.accumulate_negatives=true", "train.grad_accumulation=2"])
+    with pytest.raises(ConfigError, match="model.phase=all: phase assist alternates GAN updates"):
+        LAViTeRRecipe.stages(config)
+    vta_only = load_config(
+        "laviter", [*TINY, "train.accumulate_negatives=true", "model.assist_epochs=0", "model.joint_epochs=0"]
+    )
+    assert [name for name, _ in LAViTeRRecipe.stages(vta_only)][-1] == "vta"
+
+
 # ---------------------------------------------------------------- refusals
 
 

@@ -33,6 +33,7 @@ from vldist.data.collate import pad_tokens
 from vldist.data.pictures import to_pil
 from vldist.data.pixels import read_image
 from vldist.data.samples import read_meta
+from vldist.errors import ConfigError
 from vldist.losses import cross_rank_damsm_loss, cross_rank_mean, cross_rank_token_nll
 from vldist.losses.not_negative import other_image_rows
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
@@ -194,6 +195,10 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             previous = str(config.output_dir / phase)  # its best checkpoint, else its last (find_checkpoint)
         if not stages:
             raise ValueError("model.vta_epochs, assist_epochs and joint_epochs are all 0: nothing to train")
+        if config.train.accumulate_negatives:  # refused before the first phase trains, not when its turn comes
+            for phase, _ in stages:
+                if reason := _negatives_refusal(phase):
+                    raise ConfigError(f"train.accumulate_negatives=true with model.phase=all: {reason}")
         return stages
 
     def build_model(self) -> nn.Module:
@@ -402,13 +407,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
     # sentence and image features, exact). Not phases assist and joint: see negatives_refusal.
 
     def negatives_refusal(self) -> str:
-        if self.phase in ("assist", "joint"):
-            return (
-                f"phase {self.phase} alternates GAN updates and scores generated images and captions (L_FI, L_FT), "
-                "which the cache does not hold: it is built for phases pretrain and vta (model.phase=vta, or "
-                "model.assist_epochs=0 and model.joint_epochs=0)"
-            )
-        return ""
+        return _negatives_refusal(self.phase)
 
     def cross_batch_embeddings(self, out: dict) -> dict[str, torch.Tensor]:
         if "label_logits" in out:
@@ -608,3 +607,14 @@ def attribute_texts(meta: dict) -> list[str]:
             if text and text not in texts:
                 texts.append(text)
     return texts
+
+
+def _negatives_refusal(phase: str) -> str:
+    """Why train.accumulate_negatives cannot run phase `phase` ('' when it can)."""
+    if phase in ("assist", "joint"):
+        return (
+            f"phase {phase} alternates GAN updates and scores generated images and captions (L_FI, L_FT), "
+            "which the cache does not hold: it is built for phases pretrain and vta (model.phase=vta, or "
+            "model.assist_epochs=0 and model.joint_epochs=0)"
+        )
+    return ""
