@@ -1,0 +1,181 @@
+"""train.activation_checkpointing: every built-in recipe's step, with its named blocks checkpointed,
+takes the losses, every parameter's gradient and every buffer (BatchNorm's running statistics
+moved once) of the same step without, dropout active; the blocks really run again in the
+backward; names and state_dict keys stay; evaluation forwards are plain; ZeRO-3 and a recipe
+without blocks are refused by name."""
+
+import copy
+import random
+from itertools import islice
+
+import pytest
+import torch
+import webdataset as wds
+from torch import nn
+
+from vldist.data.shardset import ShardSet
+from vldist.errors import ConfigError
+from vldist.recipes import get_recipe
+from vldist.recipes.jobs import load_config
+from vldist.training.activation_checkpointing import (
+    apply_activation_checkpointing,
+    checkpoint_blocks,
+    is_checkpointed,
+)
+
+TINY_CAPTIONER = ["model.hidden=16", "model.embed=8", "data.max_regions=3"]
+# recipe -> (shard fixture, overrides, blocks expected): small models, dropout left on
+CASES = {
+    "vsrn": (
+        "planted_shards",
+        ["model.embed_size=16", "model.decoder_hidden=16", "model.word_dim=8", "model.rrr_layers=2"],
+        ["image.rrr.0", "image.rrr.1", "decoder"],
+    ),
+    "captioner": ("planted_shards", TINY_CAPTIONER, ["decoder"]),
+    "cl_caption": ("planted_shards", [*TINY_CAPTIONER, "model.init_from=unused"], ["target.decoder"]),
+    "two_branch_embed": ("planted_shards", ["model.hidden=16", "model.embed=8", "model.tasks=[retrieval]"], None),
+    "two_branch_sim": ("planted_shards", ["model.hidden=16", "model.embed=8", "model.tasks=[retrieval]"], None),
+    "l2c": (
+        "pair_shards",
+        ["model.image_size=64", "model.graph_dim=16", "model.hidden=16", "model.embed=8", "model.classes=3"],
+        ["encoder.trunk", "encoder.gcn.0", "encoder.gcn.1", "decoder"],
+    ),
+    "laviter": (
+        "scene_splits",
+        [
+            "model.phase=joint",
+            "model.embed_dim=16",
+            "model.text_heads=2",
+            "model.gf_dim=2",
+            "model.df_dim=2",
+            "model.itm_dim=16",
+            "model.itm_heads=2",
+            "model.itm_encoder_layers=1",
+            "model.itm_decoder_layers=1",
+            "model.itm_feedforward=16",
+            "model.z_dim=4",
+            "model.condition_dim=4",
+            "model.residual_blocks=1",
+            "data.max_caption_len=12",
+            "model.max_words=8",
+        ],
+        None,
+    ),
+}
+
+
+def recipe_and_batch(name: str, shards, overrides: list[str], rows: int = 4):
+    """The recipe on a shard set, and a training batch of its first `rows` train samples."""
+    config = load_config(name, [f"data.shards={shards}", *overrides])
+    opened = ShardSet.open(shards)
+    recipe = get_recipe(name)(config, opened.vocab(shards), opened.feature_dim())
+    raws = islice(wds.tarfile_samples({"url": u} for u in opened.urls("train")), rows)
+    sample, collate = recipe.stream_functions(next(iter(recipe.train_streams(config))))
+    batch = collate([sample(raw, random.Random(i)) for i, raw in enumerate(raws)])
+    return recipe, batch
+
+
+def step(recipe, model, batch) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """Each update's losses (seeded: the same dropout masks and draws with and without) and the
+    gradients they leave, accumulated over the step's updates."""
+    recipe.start_step(0)
+    losses = []
+    for update in recipe.updates(0):
+        torch.manual_seed(1)
+        out = recipe.training_losses(model, batch, update)
+        out["loss"].backward()
+        losses.append({k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)})
+    return losses, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+class BlockCalls:
+    """How many times the checkpointed blocks' submodules were called."""
+
+    def __init__(self, blocks):
+        self.count = 0
+        for block in blocks:
+            for module in block.modules():
+                module.register_forward_pre_hook(self._called)
+
+    def _called(self, *_):
+        self.count += 1
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_checkpointed_step_is_the_plain_step_and_recomputes_its_blocks(name, request):
+    fixture, overrides, expected_blocks = CASES[name]
+    recipe, batch = recipe_and_batch(name, request.getfixturevalue(fixture), overrides)
+    torch.manual_seed(0)
+    plain = recipe.build_model().train()
+    checkpointed = copy.deepcopy(plain)
+    blocks = recipe.checkpointed_blocks(checkpointed)
+    names = checkpoint_blocks(checkpointed, blocks)
+    assert blocks and all(is_checkpointed(b) for b in blocks)
+    if expected_blocks is not None:
+        assert names == expected_blocks
+    assert [n for n, _ in checkpointed.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    assert checkpointed.state_dict().keys() == plain.state_dict().keys()
+    calls = BlockCalls(blocks)
+
+    plain_losses, plain_grads = step(recipe, plain, batch)
+    losses = []
+    recipe.start_step(0)
+    for update in recipe.updates(0):
+        torch.manual_seed(1)
+        out = recipe.training_losses(checkpointed, batch, update)
+        forward_calls = calls.count
+        out["loss"].backward()
+        assert calls.count > forward_calls, f"{name} {update}: no block ran again in the backward"
+        losses.append({k: v.detach() for k, v in out.items() if isinstance(v, torch.Tensor)})
+    grads = {n: p.grad for n, p in checkpointed.named_parameters() if p.grad is not None}
+
+    for got, expected in zip(losses, plain_losses, strict=True):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=f"{name} {key}")
+    assert grads.keys() == plain_grads.keys() and plain_grads
+    for key, grad in plain_grads.items():
+        torch.testing.assert_close(grads[key], grad, rtol=0, atol=0, msg=f"{name} gradient of {key}")
+    plain_state = plain.state_dict()  # BatchNorm's running statistics: moved once, as without
+    for key, value in checkpointed.state_dict().items():
+        assert torch.equal(value, plain_state[key]), f"{name} {key}"
+
+
+@pytest.mark.parametrize("name", ["vsrn", "laviter"])
+def test_evaluation_and_no_grad_forwards_run_plainly(name, request):
+    fixture, overrides, _ = CASES[name]
+    recipe, batch = recipe_and_batch(name, request.getfixturevalue(fixture), overrides)
+    torch.manual_seed(0)
+    model = recipe.build_model()
+    blocks = recipe.checkpointed_blocks(model)
+    plain = copy.deepcopy(model).eval()
+    checkpoint_blocks(model, blocks)
+    calls = BlockCalls(blocks)
+    model.eval()
+    update = recipe.updates(0)[-1]
+    torch.manual_seed(1)
+    out = recipe.training_losses(model, batch, update)
+    before = calls.count
+    out["loss"].backward()
+    assert calls.count == before  # nothing recomputed: the eval forward kept its activations
+    torch.manual_seed(1)
+    torch.testing.assert_close(out["loss"], recipe.training_losses(plain, batch, update)["loss"], rtol=0, atol=0)
+    model.train()
+    with torch.no_grad():
+        recipe.training_losses(model, batch, update)  # no checkpoint under no_grad (it would warn and keep nothing)
+
+
+def test_zero3_and_a_recipe_without_blocks_are_refused_by_name(planted_shards):
+    recipe, _ = recipe_and_batch("vsrn", planted_shards, CASES["vsrn"][1])
+    model = recipe.build_model()
+
+    class Zero3:
+        stage = 3
+
+    with pytest.raises(ConfigError, match="train.activation_checkpointing under DeepSpeed ZeRO-3"):
+        apply_activation_checkpointing(model, recipe, Zero3())
+    recipe.checkpointed_blocks = lambda model: []
+    with pytest.raises(ConfigError, match="recipe 'vsrn' names no blocks to checkpoint"):
+        apply_activation_checkpointing(model, recipe, object())
+    with pytest.raises(ValueError, match="not a submodule of the model"):
+        checkpoint_blocks(model, [nn.Linear(2, 2)])
