@@ -179,3 +179,53 @@ def test_zero3_and_a_recipe_without_blocks_are_refused_by_name(planted_shards):
         apply_activation_checkpointing(model, recipe, object())
     with pytest.raises(ValueError, match="not a submodule of the model"):
         checkpoint_blocks(model, [nn.Linear(2, 2)])
+
+
+class MaskedNorm(nn.Module):
+    """Batch norm over the rows a mask keeps (VSRN's RRR residual): its data-dependent shape is a
+    graph break that dynamo cannot trace inside a checkpoint, so the compiled frame runs it eagerly."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear, self.norm = nn.Linear(dim, dim), nn.BatchNorm1d(dim)
+
+    def forward(self, x, mask):
+        out = torch.zeros_like(x)
+        out[mask] = self.norm(self.linear(x)[mask])
+        return x + out
+
+
+class TwoBlocks(nn.Module):
+    def __init__(self, dim: int = 6):
+        super().__init__()
+        self.traced = nn.Sequential(nn.Linear(dim, dim), nn.BatchNorm1d(dim), nn.Dropout(0.5), nn.Tanh())
+        self.masked = MaskedNorm(dim)
+
+    def forward(self, x, mask):
+        return self.masked(self.traced(x), mask).pow(2).sum()
+
+
+def test_under_torch_compile_the_step_and_the_statistics_are_the_plain_ones():
+    """A block dynamo traces whole (recomputed inside the compiled backward) and one it runs
+    eagerly (a graph break in its body): both give the plain step's gradients, and batch norms
+    move their running statistics once. (Every recipe under train.compile=model and =step:
+    docs/performance.md.)"""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    plain = TwoBlocks().train()
+    compiled = copy.deepcopy(plain)
+    checkpoint_blocks(compiled, [compiled.traced, compiled.masked])
+    calls = BlockCalls([compiled.masked])
+    compiled.compile(backend="aot_eager")
+    x, mask = torch.randn(8, 6), torch.tensor([True] * 6 + [False] * 2)
+    for model in (plain, compiled):
+        torch.manual_seed(1)
+        loss = model(x, mask)
+        before = calls.count
+        loss.backward()
+    assert calls.count > before  # the eager block ran again in the backward
+    for (key, p), q in zip(plain.named_parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-6, atol=1e-7, msg=key)
+    for key, value in plain.state_dict().items():
+        torch.testing.assert_close(compiled.state_dict()[key], value, rtol=1e-6, atol=1e-7, msg=key)
+    torch._dynamo.reset()
