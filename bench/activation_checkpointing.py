@@ -1,7 +1,7 @@
 """What train.activation_checkpointing costs and saves per recipe: the peak memory of one training
 step and the step's time, with the recipe's blocks checkpointed and without.
 
-    python bench/activation_checkpointing.py --json docs/results/activation_checkpointing.json  # ~6 min on 2 cores
+    python bench/activation_checkpointing.py --json docs/results/activation_checkpointing.json  # ~8 min on 2 cores
     python bench/activation_checkpointing.py --cases vsrn l2c --steps 2                          # some cases
     python bench/activation_checkpointing.py --from docs/results/activation_checkpointing.json   # the table, no runs
 
@@ -15,7 +15,8 @@ step: forward, backward, Adam step; the optimizer's state is allocated there), a
   before it to its high-water mark during it (the mark reset just before: /proc/self/clear_refs).
   The subprocess runs with MALLOC_MMAP_THRESHOLD_=131072, so that glibc serves every large block
   by mmap and gives it back on free: the resident size then follows the tensors alive;
-- step time: the median of --steps further steps (wall clock, torch's default threads).
+- step time: the median of --steps further steps (wall clock, --threads torch threads: 1 by
+  default, which a machine shared with other work disturbs least).
 
 On CUDA (--device cuda) the memory is torch.cuda.max_memory_allocated's increase over the step.
 """
@@ -37,16 +38,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# case -> (job, set, rows of the batch, overrides): the demo jobs' models (VSRN wider, 36 padded
-# regions as the paper's features have) at batch sizes where activations outweigh the weights
+# case -> (job, set, rows of the batch, overrides): the demo jobs' models (VSRN with 36 padded
+# regions, as the paper's features have), at batch sizes a 2-core CPU steps in seconds
 CASES = {
-    "vsrn": ("vsrn", "synth", 64, ["model.embed_size=512", "data.max_regions=36"]),
-    "captioner": ("captioner", "synth", 64, []),
-    "cl_caption": ("cl_caption", "synth", 64, ["model.init_from=unused"]),
+    "vsrn": ("vsrn", "synth", 32, ["data.max_regions=36"]),
+    "captioner": ("captioner", "synth", 32, []),
+    "cl_caption": ("cl_caption", "synth", 16, ["model.init_from=unused"]),
     "two_branch_embed": ("two_branch_embed", "synth", 128, ["model.tasks=[retrieval]"]),
     "two_branch_sim": ("two_branch_sim", "synth", 128, ["model.tasks=[retrieval]"]),
-    "l2c": ("l2c", "pairs", 16, []),
-    "laviter": ("laviter", "synth", 32, ["model.phase=joint"]),
+    "l2c": ("l2c", "pairs", 8, []),
+    "laviter": ("laviter", "synth", 16, ["model.phase=joint"]),
 }
 
 
@@ -77,9 +78,10 @@ def _resident_kb(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def measure(case: str, shards: str, checkpointing: bool, steps: int, device: str) -> dict:
+def measure(case: str, shards: str, checkpointing: bool, steps: int, device: str, threads: int) -> dict:
     import torch
 
+    torch.set_num_threads(threads)
     from vldist.training.activation_checkpointing import checkpoint_blocks
 
     job, _, rows, overrides = CASES[case]
@@ -142,9 +144,9 @@ def build_sets(directory: Path) -> dict[str, str]:
     return {k: str(v) for k, v in sets.items()}
 
 
-def run_case(case: str, shards: str, checkpointing: bool, steps: int, device: str) -> dict:
+def run_case(case: str, shards: str, checkpointing: bool, steps: int, device: str, threads: int) -> dict:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, __file__, "--one", case, shards, str(int(checkpointing)), str(steps), device]
+    cmd = [sys.executable, __file__, "--one", case, shards, str(int(checkpointing)), str(steps), device, str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if proc.returncode:
         raise RuntimeError(f"{case} (checkpointing {checkpointing}) failed:\n{proc.stderr[-3000:]}")
@@ -153,8 +155,9 @@ def run_case(case: str, shards: str, checkpointing: bool, steps: int, device: st
 
 def table(results: dict) -> str:
     lines = [
-        f"Activation checkpointing, one training step per recipe ({results['machine']}; peak: "
-        f"{results['memory']}; `python bench/activation_checkpointing.py`)",
+        f"Activation checkpointing, one training step per recipe ({results['machine']}, "
+        f"{results['threads']} torch thread(s); peak: {results['memory']}; step: median of {results['steps']}; "
+        "`python bench/activation_checkpointing.py`)",
         "",
         "| recipe | batch | checkpointed blocks | weights MB | peak MB off | peak MB on | memory saved "
         "| step s off | step s on | time added |",
@@ -183,11 +186,14 @@ def main() -> None:
         "--sets", type=Path, help="keep the built sets here (built when missing; default: a temporary dir)"
     )
     parser.add_argument("--from", dest="source", type=Path, help="print the table of earlier results; no runs")
-    parser.add_argument("--one", nargs=5, help=argparse.SUPPRESS)  # a subprocess's own case
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: steadier timings on a machine shared with other work)"
+    )
+    parser.add_argument("--one", nargs=6, help=argparse.SUPPRESS)  # a subprocess's own case
     args = parser.parse_args()
     if args.one:
-        case, shards, checkpointing, steps, device = args.one
-        print(json.dumps(measure(case, shards, checkpointing == "1", int(steps), device)))
+        case, shards, checkpointing, steps, device, threads = args.one
+        print(json.dumps(measure(case, shards, checkpointing == "1", int(steps), device, int(threads))))
         return
     if args.source:
         print(table(json.loads(args.source.read_text())))
@@ -202,6 +208,7 @@ def main() -> None:
         if args.device == "cuda"
         else "resident-set increase over the step, fresh process",
         "steps": args.steps,
+        "threads": args.threads,
         "cases": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -210,7 +217,10 @@ def main() -> None:
         print(f"sets built in {time.perf_counter() - start:.0f} s", flush=True)
         for case in args.cases:
             shards = sets[CASES[case][1]]
-            row = {mode: run_case(case, shards, mode == "on", args.steps, args.device) for mode in ("off", "on")}
+            row = {
+                mode: run_case(case, shards, mode == "on", args.steps, args.device, args.threads)
+                for mode in ("off", "on")
+            }
             results["cases"][case] = row
             print(f"{case}: {row}", flush=True)
     if args.json:
