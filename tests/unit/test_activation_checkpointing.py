@@ -5,18 +5,13 @@ backward; names and state_dict keys stay; evaluation forwards are plain; ZeRO-3 
 without blocks are refused by name."""
 
 import copy
-import random
-from itertools import islice
 
 import pytest
 import torch
-import webdataset as wds
+from helpers import bench_module
 from torch import nn
 
-from vldist.data.shardset import ShardSet
 from vldist.errors import ConfigError
-from vldist.recipes import get_recipe
-from vldist.recipes.jobs import load_config
 from vldist.training.activation_checkpointing import (
     apply_activation_checkpointing,
     checkpoint_blocks,
@@ -62,17 +57,7 @@ CASES = {
         None,
     ),
 }
-
-
-def recipe_and_batch(name: str, shards, overrides: list[str], rows: int = 4):
-    """The recipe on a shard set, and a training batch of its first `rows` train samples."""
-    config = load_config(name, [f"data.shards={shards}", *overrides])
-    opened = ShardSet.open(shards)
-    recipe = get_recipe(name)(config, opened.vocab(shards), opened.feature_dim())
-    raws = islice(wds.tarfile_samples({"url": u} for u in opened.urls("train")), rows)
-    sample, collate = recipe.stream_functions(next(iter(recipe.train_streams(config))))
-    batch = collate([sample(raw, random.Random(i)) for i, raw in enumerate(raws)])
-    return recipe, batch
+recipe_and_batch = bench_module("activation_checkpointing").recipe_and_batch  # the bench's batches, 4 rows
 
 
 def step(recipe, model, batch) -> tuple[list[dict], dict[str, torch.Tensor]]:
