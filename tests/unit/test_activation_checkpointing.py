@@ -126,7 +126,7 @@ def test_the_checkpointed_step_is_the_plain_step_and_recomputes_its_blocks(name,
         assert torch.equal(value, plain_state[key]), f"{name} {key}"
 
 
-@pytest.mark.parametrize("name", ["vsrn", "laviter"])
+@pytest.mark.parametrize("name", ["vsrn", "two_branch_sim"])
 def test_evaluation_and_no_grad_forwards_run_plainly(name, request):
     fixture, overrides, _ = CASES[name]
     recipe, batch = recipe_and_batch(name, request.getfixturevalue(fixture), overrides)
