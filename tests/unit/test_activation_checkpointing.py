@@ -1,8 +1,8 @@
 """train.activation_checkpointing: every built-in recipe's step, with its named blocks checkpointed,
 takes the losses, every parameter's gradient and every buffer (BatchNorm's running statistics
 moved once) of the same step without, dropout active; the blocks really run again in the
-backward; names and state_dict keys stay; evaluation forwards are plain; ZeRO-3 and a recipe
-without blocks are refused by name."""
+backward; names and state_dict keys stay; evaluation forwards are plain; ZeRO-3, a recipe
+without blocks and LAViTeR under torch.compile are refused by name."""
 
 import copy
 
@@ -150,7 +150,7 @@ def test_evaluation_and_no_grad_forwards_run_plainly(name, request):
         recipe.training_losses(model, batch, update)  # no checkpoint under no_grad (it would warn and keep nothing)
 
 
-def test_zero3_and_a_recipe_without_blocks_are_refused_by_name(planted_shards):
+def test_zero3_and_a_recipe_without_blocks_are_refused_by_name(planted_shards, request):
     recipe, _ = recipe_and_batch("vsrn", planted_shards, CASES["vsrn"][1])
     model = recipe.build_model()
 
@@ -159,6 +159,13 @@ def test_zero3_and_a_recipe_without_blocks_are_refused_by_name(planted_shards):
 
     with pytest.raises(ConfigError, match="train.activation_checkpointing under DeepSpeed ZeRO-3"):
         apply_activation_checkpointing(model, recipe, Zero3())
+    laviter, _ = recipe_and_batch(
+        "laviter", request.getfixturevalue("scene_splits"), [*CASES["laviter"][1], "train.compile=model"]
+    )
+    with pytest.raises(
+        ConfigError, match="train.activation_checkpointing with train.compile=model: recipe 'laviter' refuses"
+    ):
+        apply_activation_checkpointing(laviter.build_model(), laviter, object())
     recipe.checkpointed_blocks = lambda model: []
     with pytest.raises(ConfigError, match="recipe 'vsrn' names no blocks to checkpoint"):
         apply_activation_checkpointing(model, recipe, object())

@@ -203,6 +203,12 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
         return model.use_channels_last() if channels_last_wanted(self.config.train.device) else model
 
+    checkpoint_compiles = False
+    checkpoint_compile_refusal = (
+        "torch 2.14's dynamo fails on a checkpointed nn.TransformerEncoderLayer inside nn.TransformerEncoder "
+        "(AssertionError: lift_tracked_freevar_to_input should not be called on root SubgraphTracer)"
+    )
+
     def checkpointed_blocks(self, model: LAViTeRModel) -> list[nn.Module]:
         """Every transformer layer (E_T's, the captioner's encoder and decoder), the generator's
         stages and the discriminators; frozen ones stay in eval mode and run plainly."""

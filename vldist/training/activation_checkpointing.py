@@ -42,7 +42,13 @@ log = logging.getLogger("vldist.train")
 
 
 def check_activation_checkpointing(recipe, engine) -> None:
-    """Raise ConfigError where train.activation_checkpointing cannot run with this engine."""
+    """Raise ConfigError where train.activation_checkpointing cannot run with this engine or compile mode."""
+    compile_mode = recipe.config.train.compile
+    if compile_mode != "none" and not recipe.checkpoint_compiles:
+        raise ConfigError(
+            f"train.activation_checkpointing with train.compile={compile_mode}: recipe '{recipe.name}' refuses the "
+            f"combination ({recipe.checkpoint_compile_refusal}). Use one of the two"
+        )
     if getattr(engine, "stage", 0) == 3:
         raise ConfigError(
             "train.activation_checkpointing under DeepSpeed ZeRO-3: ZeRO-3 gathers each module's parameters in "
