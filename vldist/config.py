@@ -198,6 +198,12 @@ class TrainConfig(Section):
         description="compile with dynamic shapes, so that a ragged last batch does not recompile; false: static "
         "shapes (quicker to compile, one recompilation per new batch size)",
     )
+    activation_checkpointing: bool = Field(
+        False,
+        description="recompute the recipe's heavy blocks (reasoning layers, decoders, transformer layers, the "
+        "generator) in the backward instead of keeping their activations: less memory, one more forward of "
+        "those blocks per step; same losses and gradients, same checkpoints (docs/performance.md)",
+    )
 
     profile_steps: str | None = Field(
         None,

@@ -80,6 +80,7 @@ OTHER_TABLES = {
     "exact_data.json": ("exact_data.py", "benchmarks.md"),
     "fault_soak.json": ("fault_soak.py", "preemption.md"),
     "accumulate_negatives.json": ("accumulate_negatives.py", "benchmarks.md"),
+    "activation_checkpointing.json": ("activation_checkpointing.py", "benchmarks.md"),
 }
 
 

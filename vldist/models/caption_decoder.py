@@ -16,11 +16,15 @@ import torch
 from torch import nn
 
 from vldist.models import generation
-from vldist.models.common import masked_mean
+from vldist.models.common import checkpointed_step, masked_mean
 from vldist.models.generation import State
 
 
 class AttentionCaptionDecoder(nn.Module):
+    # train.activation_checkpointing recomputes each teacher-forced step (its attention over the
+    # regions is the loop's largest activation), not the whole unroll at once
+    checkpoint_steps = False
+
     def __init__(self, vocab_size: int, feature_dim: int, word_dim: int = 300, hidden: int = 512, dropout: float = 0.1):
         super().__init__()
         self.embed = nn.Embedding(vocab_size, word_dim, padding_idx=0)
@@ -48,6 +52,11 @@ class AttentionCaptionDecoder(nn.Module):
             "h": torch.tanh(self.init_hidden(masked_mean(features, mask))),
         }
 
+    def _advance(self, word, h, keys, features, padding) -> torch.Tensor:
+        """One teacher-forced step of the recurrence: attention, then the GRU cell."""
+        context = self._attend(keys, features, padding, h)
+        return self.cell(torch.cat([word, context], dim=-1), h)
+
     def step(self, words: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         context = self._attend(state["keys"], state["features"], ~state["mask"], state["h"])
         h = self.cell(torch.cat([self.embed(words), context], dim=-1), state["h"])
@@ -64,8 +73,7 @@ class AttentionCaptionDecoder(nn.Module):
         padding = ~state["mask"]
         h, hidden = state["h"], []
         for t in range(words.shape[1]):
-            context = self._attend(state["keys"], state["features"], padding, h)
-            h = self.cell(torch.cat([words[:, t], context], dim=-1), h)
+            h = checkpointed_step(self, self._advance, words[:, t], h, state["keys"], state["features"], padding)
             hidden.append(h)
         if not hidden:
             return self.out(h.new_zeros(h.shape[0], 0, h.shape[1]))

@@ -69,3 +69,12 @@ def xavier_linear(layer: nn.Linear) -> nn.Linear:
     nn.init.xavier_uniform_(layer.weight)
     nn.init.zeros_(layer.bias)
     return layer
+
+
+def checkpointed_step(module: nn.Module, step, *args) -> torch.Tensor:
+    """`step(*args)`, one step of `module`'s unrolled loop: recomputed in the backward instead of
+    keeping its activations when train.activation_checkpointing set `module.checkpoint_steps`
+    (training/activation_checkpointing.py) and the module trains with gradient."""
+    if module.checkpoint_steps and module.training and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(step, *args, use_reentrant=False)
+    return step(*args)

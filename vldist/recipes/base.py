@@ -124,6 +124,18 @@ class Recipe(ABC):
     @abstractmethod
     def build_model(self) -> nn.Module: ...
 
+    # train.activation_checkpointing with train.compile: a recipe whose checkpointed blocks dynamo
+    # cannot compile sets this False and says why; the combination is then refused.
+    checkpoint_compiles: ClassVar[bool] = True
+    checkpoint_compile_refusal: ClassVar[str] = ""
+
+    def checkpointed_blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules of `model` (as build_model made it) that train.activation_checkpointing
+        recomputes in the backward instead of keeping their activations: the heavy ones (reasoning
+        layers, decoders, transformer layers). Each block's forward is checkpointed whole
+        (training/activation_checkpointing.py). Default: none, and the option is refused."""
+        return []
+
     def starts_from(self) -> str | None:
         """A checkpoint or run directory whose weights this run starts from (CL: its captioner;
         LAViTeR: the phase before), or None. Each rank reads it and hands it to `initialize`."""

@@ -114,6 +114,10 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         region_dim = require_region_features(self.feature_dim, self.config.data.shards, "the captioner")
         return CaptionerModel(self.cfg, region_dim, len(self.vocab))
 
+    def checkpointed_blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The decoder's whole teacher-forced unroll (CL: the target's; its reference runs without gradient)."""
+        return [model.decoder]
+
     # ------------------------------------------------------------------ samples and batches
 
     def train_sample(self, raw: dict, rng: random.Random) -> dict:

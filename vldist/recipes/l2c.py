@@ -190,6 +190,12 @@ class L2CRecipe(GeneratesCaptions, Recipe):
         model = L2CModel(self.cfg, len(self.vocab))
         return model.use_channels_last() if channels_last_wanted(self.config.train.device) else model
 
+    def checkpointed_blocks(self, model: L2CModel) -> list[nn.Module]:
+        """The CNN trunk, each relation GCN layer and the decoder's whole teacher-forced unroll."""
+        if model.architecture == "cnn_lstm":
+            return [model.trunk, model.decoder]
+        return [model.encoder.trunk, *model.encoder.gcn, model.decoder]
+
     @classmethod
     def train_streams(cls, config: JobConfig) -> dict[str, str | StreamSource]:
         cfg = config.model

@@ -37,6 +37,7 @@ from vldist.errors import ConfigError
 from vldist.losses import cross_rank_damsm_loss, cross_rank_mean, cross_rank_token_nll
 from vldist.losses.not_negative import other_image_rows
 from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
+from vldist.models.alignment_encoders import TransformerSentenceEncoder
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
 from vldist.models.memory_format import channels_last_wanted
@@ -207,6 +208,26 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
         )
         model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
         return model.use_channels_last() if channels_last_wanted(self.config.train.device) else model
+
+    checkpoint_compiles = False
+    checkpoint_compile_refusal = (
+        "torch 2.14's dynamo fails on a checkpointed nn.TransformerEncoderLayer inside nn.TransformerEncoder "
+        "(AssertionError: lift_tracked_freevar_to_input should not be called on root SubgraphTracer)"
+    )
+
+    def checkpointed_blocks(self, model: LAViTeRModel) -> list[nn.Module]:
+        """Every transformer layer (E_T's, the captioner's encoder and decoder), the generator's
+        stages and the discriminators; frozen ones stay in eval mode and run plainly."""
+        blocks: list[nn.Module] = []
+        if isinstance(model.text_encoder, TransformerSentenceEncoder):
+            blocks += model.text_encoder.layers.layers
+        if model.captioner is not None:
+            blocks += [*model.captioner.encoder.layers, *model.captioner.decoder.layers]
+        if model.generator is not None:
+            g = model.generator
+            blocks += [g.init_stage, *([g.first_refine] if g.first_refine is not None else []), *g.next_stages]
+            blocks += model.discriminators
+        return blocks
 
     def starts_from(self) -> str | None:
         """The previous phase's run (the stage sets model.init_from), if any."""

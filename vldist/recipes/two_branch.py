@@ -157,6 +157,10 @@ class TwoBranchRecipe(Recipe):
             fusion,
         )
 
+    def checkpointed_blocks(self, model: TwoBranchModel) -> list[nn.Module]:
+        """Both branches and the similarity network's fusion layers (which score every drawn pair)."""
+        return [model.image, model.text, *([model.fusion] if model.fusion is not None else [])]
+
     def preflight(self, shards: ShardSet) -> None:
         if "phrases" not in self.cfg.tasks:
             return

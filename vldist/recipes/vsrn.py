@@ -110,6 +110,10 @@ class VSRNRecipe(Recipe):
         region_dim = require_region_features(self.feature_dim, self.config.data.shards, "VSRN")
         return VSRNModel(self.cfg, region_dim, len(self.vocab))
 
+    def checkpointed_blocks(self, model: VSRNModel) -> list[nn.Module]:
+        """Each RRR layer, and the caption decoder's whole teacher-forced unroll."""
+        return [*model.image.rrr, *([model.decoder] if model.decoder is not None else [])]
+
     # ------------------------------------------------------------------ samples and batches
 
     def _regions(self, raw: dict, rng: random.Random) -> np.ndarray:

@@ -33,6 +33,7 @@ from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.profiling import StepProfiler
 from vldist.telemetry.progress import TrainingProgress
 from vldist.telemetry.trackers import Trackers
+from vldist.training.activation_checkpointing import apply_activation_checkpointing
 from vldist.training.compiling import StepCompiler
 from vldist.training.evaluations import Evaluations
 from vldist.training.negative_cache import NegativeCache
@@ -90,6 +91,8 @@ class Trainer:
         if config.engine.sync_batchnorm and engine.world_size > 1:
             convert_global_batchnorm(model)
         self.optimizers = build_optimizers(config, recipe.optimizer_groups(model))
+        if t.activation_checkpointing:  # in place too: the same parameter names and state_dict keys
+            apply_activation_checkpointing(model, recipe, engine)
         self.compiler.compile_model(model)  # in place, before the engine wraps it: checkpoints keep their keys
         self.model = engine.setup(model, self.optimizers, dynamic_graph=recipe.dynamic_graph)
         if engine.rank:

@@ -1,5 +1,6 @@
 """Every built-in recipe's job, every stage, a few optimizer steps on each engine, in one torchrun
-launch: `every_recipe_in_step.py OUT ENGINE PLANTED SYNTH PAIRS SINGLES SCENES`.
+launch: `every_recipe_in_step.py OUT ENGINE PLANTED SYNTH PAIRS SINGLES SCENES [JOB,JOB..] [KEY=VALUE,..]`
+(some jobs only; overrides for each of them).
 
 Each stage runs as `python -m vldist.train` runs it (vldist.train.run_stages, training/on_each_rank.py, the
 trainer, the replica check after the first update), in one process group kept from run to run.
@@ -139,8 +140,9 @@ run = vldist.training.on_each_rank.run
 vldist.training.on_each_rank.run = lambda stage, **_: run(stage, last=False)
 
 jobs = sys.argv[8].split(",") if len(sys.argv) > 8 else list(JOBS)
+extra = sys.argv[9].split(",") if len(sys.argv) > 9 else []  # more overrides for every job
 for job in jobs:
-    overrides = [*JOBS[job], *COMMON, *ENGINE[engine], f"output.dir={out / 'runs' / job}"]
+    overrides = [*JOBS[job], *COMMON, *ENGINE[engine], *extra, f"output.dir={out / 'runs' / job}"]
     if job == "laviter" and engine == "zero2":  # DeepSpeed drives one optimizer: the GAN's phases need two
         overrides += ["model.tim=false"]
     vldist.train.run_stages(load_config(job, overrides))
