@@ -270,3 +270,30 @@ def test_train_compile_step_is_refused_and_compile_model_allowed():
     with pytest.raises(ConfigError, match="train.compile=model"):
         check_supported(recipe.config, recipe)
     check_supported(worker.make_recipe("accelerate", 2, "train.compile=model").config, recipe)
+
+
+# ---------------------------------------------------------------- with activation checkpointing
+
+
+@pytest.mark.parametrize("rrr_layers", [0, 1])
+def test_activation_checkpointing_inside_the_cached_step_changes_neither_loss_nor_gradient(monkeypatch, rrr_layers):
+    """The re-run forward recomputes its checkpointed blocks (VSRN's decoder per step; with an RRR
+    layer, its BatchNorm too) in the backward of the cached gradients: the same step as without."""
+    from vldist.training.activation_checkpointing import checkpoint_blocks, is_checkpointed
+
+    recipe = worker.make_recipe("accelerate", 2, f"model.rrr_layers={rrr_layers}")
+    plain = worker.cached_step(cpu_engine(), recipe, 2)
+    build, checkpointed = base.build_model, []
+
+    def build_checkpointed(recipe):
+        model = build(recipe)
+        checkpoint_blocks(model, recipe.checkpointed_blocks(model))
+        checkpointed.extend(name for name, m in model.named_modules() if is_checkpointed(m))
+        return model
+
+    monkeypatch.setattr(base, "build_model", build_checkpointed)
+    again = worker.cached_step(cpu_engine(), recipe, 2)
+    assert checkpointed
+    assert again["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    for name, grad in plain["grads"].items():
+        assert torch.allclose(again["grads"][name], grad, rtol=1e-5, atol=1e-7), name
