@@ -155,15 +155,8 @@ class DeepSpeedEngine(Engine):
         if self.stage != 3:
             return super().evaluation_model(build)
         # A forward through the ZeRO-3 module on rank 0 alone would leave the ranks' parameter
-        # fetch schedules out of step (the next training forward then waits forever), so rank 0
-        # evaluates a plain copy holding the gathered weights.
-        state = self.model_state_dict()
-        if not self.is_main:
-            return None
-        with torch.random.fork_rng(devices=[]):  # building initialises weights: keep the training RNG as it was
-            model = build()
-        model.load_state_dict(state)
-        return model.to(self.device)
+        # fetch schedules out of step (the next training forward then waits forever).
+        return self.plain_copy(build)
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         module = self.unwrap()
