@@ -8,6 +8,7 @@
   and a frozen reference module: two steps match a direct computation on the whole batch.
 - `python -m vldist.train ... engine.backend=fsdp` under torchrun trains, evaluates (rank 0, on a
   plain copy of the whole weights), writes sharded (DCP) checkpoints and exports whole weights.
+- train.compile is refused by name (what was measured: vldist/training/compiling.py).
 Resuming on 1, 2 and 3 ranks exactly (weights, Adam moments, LR, loss curve): test_resharding.py;
 hybrid sharding across two nodes: test_multinode.py.
 """
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).parent / "workers"))
 import equivalence_step as worker  # noqa: E402
 from engines import cpu_engine  # noqa: E402
 from fsdp_steps import Adversaries  # noqa: E402
-from helpers import SMALL_VSRN, torchrun, weights  # noqa: E402
+from helpers import SMALL_VSRN, torchrun, train_vsrn, weights  # noqa: E402
 
 from vldist.checkpoint.sharded_state import read_model_state  # noqa: E402
 from vldist.export import export  # noqa: E402
@@ -102,3 +103,17 @@ def test_train_cli_writes_sharded_checkpoints_and_exports_whole_weights(planted_
     assert exported.keys() == saved.keys() and all(torch.equal(exported[k], v) for k, v in saved.items())
     sliced = read_model_state(step3 / "sharded")  # each rank's slices, written by that rank
     assert sliced.keys() == saved.keys() and all(torch.equal(sliced[k], v) for k, v in saved.items())
+
+
+def test_compile_is_refused_by_name(planted_shards, tmp_path, capsys):
+    mode = "model"  # and step: the same check
+    code, err = train_vsrn(
+        capsys,
+        f"data.shards={planted_shards}",
+        f"output.dir={tmp_path / 'run'}",
+        "engine.backend=fsdp",
+        f"train.compile={mode}",
+        *SMALL_VSRN,
+    )
+    assert code == 2 and "Traceback" not in err, err[-3000:]
+    assert f"train.compile={mode} under engine.backend=fsdp" in err and "train.compile=none" in err
