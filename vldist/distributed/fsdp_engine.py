@@ -42,7 +42,7 @@ from torch import nn
 from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.dcp_checkpoints import DcpCheckpoints
 from vldist.distributed.engine import Engine, copied_to_cpu, pick_device
-from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
+from vldist.distributed.teardown import leave_process_group, release_process_groups_at_exit
 from vldist.errors import ConfigError
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -229,9 +229,4 @@ class FSDPEngine(DcpCheckpoints, Engine):
 
     def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
         self.model = None
-        if dist.is_available() and dist.is_initialized():
-            if not peers_lost:
-                dist.barrier()
-            if not keep_process_group:
-                dist.destroy_process_group()
-        release_process_groups()  # once they are all destroyed: threads joined now (teardown.py)
+        leave_process_group(keep_process_group, peers_lost)

@@ -56,6 +56,17 @@ def release_process_groups() -> None:
         log.warning("could not free the destroyed process groups (%s); their threads end with the process", err)
 
 
+def leave_process_group(keep_process_group: bool, peers_lost: bool) -> None:
+    """An engine's close() once its model is gone: a closing barrier (unless a peer is lost), the
+    group destroyed (unless the next stage of the job joins it) and its threads joined."""
+    if dist.is_available() and dist.is_initialized():
+        if not peers_lost:
+            dist.barrier()
+        if not keep_process_group:
+            dist.destroy_process_group()
+    release_process_groups()  # once they are all destroyed: threads joined now
+
+
 def _drop_group_defaults(module) -> None:
     """A ProcessGroup default of the module's functions (and its classes' methods) becomes None,
     which torch.distributed and DeepSpeed take for the default group."""
