@@ -79,6 +79,7 @@ OTHER_TABLES = {
     "demo_times.json": ("demo_times.py", "performance.md"),
     "exact_data.json": ("exact_data.py", "benchmarks.md"),
     "fault_soak.json": ("fault_soak.py", "preemption.md"),
+    "fsdp_memory.json": ("fsdp_memory.py", "benchmarks.md"),
 }
 
 
