@@ -235,8 +235,16 @@ class TrainConfig(Section):
 
 
 class EngineConfig(Section):
-    backend: Literal["accelerate", "deepspeed"] = Field(
-        "accelerate", description="accelerate: DDP through Accelerate; deepspeed: DeepSpeed's engine with ZeRO"
+    backend: Literal["accelerate", "deepspeed", "fsdp"] = Field(
+        "accelerate",
+        description="accelerate: DDP through Accelerate; deepspeed: DeepSpeed's engine with ZeRO; fsdp: PyTorch's "
+        "FSDP2 (fully_shard), parameters, gradients and optimizer state sharded over the ranks",
+    )
+    fsdp_shard_size: int | None = Field(
+        None,
+        ge=1,
+        description="backend=fsdp: hybrid sharding, slices within groups of this many consecutive ranks (a node) "
+        "and replicas across the groups; must divide the number of ranks; None: shard over every rank",
     )
     deepspeed_config: str = Field(
         "jobs/deepspeed/zero2.json",
@@ -252,6 +260,16 @@ class EngineConfig(Section):
     timeout_s: float = Field(
         1800.0, gt=0, description="torch.distributed's timeout: a collective waiting longer fails (the last resort)"
     )
+
+    @field_validator("fsdp_shard_size")
+    @classmethod
+    def _hybrid_sharding_is_fsdp(cls, value, info):
+        if value is not None and info.data.get("backend") != "fsdp":
+            raise ValueError(
+                f"engine.fsdp_shard_size={value} is a setting of engine.backend=fsdp (this job runs "
+                f"{info.data.get('backend')}); set engine.backend=fsdp or leave fsdp_shard_size unset"
+            )
+        return value
 
 
 class EvalConfig(Section):

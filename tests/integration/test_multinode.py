@@ -6,6 +6,8 @@ their own hostnames and /etc/hosts, addresses in 198.18.0.0/15 that exist only i
   node's /etc/hosts maps its own name to 127.0.1.1 as Debian writes it: gloo would then tell the
   other node to connect to 127.0.1.1, and vldist picks the interface towards MASTER_ADDR instead.
 - A shard set on one node's disk only is reported with that node's name.
+- FSDP2 hybrid sharding (engine.fsdp_shard_size=2 on 2 nodes x 2 ranks) shards within a node,
+  replicates across the nodes, and takes the step of one process.
 - A node lost mid-run and brought back under torchrun (cluster/torchrun/train.sh) ends the run with
   the weights of an uninterrupted one. (Slurm's: tests/integration/test_slurm.py; Ray's, and Ray
   jobs on several nodes: tests/integration/test_ray_nodes.py.)"""
@@ -394,3 +396,21 @@ def test_prometheus_on_the_first_node_scrapes_every_rank_of_a_two_node_run(plant
         ("0", "node0", f"{nodes.addresses[0]}:9400", PREEMPT_STEPS),
         ("1", "node1", f"{nodes.addresses[1]}:9400", PREEMPT_STEPS),
     ], scraped
+
+
+def test_hybrid_sharding_shards_within_a_node_and_replicates_across(one_process, tmp_path):
+    """engine.backend=fsdp with engine.fsdp_shard_size=2 on 2 nodes x 2 ranks: each rank holds half
+    of every parameter (not a quarter), the two ranks of a node hold different halves, and the
+    same rank of the other node the same half; the step is one process's."""
+    from fsdp_steps import __file__ as fsdp_worker
+
+    out = tmp_path / "steps.pt"
+    with Nodes(2) as nodes:
+        finished(torchrun_on_nodes(nodes, 2, [fsdp_worker, str(out), "2"], tmp_path.name))
+    many = torch.load(out, weights_only=True)
+    assert many["mesh"] == (2, 2) and many["gather"]["world_size"] == 4
+    assert all(abs(share - 0.5) < 0.01 for share in many["held"])
+    node0_first, node0_second, node1_first, node1_second = many["slices"]
+    assert torch.equal(node0_first, node1_first) and torch.equal(node0_second, node1_second)  # replicas across
+    assert not torch.equal(node0_first[: len(node0_second)], node0_second)  # halves within a node
+    worker.assert_same_step(many["gather"], one_process)

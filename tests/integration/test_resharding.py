@@ -1,7 +1,7 @@
 """A checkpoint resumes on another number of ranks: 2 -> 1, 1 -> 2 and 2 -> 3 gloo processes, under
 Accelerate (DDP; plain checkpoints, and sharded ones written asynchronously while training goes on)
-and DeepSpeed ZeRO 1, 2 and 3 (real torchrun, real DeepSpeed, the real
-Checkpointer; tests/integration/workers/resharding.py).
+DeepSpeed ZeRO 1, 2 and 3, and FSDP2 (engine.backend=fsdp; plain and sharded checkpoints) (real
+torchrun, real DeepSpeed, the real Checkpointer; tests/integration/workers/resharding.py).
 
 After loading, every parameter's fp32 weight and Adam moments equal the saved ones exactly, Adam's
 step count and the LR schedule carry over, and the next steps' losses are those the saving run took
@@ -23,7 +23,7 @@ from exit_threads import assert_no_gloo_thread_at_exit  # noqa: E402
 from helpers import torchrun  # noqa: E402
 
 WORKER = Path(__file__).parent / "workers" / "resharding.py"
-ENGINES = ["accelerate", "sharded", "zero1", "zero2", "zero3"]
+ENGINES = ["accelerate", "sharded", "zero1", "zero2", "zero3", "fsdp", "fsdp_sharded"]
 
 
 def _torchrun(ranks: int, mode: str, root: Path) -> None:

@@ -81,6 +81,7 @@ OTHER_TABLES = {
     "fault_soak.json": ("fault_soak.py", "preemption.md"),
     "accumulate_negatives.json": ("accumulate_negatives.py", "benchmarks.md"),
     "activation_checkpointing.json": ("activation_checkpointing.py", "benchmarks.md"),
+    "fsdp_memory.json": ("fsdp_memory.py", "benchmarks.md"),
 }
 
 

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 ENGINES = {
     "accelerate": "vldist.distributed.accelerate_engine:AccelerateEngine",
     "deepspeed": "vldist.distributed.deepspeed_engine:DeepSpeedEngine",
+    "fsdp": "vldist.distributed.fsdp_engine:FSDPEngine",
 }
 
 

@@ -12,7 +12,8 @@ from torch import nn
 
 from vldist.checkpoint import sharded_state
 from vldist.distributed.cuda_settings import configure_fp32_math
-from vldist.distributed.engine import Engine, grad_norm, pick_device
+from vldist.distributed.dcp_checkpoints import DcpCheckpoints
+from vldist.distributed.engine import Engine, copied_to_cpu, grad_norm, pick_device
 from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
 from vldist.launch.environment import adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -20,7 +21,7 @@ from vldist.launch.network import choose_gloo_interface
 OPTIMIZER_FILE = "optimizer.pt"
 
 
-class AccelerateEngine(Engine):
+class AccelerateEngine(DcpCheckpoints, Engine):
     def __init__(self, job):
         """job: the JobConfig (train.device, engine.mixed_precision)."""
         from accelerate import Accelerator
@@ -42,7 +43,6 @@ class AccelerateEngine(Engine):
         self.optimizers = {}
         self._prepared: dict[str, torch.optim.Optimizer] = {}
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
-        self._checkpoint_group = None  # asynchronous sharded saves' own process group
         release_process_groups_at_exit()
 
     def setup(
@@ -96,31 +96,14 @@ class AccelerateEngine(Engine):
         write can go on while the next steps change the live state in place. None elsewhere."""
         if not self.is_main:
             return None
-        state = {"optimizers": {n: _copied(o.state_dict()) for n, o in self.optimizers.items()}}
+        state = {"optimizers": {n: copied_to_cpu(o.state_dict()) for n, o in self.optimizers.items()}}
         if self.accelerator.scaler is not None:
-            state["scaler"] = _copied(self.accelerator.scaler.state_dict())
+            state["scaler"] = copied_to_cpu(self.accelerator.scaler.state_dict())
         return state
 
     def write_training_state(self, directory: Path, snapshot: dict | None) -> None:
         if snapshot is not None:
             torch.save(snapshot, Path(directory) / OPTIMIZER_FILE)
-
-    def save_sharded(self, directory: Path, asynchronous: bool):
-        """Collective. Model and optimizers through torch.distributed.checkpoint, each rank its part;
-        asynchronous: returns the future of the background write."""
-        if asynchronous and dist.is_initialized() and self._checkpoint_group is None:
-            # DCP's own collectives run in its writing thread: on a group of their own, so that they
-            # never interleave with the training step's on the default group; and gloo, which DCP's
-            # asynchronous save requires (it refuses an NCCL-only group, measured on an H100).
-            self._checkpoint_group = dist.new_group(backend="gloo")
-        return sharded_state.save(
-            self.unwrap(),
-            self.optimizers,
-            directory,
-            asynchronous,
-            self._checkpoint_group if asynchronous else None,
-            self._scaler_state(),
-        )
 
     def _scaler_state(self) -> dict:
         """fp16 on CUDA: the loss scaler's state, which a checkpoint keeps beside the optimizer's."""
@@ -129,17 +112,9 @@ class AccelerateEngine(Engine):
     def load_training_state(self, directory: Path, saved: dict) -> None:
         # DDP's optimizer state is whole on every rank and saved whole: it loads on any number of ranks.
         from vldist.checkpoint.format import load_torch_file
-        from vldist.errors import CheckpointError
 
         if (Path(directory) / sharded_state.SHARDED_DIR).is_dir():  # the model's weights come with it
-            try:
-                extra = sharded_state.load(
-                    self.unwrap(), self.optimizers, Path(directory) / sharded_state.SHARDED_DIR, self._scaler_state()
-                )
-            except Exception as err:  # noqa: BLE001 - DCP raises CheckpointException, RuntimeError, ...
-                raise CheckpointError(
-                    f"cannot read the sharded state in {directory} ({err}); the checkpoint is damaged"
-                ) from err
+            extra = self.load_sharded(directory)
             if "scaler" in extra:
                 self.accelerator.scaler.load_state_dict(extra["scaler"])
             return
@@ -170,14 +145,3 @@ class AccelerateEngine(Engine):
                 dist.barrier()
             dist.destroy_process_group()
         release_process_groups()  # threads joined now (teardown.py)
-
-
-def _copied(state):
-    """A state dict with every tensor copied to CPU memory."""
-    if isinstance(state, torch.Tensor):
-        return state.detach().to("cpu", copy=True)
-    if isinstance(state, dict):
-        return {k: _copied(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(_copied(v) for v in state)
-    return state

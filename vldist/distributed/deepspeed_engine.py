@@ -32,7 +32,7 @@ from vldist.checkpoint.resharding import load_resharded, refuse_unconvertible
 from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.deepspeed_config import deepspeed_config
 from vldist.distributed.engine import Engine, pick_device
-from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
+from vldist.distributed.teardown import leave_process_group, release_process_groups_at_exit
 from vldist.errors import ConfigError
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -155,15 +155,8 @@ class DeepSpeedEngine(Engine):
         if self.stage != 3:
             return super().evaluation_model(build)
         # A forward through the ZeRO-3 module on rank 0 alone would leave the ranks' parameter
-        # fetch schedules out of step (the next training forward then waits forever), so rank 0
-        # evaluates a plain copy holding the gathered weights.
-        state = self.model_state_dict()
-        if not self.is_main:
-            return None
-        with torch.random.fork_rng(devices=[]):  # building initialises weights: keep the training RNG as it was
-            model = build()
-        model.load_state_dict(state)
-        return model.to(self.device)
+        # fetch schedules out of step (the next training forward then waits forever).
+        return self.plain_copy(build)
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         module = self.unwrap()
@@ -215,9 +208,4 @@ class DeepSpeedEngine(Engine):
         if self.model is not None:
             self.model.destroy()
             self.model = None  # DeepSpeed's engine holds the groups it runs on
-        if dist.is_available() and dist.is_initialized():
-            if not peers_lost:
-                dist.barrier()
-            if not keep_process_group:
-                dist.destroy_process_group()
-        release_process_groups()  # once they are all destroyed: threads joined now (teardown.py)
+        leave_process_group(keep_process_group, peers_lost)

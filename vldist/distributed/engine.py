@@ -1,12 +1,12 @@
 """The engine: where the model runs and how an optimizer step is taken. The trainer sees only this.
 
-Two backends implement it: `AccelerateEngine` (DDP through Accelerate) and `DeepSpeedEngine`
-(DeepSpeed's own engine, ZeRO stage 0-3). Both run one process or many (torchrun, Slurm, Ray
+Three backends implement it: `AccelerateEngine` (DDP through Accelerate), `DeepSpeedEngine`
+(DeepSpeed's own engine, ZeRO stage 0-3) and `FSDPEngine` (PyTorch's FSDP2, `fully_shard`). All run one process or many (torchrun, Slurm, Ray
 workers) and read the launcher's environment themselves.
 
 Conventions every backend keeps:
-- Recipes return their rank's *share* of the global batch's loss (losses/distributed.py); both
-  backends average gradients over ranks, so `backward` scales the share by the world size. W ranks
+- Recipes return their rank's *share* of the global batch's loss (losses/distributed.py); every
+  backend averages gradients over ranks, so `backward` scales the share by the world size. W ranks
   with batch B/W then take exactly the step one process takes on batch B.
 - A step may be accumulated over several micro-batches: `backward(share, micro_batches=n)` divides
   by n, so the step follows the mean of the micro-batch losses; gradients are synchronised only on
@@ -38,6 +38,17 @@ def pick_device(requested: str = "auto") -> torch.device:
 def grad_norm(params) -> float:
     grads = [p.grad.detach().norm() for p in params if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(grads))) if grads else 0.0
+
+
+def copied_to_cpu(state):
+    """A state dict with every tensor copied to CPU memory (a snapshot that training no longer changes)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        return {k: copied_to_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(copied_to_cpu(v) for v in state)
+    return state
 
 
 class Engine(ABC):
@@ -84,6 +95,18 @@ class Engine(ABC):
         """Collective. On rank 0, a module with the whole current weights for evaluation forwards
         that only rank 0 runs; None elsewhere. `build` makes a fresh, unwrapped model."""
         return self.unwrap() if self.is_main else None
+
+    def plain_copy(self, build: Callable[[], nn.Module]) -> nn.Module | None:
+        """Collective. On rank 0, a fresh unwrapped module holding the whole current weights (for
+        engines whose ranks hold slices: a forward through the sharded module on rank 0 alone
+        would wait forever for the others' gathers); None elsewhere."""
+        state = self.model_state_dict()
+        if not self.is_main:
+            return None
+        with torch.random.fork_rng(devices=[]):  # building initialises weights: keep the training RNG as it was
+            model = build()
+        model.load_state_dict(state)
+        return model.to(self.device)
 
     def model_state_dict(self) -> dict[str, torch.Tensor] | None:
         """Collective. The whole model's state on rank 0, None elsewhere."""

@@ -13,7 +13,8 @@ ranks hold which value.
 
 Not compared: what is not replicated by design. BatchNorm's running statistics are each rank's
 own without engine.sync_batchnorm (the engine does not broadcast buffers; rank 0's are evaluated
-and saved), and ZeRO-3's partitioned parameters are empty placeholders on every rank.
+and saved), ZeRO-3's partitioned parameters are empty placeholders on every rank, and FSDP2's
+are each rank's own slices (DTensors; their buffers are replicated and compared).
 
 The hash is exact, not a float sum: a tensor's bits read as integers, each weighted by its
 position, modulo a prime (torch has no tensor hash; Python's would copy every tensor to the host).
@@ -75,7 +76,9 @@ def replicated_tensors(model: nn.Module, sync_batchnorm: bool) -> list[tuple[str
         for name, buffer in module.named_buffers(recurse=False)
         if name in ("running_mean", "running_var")
     }
-    parameters = [(f"parameter {n}", p) for n, p in model.named_parameters() if p.numel() > 0]
+    parameters = [
+        (f"parameter {n}", p) for n, p in model.named_parameters() if p.numel() > 0 and not hasattr(p, "placements")
+    ]
     buffers = [(f"buffer {n}", b) for n, b in model.named_buffers() if id(b) not in local and b.numel() > 0]
     return parameters + buffers
 

@@ -43,7 +43,7 @@ def check_output_shared(engine, config: JobConfig) -> None:
     where = ", ".join(f"rank {rank} on {host}" for rank, host in apart)
     if (
         config.output.checkpoint_dir
-        and config.engine.backend == "accelerate"
+        and config.engine.backend in ("accelerate", "fsdp")
         and config.train.checkpoint_format == "plain"
     ):
         if engine.is_main:
@@ -59,6 +59,6 @@ def check_output_shared(engine, config: JobConfig) -> None:
     raise ConfigError(
         f"output.dir {out} is not one directory for every rank: {where} {'does' if len(apart) == 1 else 'do'} "
         f"not see what rank 0 on {seen[0][2]} wrote there, and {why}. Put output.dir on a filesystem every node shares, or "
-        "(plain checkpoints under Accelerate) set output.checkpoint_dir to a store URL (s3://...) that "
+        "(plain checkpoints under Accelerate or FSDP2) set output.checkpoint_dir to a store URL (s3://...) that "
         "carries the checkpoints between nodes"
     )

@@ -11,7 +11,9 @@ and after destroy_process_group() references remain that only the interpreter's 
 - DeepSpeed's module globals: its copy of the world group (deepspeed.utils.groups._WORLD_GROUP),
   which only deepspeed.comm's destroy_process_group() lets go of, and ZeRO-3's FWD_MODULE_STACK
   and its parameter coordinator's class-wide lru_cache, which keep the last ZeRO-3 model and, by
-  its hooks, the DeepSpeed engine and every group it holds.
+  its hooks, the DeepSpeed engine and every group it holds;
+- device meshes (FSDP2's parameters are DTensors on one), which hold their groups
+  (`_pg_registry`) and which DTensor's caches of sharding decisions keep alive.
 
 A thread that wants the GIL while the interpreter finalizes is ended by CPython (3.11) with
 pthread_exit, and a C++ thread unwound that way through a noexcept frame calls std::terminate
@@ -48,9 +50,21 @@ def release_process_groups() -> None:
         for name in _GROUP_DEFAULTS:
             _drop_group_defaults(sys.modules.get(name))
         _release_deepspeed_groups()
+        _release_mesh_groups()
         gc.collect()  # DeepSpeed's engine, optimizer and hooks hold the groups in reference cycles
     except Exception as err:  # noqa: BLE001 - freeing early is a precaution; it must not fail a finished run
         log.warning("could not free the destroyed process groups (%s); their threads end with the process", err)
+
+
+def leave_process_group(keep_process_group: bool, peers_lost: bool) -> None:
+    """An engine's close() once its model is gone: a closing barrier (unless a peer is lost), the
+    group destroyed (unless the next stage of the job joins it) and its threads joined."""
+    if dist.is_available() and dist.is_initialized():
+        if not peers_lost:
+            dist.barrier()
+        if not keep_process_group:
+            dist.destroy_process_group()
+    release_process_groups()  # once they are all destroyed: threads joined now
 
 
 def _drop_group_defaults(module) -> None:
@@ -92,6 +106,18 @@ def _release_deepspeed_groups() -> None:
         cached = cached.__closure__[code.co_freevars.index("func")].cell_contents
     if hasattr(cached, "cache_clear"):
         cached.cache_clear()
+
+
+def _release_mesh_groups() -> None:
+    """The destroyed groups that device meshes still hold (DTensor's many caches of sharding
+    decisions keep the meshes of FSDP2's parameters; torch 2.14), dropped from every mesh alive."""
+    device_mesh = sys.modules.get("torch.distributed.device_mesh")
+    mesh_class = getattr(device_mesh, "DeviceMesh", None)
+    if not isinstance(mesh_class, type):
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, mesh_class) and isinstance(getattr(obj, "_pg_registry", None), dict):
+            obj._pg_registry.clear()
 
 
 _at_exit = False

@@ -54,6 +54,13 @@ def check_compile(config: JobConfig, recipe, engine) -> None:
             "(engine.backend=deepspeed) runs its own hooks in its forward. Use train.compile=model, which compiles "
             "the model under DeepSpeed's wrapper, or engine.backend=accelerate"
         )
+    if backend == "FSDPEngine":
+        raise ConfigError(
+            f"train.compile={mode} under engine.backend=fsdp is not supported yet: compiling the whole module traces "
+            "FSDP2's gather and reduce-scatter hooks, where dynamo breaks the graph and runs the module eager, and "
+            "compiling each sharded unit's forward stalled in dynamo's tracing of VSRN's units on 2 gloo ranks "
+            "(torch 2.14, measured). Use train.compile=none, or engine.backend=accelerate to compile"
+        )
     if mode == "step" and not recipe.compile_step:
         raise ConfigError(
             f"train.compile=step: recipe '{recipe.name}' does not allow its losses to be compiled "

@@ -5,8 +5,8 @@ Run by tests/integration/test_resharding.py under torchrun:
     python resharding.py save DIR      # 3 steps, checkpoint, 3 more steps; rank 0 writes DIR/<engine>/saved.pt
     python resharding.py resume DIR    # resume the checkpoint, 3 steps;     rank 0 writes DIR/<engine>/resumed-W.pt
 
-For each engine in ENGINES (Accelerate with plain and with sharded asynchronous checkpoints, then
-DeepSpeed ZeRO 1, 2 and 3, one after another in the same process group), through the real Checkpointer. Both modes record the whole fp32 weights and
+For each engine in ENGINES (Accelerate with plain and with sharded asynchronous checkpoints,
+DeepSpeed ZeRO 1, 2 and 3, then FSDP2 with plain and with sharded checkpoints, one after another in the same process group), through the real Checkpointer. Both modes record the whole fp32 weights and
 Adam's moments (gathered from ZeRO's shards with DeepSpeed's own API), the optimizer's step count
 and the global loss of each later step; the resuming mode also records each rank's first random
 draw. Every step trains on the same global batch of GLOBAL rows whatever the world size, each rank
@@ -26,9 +26,10 @@ from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.recipes.jobs import load_config
 
 GLOBAL = 12  # rows of every step's batch: divisible by 1, 2 and 3 ranks
-ENGINES = {"accelerate": None, "sharded": None, "zero1": 1, "zero2": 2, "zero3": 3}
+ENGINES = {"accelerate": None, "sharded": None, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": None, "fsdp_sharded": None}
 # "sharded": Accelerate with torch.distributed.checkpoint files written in the background while the
-# next steps train (train.checkpoint_format=sharded, train.async_checkpoints=true)
+# next steps train (train.checkpoint_format=sharded, train.async_checkpoints=true); "fsdp": FSDP2 with
+# plain checkpoints (whole state gathered on rank 0), "fsdp_sharded": with DCP ones, synchronous
 
 
 class TinyRecipe:
@@ -52,8 +53,14 @@ def make_engine(name: str, out: Path, resume: bool):
         *(["engine.backend=deepspeed", f"engine.deepspeed_config=jobs/deepspeed/zero{stage}.json"] if stage else []),
         *(["train.resume=latest"] if resume else []),
         *(["train.checkpoint_format=sharded", "train.async_checkpoints=true"] if name == "sharded" else []),
+        *(["engine.backend=fsdp"] if name.startswith("fsdp") else []),
+        *(["train.checkpoint_format=sharded"] if name == "fsdp_sharded" else []),
     ]
     config = load_config("vsrn", overrides)
+    if name.startswith("fsdp"):
+        from vldist.distributed.fsdp_engine import FSDPEngine
+
+        return config, FSDPEngine(config)
     if stage:
         from vldist.distributed.deepspeed_engine import DeepSpeedEngine
 
@@ -88,6 +95,21 @@ def full_state(engine) -> dict:
                 safe_get_full_optimizer_state(p, "exp_avg_sq").clone(),
             )
         return out
+    if hasattr(engine, "mesh"):  # FSDP2: each rank holds a slice of every tensor
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        moments = get_optimizer_state_dict(
+            engine.model, engine.optimizers["main"], options=StateDictOptions(full_state_dict=True)
+        )
+        weights = {n: p.full_tensor() for n, p in params.items()}  # on one rank: the live tensors, hence the clones
+        return {
+            n: (
+                weights[n].detach().clone(),
+                moments["state"][n]["exp_avg"].clone(),
+                moments["state"][n]["exp_avg_sq"].clone(),
+            )
+            for n in params
+        }
     state = engine.optimizers["main"].state
     return {
         n: (p.detach().clone(), state[p]["exp_avg"].clone(), state[p]["exp_avg_sq"].clone()) for n, p in params.items()
