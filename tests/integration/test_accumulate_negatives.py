@@ -46,18 +46,6 @@ def whole_batch():
     return base.step(cpu_engine(), base.make_recipe(True, *worker.NO_BATCHNORM))
 
 
-def _assert_same_step(run: dict, one: dict, label) -> None:
-    for key in ("loss", "matching", "caption"):
-        assert run[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (label, key)
-    for name, grad in one["grads"].items():
-        if name in run["grads"]:  # under ZeRO-2 the gradients live in DeepSpeed's partitions
-            assert torch.allclose(run["grads"][name], grad, rtol=1e-4, atol=1e-4), (label, name)
-    start = dict(base.build_model(worker.make_recipe("accelerate")).named_parameters())
-    for name, param in one["params"].items():
-        update_one, update_run = param - start[name].detach(), run["params"][name] - start[name].detach()
-        assert torch.allclose(update_run, update_one, rtol=1e-4, atol=1e-4), (label, name)
-
-
 @pytest.mark.parametrize(("ranks", "backend"), [(1, "accelerate"), (2, "accelerate"), (1, ZERO2), (2, ZERO2)], ids=str)
 def test_micro_batches_on_ranks_take_the_whole_batch_step(tmp_path, whole_batch, ranks, backend):
     if ranks == 1 and backend == "accelerate":  # one process: no launch needed
@@ -69,7 +57,7 @@ def test_micro_batches_on_ranks_take_the_whole_batch_step(tmp_path, whole_batch,
         assert run["world_size"] == ranks
         if backend == "accelerate":
             assert len(run["grads"]) == len(whole_batch["grads"])  # every gradient was compared
-        _assert_same_step(run, whole_batch, (ranks, backend, n))
+        worker.assert_whole_batch_step(run, whole_batch, (ranks, backend, n))
 
 
 def test_plain_accumulation_is_not_the_whole_batch_step(whole_batch):

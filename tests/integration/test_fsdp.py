@@ -4,6 +4,7 @@
   also accumulated over 2 micro-batches, where the first micro-batch reduces no gradient (the
   collectives counted by torch's CommDebugMode: as many reduce-scatters as one micro-batch).
 - Each rank holds half of every parameter (dim-0 slices, the two halves different).
+- train.accumulate_negatives over 2 micro-batches takes the whole batch's step.
 - Two optimizers (a GAN's critic and generator, the generator's loss flowing through the critic)
   and a frozen reference module: two steps match a direct computation on the whole batch.
 - `python -m vldist.train ... engine.backend=fsdp` under torchrun trains, evaluates (rank 0, on a
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "workers"))
+import accumulate_negatives_step as cached  # noqa: E402
 import equivalence_step as worker  # noqa: E402
 from engines import cpu_engine  # noqa: E402
 from fsdp_steps import Adversaries  # noqa: E402
@@ -63,6 +65,15 @@ def test_accumulated_micro_batches_reduce_gradients_once(two_ranks):
     once, twice = two_ranks["gather"]["collectives"], two_ranks["accumulate"]["collectives"]
     assert once[REDUCE_SCATTER] > 0
     assert twice[REDUCE_SCATTER] == once[REDUCE_SCATTER]  # the first micro-batch reduced nothing
+
+
+def test_accumulate_negatives_takes_the_whole_batch_step_under_fsdp2(two_ranks):
+    """2 micro-batches on each of 2 FSDP2 ranks with train.accumulate_negatives: the step of one
+    process on the whole batch (every negative), through the engine's micro_batch and backward."""
+    one = worker.step(cpu_engine(), worker.make_recipe(True, *cached.NO_BATCHNORM))
+    assert two_ranks["cached"]["world_size"] == 2
+    assert len(two_ranks["cached"]["grads"]) == len(one["grads"])
+    cached.assert_whole_batch_step(two_ranks["cached"], one, "fsdp, 2 ranks x 2 micro-batches")
 
 
 def test_two_optimizers_and_a_frozen_module_match_a_direct_computation(two_ranks):

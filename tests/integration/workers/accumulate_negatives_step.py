@@ -13,6 +13,7 @@ import random
 import sys
 
 import equivalence_step as base
+import pytest
 import torch
 
 from vldist.distributed.collectives import global_sum
@@ -48,6 +49,19 @@ def cached_step(engine: Engine, recipe, micro_batches: int) -> dict:
     model = engine.setup(module, {"main": torch.optim.SGD(module.parameters(), lr=0.5)})
     batches = [recipe.collate_train(rows) for rows in base.my_rows(engine, False, micro_batches)]
     return base.outcome(engine, NegativeCache(recipe, engine).accumulate(model, batches, "main", global_values))
+
+
+def assert_whole_batch_step(run: dict, one: dict, label) -> None:
+    """`run` (a cached step) took `one`'s step (one process, the whole batch): losses, gradients, update."""
+    for key in ("loss", "matching", "caption"):
+        assert run[key] == pytest.approx(one[key], rel=1e-5, abs=1e-6), (label, key)
+    for name, grad in one["grads"].items():
+        if name in run["grads"]:  # under ZeRO-2 the gradients live in DeepSpeed's partitions
+            assert torch.allclose(run["grads"][name], grad, rtol=1e-4, atol=1e-4), (label, name)
+    start = dict(base.build_model(make_recipe("accelerate")).named_parameters())
+    for name, param in one["params"].items():
+        update_one, update_run = param - start[name].detach(), run["params"][name] - start[name].detach()
+        assert torch.allclose(update_run, update_one, rtol=1e-4, atol=1e-4), (label, name)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,15 @@ after another in the same process group):
     python fsdp_steps.py OUT [SHARD_SIZE]
 
 OUT gets {"gather": VSRN's step (equivalence_step.py), "accumulate": the same global batch in
-2 micro-batches (each with the collectives it ran, by op), "two_optimizers": a GAN-like model with a frozen part, "held": the fraction of
+2 micro-batches (each with the collectives it ran, by op), "two_optimizers": a GAN-like model with a frozen part, "cached": VSRN without BatchNorm in 2
+micro-batches under train.accumulate_negatives, "held": the fraction of
 the parameters each rank holds, "slices": each rank's slice of the first parameter}; SHARD_SIZE sets engine.fsdp_shard_size (hybrid sharding) and runs the gather step alone.
 """
 
 import sys
 
-import equivalence_step as worker  # this directory is on sys.path
+import accumulate_negatives_step as cached  # this directory is on sys.path
+import equivalence_step as worker
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -99,6 +101,10 @@ def main(out: str, shard_size: str | None) -> None:
             torch.save(results, out)
         dist.destroy_process_group()
         return
+
+    engine = fsdp_engine(shard_size)  # train.accumulate_negatives: 2 micro-batches, every negative
+    results["cached"] = whole(cached.cached_step(engine, cached.make_recipe("accelerate", 2, "engine.backend=fsdp"), 2))
+    engine.close(keep_process_group=True)
 
     engine = fsdp_engine(shard_size)
     rank, world = engine.rank, engine.world_size
