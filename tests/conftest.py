@@ -186,6 +186,24 @@ def s3_store(tmp_path_factory):
     store.stop()
 
 
+# What vldist.launch.environment fills in for a process that was started without a launcher.
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def launcher_environment_restored():
+    """An engine built in the test process (DeepSpeed, FSDP2) makes it a world of one by setting
+    RANK, WORLD_SIZE, ... in os.environ; left there, every later subprocess of this worker
+    inherits them, and an srun task that finds RANK set does not read its rank from Slurm."""
+    before = {name: os.environ.get(name) for name in LAUNCHER_VARIABLES}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def fresh_skip_counter():
     """Each test starts with the process's skip counter as a new process has it: its warnings are
