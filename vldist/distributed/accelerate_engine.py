@@ -13,12 +13,10 @@ from torch import nn
 from vldist.checkpoint import sharded_state
 from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.dcp_checkpoints import DcpCheckpoints
-from vldist.distributed.engine import Engine, copied_to_cpu, grad_norm, pick_device
+from vldist.distributed.engine import OPTIMIZER_FILE, Engine, copied_to_cpu, grad_norm, pick_device
 from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
 from vldist.launch.environment import adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
-
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 class AccelerateEngine(DcpCheckpoints, Engine):

@@ -26,6 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+# Plain checkpoints of the engines that write their optimizers themselves (Accelerate, FSDP2):
+# every optimizer's whole state, in one file beside the weights.
+OPTIMIZER_FILE = "optimizer.pt"
+
 
 def pick_device(requested: str = "auto") -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():

@@ -41,13 +41,11 @@ from torch import nn
 
 from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.dcp_checkpoints import DcpCheckpoints
-from vldist.distributed.engine import Engine, copied_to_cpu, pick_device
+from vldist.distributed.engine import OPTIMIZER_FILE, Engine, copied_to_cpu, pick_device
 from vldist.distributed.teardown import leave_process_group, release_process_groups_at_exit
 from vldist.errors import ConfigError
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
-
-OPTIMIZER_FILE = "optimizer.pt"  # plain checkpoints: every optimizer's whole state, keyed by parameter name
 
 
 def mesh_shape(world_size: int, shard_size: int | None) -> tuple[int, ...]:

@@ -111,7 +111,7 @@ class VSRNRecipe(Recipe):
         return VSRNModel(self.cfg, region_dim, len(self.vocab))
 
     def checkpointed_blocks(self, model: VSRNModel) -> list[nn.Module]:
-        """Each RRR layer, and the caption decoder's whole teacher-forced unroll."""
+        """Each RRR layer, and the caption decoder (each time step of its unroll: it declares checkpoint_steps)."""
         return [*model.image.rrr, *([model.decoder] if model.decoder is not None else [])]
 
     # ------------------------------------------------------------------ samples and batches

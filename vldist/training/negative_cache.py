@@ -82,7 +82,7 @@ class NegativeCache:
         with heartbeat.phase_of(f"cross-batch loss ({update})"):
             logged, cached_grads = self._cross_batch(micro_batches, cached, update, finite)
         fractions = self._fractions(micro_batches)
-        worst = 0.0
+        worst = torch.zeros((), device=engine.device)  # kept on the device: one host sync per step, not per micro-batch
         for i, batch in enumerate(micro_batches):
             with engine.micro_batch(last=i == len(micro_batches) - 1):
                 _set_random_state(states[i], engine.device)
@@ -90,7 +90,7 @@ class NegativeCache:
                     out = model(**recipe.forward_inputs(batch, update))
                     embeddings = recipe.cross_batch_embeddings(out)
                     own = recipe.micro_batch_losses(out, batch)
-                worst = max(worst, _difference(embeddings, cached[i]))
+                worst = torch.maximum(worst, _difference(embeddings, cached[i], engine.device))
                 # the cross-batch loss's gradient reaches the parameters through the embeddings
                 surrogate = sum((embeddings[k].float() * g).sum() for k, g in cached_grads[i].items())
                 if own:
@@ -142,13 +142,13 @@ class NegativeCache:
         whole = sum(totals)
         return [t / whole if whole else 0.0 for t in totals]
 
-    def _check_same_function(self, worst: float) -> None:
+    def _check_same_function(self, worst: Tensor) -> None:
         """Every rank raises together (one all-reduce), none waits in a later collective."""
-        mismatched = int(global_sum(torch.tensor([float(worst > MISMATCH_TOLERANCE)], device=self.engine.device)))
+        mismatched = int(global_sum((worst > MISMATCH_TOLERANCE).float().reshape(1)))
         if mismatched:
             raise RandomStateMismatch(
                 f"train.accumulate_negatives: a micro-batch's embeddings re-run with gradient differ from those "
-                f"cached without gradient (on {mismatched} rank(s); here by {worst:.3g} of their size), so the "
+                f"cached without gradient (on {mismatched} rank(s); here by {float(worst):.3g} of their size), so the "
                 "cached gradients belong to another function. The forward draws randomness the saved torch CPU "
                 "and CUDA generator states do not cover (Python's random, numpy, another generator) or runs "
                 "nondeterministic kernels. Draw from torch's default generators, or set "
@@ -168,12 +168,13 @@ def _set_random_state(state: tuple, device: torch.device) -> None:
         torch.cuda.set_rng_state(cuda, device)
 
 
-def _difference(embeddings: dict[str, Tensor], cached: dict[str, Tensor]) -> float:
-    """The largest difference between re-run and cached embeddings, relative to their size."""
-    worst = 0.0
+def _difference(embeddings: dict[str, Tensor], cached: dict[str, Tensor], device: torch.device) -> Tensor:
+    """The largest difference between re-run and cached embeddings, relative to their size (a
+    0-d tensor on their device)."""
+    worst = torch.zeros((), device=device)
     for k, again in embeddings.items():
         before = cached[k].float()
-        scale = float(before.abs().max()) if before.numel() else 0.0
-        diff = float((again.detach().float() - before).abs().max()) if before.numel() else 0.0
-        worst = max(worst, diff / max(scale, 1e-12))
+        if before.numel():
+            diff = (again.detach().float() - before).abs().max()
+            worst = torch.maximum(worst, diff / before.abs().max().clamp(min=1e-12))
     return worst
