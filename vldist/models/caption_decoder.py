@@ -53,13 +53,12 @@ class AttentionCaptionDecoder(nn.Module):
         }
 
     def _advance(self, word, h, keys, features, padding) -> torch.Tensor:
-        """One teacher-forced step of the recurrence: attention, then the GRU cell."""
+        """One step of the recurrence from the embedded word: attention, then the GRU cell."""
         context = self._attend(keys, features, padding, h)
         return self.cell(torch.cat([word, context], dim=-1), h)
 
     def step(self, words: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        context = self._attend(state["keys"], state["features"], ~state["mask"], state["h"])
-        h = self.cell(torch.cat([self.embed(words), context], dim=-1), state["h"])
+        h = self._advance(self.embed(words), state["h"], state["keys"], state["features"], ~state["mask"])
         return self.out(self.dropout(h)), {**state, "h": h}
 
     def forward(self, features: torch.Tensor, mask: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
