@@ -11,12 +11,26 @@ model selection by validation ROUGE-L (the paper's), scored on the test pairs:
     full             L2C, pairs + single-image captions (the paper's L2C [CUB+B2W])
     full-no-mask     the same without the mask head's loss (a control: CNN+LSTM has none; not in the paper)
     pairs-only       L2C on pairs alone (L2C [B2W])
+    pairs-equal-steps  pairs alone for twice the epochs: the full row's optimizer steps (a control; not in the paper)
     no-pooling       - semantic pooling: masked average pooling, one node (pairs alone, as Table 3)
     no-tv            - TV loss (pairs alone)
     tv-sum           TV as Eq. 2's plain sum over the batch, λ = 1 (pairs alone; not in the paper)
     no-gcn           - GCN (pairs alone)
     normalized       pairs alone with nodes normalised by their pooling weight (not in the paper)
     normalized-no-gcn  the same without the GCN (not in the paper)
+
+Why pairs-equal-steps: the full row takes one single-image step per pair step (the single stream
+`steps_like` the pairs), so in the same epochs it takes twice the pairs-only row's optimizer steps,
+and runs still improve at the bench's epochs. "Single-image captions help" compares full with
+pairs-only and so also measures the doubled steps. The control trains pairs-only with the full
+row's steps: twice the epochs (train.epochs = 2 x the bench's), the lr decay at the same step
+(train.lr_decay_epochs = 2 x the job's) and validation at the same steps (train.validate_every=2,
+so model selection sees as many checkpoints at the same steps). full against pairs-equal-steps
+then differs only in what half of the steps train on, single images or more pairs: the same
+optimizer steps, learning rates and model selection, so a lead of full there is the single images'
+and not the steps'. (The other control, full with pairs-only's steps, would halve full's pair
+steps too, so a loss there could be the missing pairs as well as no help from single images.)
+pairs-only against pairs-equal-steps says what the doubled steps alone give.
 
 The paper (Birds-to-Words validation, BLEU-4 / ROUGE-L / CIDEr-D): full 31.9 / 45.7 / 15.2;
 - semantic pooling 24.5 / 43.2 / 7.2; - TV 29.3 / 44.8 / 13.6; - GCN 30.2 / 43.5 / 10.7 (Table 3,
@@ -33,7 +47,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import yaml
 from ablation_runs import (
+    REPO,
     Col,
     Recorder,
     Row,
@@ -53,6 +69,9 @@ ROWS = [
     # not in the paper: the control for the mask loss, which only the L2C rows have (CNN+LSTM has no mask head)
     Row("full-no-mask", "L2C (pairs + single images), no mask loss", "l2c", ["model.mask_weight=0"]),
     Row("pairs-only", "L2C (pairs alone)", "l2c", ALONE),
+    # not in the paper: pairs alone with the full row's optimizer steps (equal_steps(): the epochs
+    # depend on --epochs), the control for "single images help" (the docstring says why)
+    Row("pairs-equal-steps", "L2C (pairs alone), the full row's steps", "l2c", ALONE),
     Row("no-pooling", "− semantic pooling", "l2c", [*ALONE, "model.pooling=average"]),
     Row("no-tv", "− TV loss", "l2c", [*ALONE, "model.tv_weight=0"]),
     # not in the paper: Eq. 2 as its plain sum over the batch (λ = 1 then weighs it B·K·H·W = 73,728 times more)
@@ -69,6 +88,7 @@ ROWS = [
         [*ALONE, "model.normalize_pool=true", "model.gcn_layers=0"],
     ),
 ]
+EQUAL_STEPS = "pairs-equal-steps"
 METRICS = {k: ("test", "captions", k) for k in ("bleu4", "rouge_l", "cider_d", "meteor")}
 
 # BLEU-4 / ROUGE-L / CIDEr-D (x 100) on the Birds-to-Words validation split: the paper's Table 3
@@ -111,6 +131,8 @@ def tables(data: dict) -> str:
                 ("full-no-mask", "full"),
                 ("cnn-lstm", "full-no-mask"),
                 ("pairs-only", "full"),
+                ("pairs-equal-steps", "full"),
+                ("pairs-only", "pairs-equal-steps"),
                 ("no-pooling", "pairs-only"),
                 ("no-tv", "pairs-only"),
                 ("tv-sum", "pairs-only"),
@@ -127,6 +149,20 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shards", help="data.shards (default: the job's shards/synth_pairs, built on first use)")
 
 
+def equal_steps(epochs: int | None) -> list[str]:
+    """The pairs-equal-steps row's own overrides: as many optimizer steps as the full row in
+    `epochs` (None: the job's), its lr decay and validations at the same steps. The full row takes
+    2 steps an epoch per pairs-only step (one pair and one single-image batch), its decay comes
+    after lr_decay_epochs of its epochs and it validates after each epoch."""
+    train = yaml.safe_load((REPO / "jobs" / "l2c.yaml").read_text())["train"]
+    epochs = epochs or train["epochs"]
+    return [
+        f"train.epochs={2 * epochs}",
+        f"train.lr_decay_epochs={2 * train['lr_decay_epochs']}",
+        "train.validate_every=2",
+    ]
+
+
 def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
     common = [
         "metrics.enabled=false",
@@ -140,8 +176,12 @@ def train(args: argparse.Namespace, root: Path, record: Recorder) -> list[str]:
         for row in ROWS:
             if row.key not in args.rows:
                 continue
-            run = train_once(row.job, root / row.key / f"seed{seed}", [*row.overrides, f"seed={seed}", *common])
-            record(row, seed, run, pick(run.metrics, METRICS))
+            overrides, rest = list(row.overrides), common
+            if row.key == EQUAL_STEPS:  # its own epochs instead of the common ones
+                overrides += equal_steps(args.epochs)
+                rest = [c for c in common if not c.startswith("train.epochs=")]
+            run = train_once(row.job, root / row.key / f"seed{seed}", [*overrides, f"seed={seed}", *rest])
+            record(row, seed, run, pick(run.metrics, METRICS), overrides)
     return common
 
 

@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers import bench_module
 
 from vldist.data.vocab import Vocab
 from vldist.recipes.jobs import load_config
@@ -71,6 +72,8 @@ def test_eval_samples_keep_up_to_five_captions_and_a_fixed_region_order():
         ["model.rrr_layers=0"],
         ["model.rrr_layers=1"],
         ["model.global_reasoning=mean"],
+        ["model.rrr_layers=1", "model.global_reasoning=mean"],
+        ["model.region_order=random"],
         ["model.caption_loss=false"],
         ["model.affinity_norm=softmax"],
         ["model.max_violation=false"],
@@ -149,3 +152,110 @@ def test_evaluation_takes_every_caption_an_image_has_and_ranks_as_a_brute_force_
         assert result["full"][f"t2i_r{k}"] == pytest.approx(100 * np.mean([r <= k for r in t2i]))
     assert result["full"]["i2t_meanr"] == pytest.approx(np.mean(i2t))
     assert result["chance"]["t2i_r1"] == pytest.approx(100 / 8)
+
+
+# ---------------------------------------------------------------- the ablation bench's rows (issue 45)
+
+
+def _bench_row(key: str) -> list[str]:
+    return next(row.overrides for row in bench_module("vsrn_ablation").ROWS if row.key == key)
+
+
+def _by_hand_rrr(layer, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Eq. 3 for one image's real regions v (n, D), the layer in eval mode: V + BN(W_r (R V W_g))
+    with R = theta phi^T / n (the count normalisation), BN with its running statistics."""
+    w, b = layer.theta_phi_g.weight, layer.theta_phi_g.bias
+    d = v.shape[1]
+    theta, phi, g = (v @ w[i * d : (i + 1) * d].T + b[i * d : (i + 1) * d] for i in range(3))
+    y = (theta @ phi.T / v.shape[0]) @ g
+    x = y @ layer.w_r.weight.T + layer.w_r.bias
+    bn = layer.bn
+    return v + (x - bn.running_mean) / torch.sqrt(bn.running_var + bn.eps) * bn.weight + bn.bias
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return x / x.norm()
+
+
+def _reasoned_regions(model, regions: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
+    """Each image's V*, written out: fc, l2norm, the RRR layers by hand, l2norm; real regions only."""
+    out = []
+    proj = model.image.region_projection
+    for x, m in zip(regions, mask, strict=True):
+        v = torch.stack([_unit(r) for r in x[m] @ proj.weight.T + proj.bias])
+        for layer in model.image.rrr:
+            v = _by_hand_rrr(layer, v, m)
+        out.append(torch.stack([_unit(r) for r in v]))
+    return out
+
+
+def _model_with_awake_layers(overrides: list[str]):
+    """The row's model in eval mode, every RRR layer's BatchNorm moved off the identity it starts as."""
+    torch.manual_seed(0)
+    model = _recipe(*overrides).build_model().eval()
+    with torch.no_grad():
+        for layer in model.image.rrr:
+            layer.bn.weight.uniform_(0.5, 1.5)
+            layer.bn.bias.normal_()
+            layer.bn.running_mean.normal_()
+            layer.bn.running_var.uniform_(0.5, 2.0)
+    regions = torch.randn(3, 4, 6)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    return model, regions, mask
+
+
+def test_the_rrr_row_mean_pools_one_layers_reasoned_regions_and_has_no_gru():
+    """Table 4's "RRR": the Mean-pool baseline with one RRR layer before its mean pooling."""
+    overrides = _bench_row("rrr")
+    model, regions, mask = _model_with_awake_layers(overrides)
+    assert len(model.image.rrr) == 1 and model.image.gru is None
+    assert not [name for name, _ in model.named_parameters() if "gru" in name and name.startswith("image.")]
+    with torch.no_grad():
+        image = model.embed_images(regions, mask)
+        expected = torch.stack([_unit(v.mean(dim=0)) for v in _reasoned_regions(model, regions, mask)])
+        assert torch.allclose(image, expected, atol=1e-5)
+        # the layer does something here: without it (the Mean-pool row's encoder) the output differs
+        plain = torch.stack(
+            [
+                _unit(
+                    torch.stack(
+                        [
+                            _unit(r)
+                            for r in x[m] @ model.image.region_projection.weight.T + model.image.region_projection.bias
+                        ]
+                    ).mean(0)
+                )
+                for x, m in zip(regions, mask, strict=True)
+            ]
+        )
+        assert not torch.allclose(image, plain, atol=1e-3)
+
+
+def test_the_1rrr_gsr_row_runs_the_gru_over_one_layers_reasoned_regions():
+    model, regions, mask = _model_with_awake_layers(_bench_row("1rrr-gsr"))
+    assert len(model.image.rrr) == 1 and model.image.gru is not None
+    with torch.no_grad():
+        image = model.embed_images(regions, mask)
+        last = [model.image.gru(v[None])[1][-1, 0] for v in _reasoned_regions(model, regions, mask)]
+        assert torch.allclose(image, torch.stack([_unit(h) for h in last]), atol=1e-5)
+
+
+def test_the_synthetic_sets_stored_order_is_by_box_size_largest_first():
+    """Why the bench's Table 5 puts VSRN-BboxSize beside the stored order: the set stores the
+    whole image, then the objects largest first, so model.region_order=size keeps that order."""
+    from vldist.shards.synthetic.scenes import generate_scene
+    from vldist.shards.synthetic.synth import region_boxes
+
+    rng = random.Random(0)
+    for _ in range(30):
+        boxes = region_boxes(generate_scene(rng, 128))
+        areas = [(b[2] - b[0]) * (b[3] - b[1]) for b in boxes]
+        assert areas == sorted(areas, reverse=True) and boxes[0] == [0, 0, 128, 128]
+        if len(set(areas)) == len(areas):
+            raw = _raw(n_regions=len(boxes), areas=())
+            meta = json.loads(raw["json"])
+            meta["region_boxes"] = boxes
+            raw["json"] = json.dumps(meta).encode()
+            sized = _recipe("model.region_order=size", "data.max_regions=5").train_sample(raw, random.Random(0))
+            assert sized["regions"][:, 0].tolist() == list(range(len(boxes)))
+    assert _bench_row("region-random") == ["model.region_order=random"]
