@@ -301,7 +301,7 @@ def portable(value):
     return value
 
 
-_NOT_RESULT_OPTIONS = {"help", "root", "results", "from_results"}  # where, not what
+_NOT_RESULT_OPTIONS = {"help", "root", "results", "from_results", "update"}  # where, not what
 
 
 def command_line(parser: argparse.ArgumentParser, args: argparse.Namespace, script: str) -> str:
@@ -408,6 +408,12 @@ def ablation_parser(doc: str, method: str, row_keys: list[str] | None = None) ->
         help=f"where to write the per-seed results (default: docs/results/{default.name})",
     )
     parser.add_argument(
+        "--update",
+        action="store_true",
+        help="keep the rows of the existing --results file that this invocation does not train, each "
+        "with its own runs' commits (a kept row must have been trained with the row's overrides of now)",
+    )
+    parser.add_argument(
         "--from",
         dest="from_results",
         type=Path,
@@ -415,6 +421,29 @@ def ablation_parser(doc: str, method: str, row_keys: list[str] | None = None) ->
         help=f"print the tables from a results file (e.g. docs/results/{default.name}) and train nothing",
     )
     return parser
+
+
+def updated_results(old: dict, new: dict, rows: list[Row]) -> dict:
+    """`new` (this invocation's rows) with the rows of `old` it did not train, in the bench's row
+    order; the commands of both kept. Exits with the reason when the two cannot be one table:
+    other seeds or common overrides, or a kept row trained without an override its row has now."""
+    options = set(old["options"]) | set(new["options"])  # an option added since: absent is its default, None
+    differ = [k for k in options if old["options"].get(k) != new["options"].get(k)]
+    differ += [k for k in ("seeds", "common_overrides") if old.get(k) != new[k]]
+    if differ:
+        sys.exit(f"--update: the results file's {differ} differ from this invocation's: rerun every row")
+    stale = [
+        row.key
+        for row in rows
+        if row.key not in new["rows"]
+        and row.key in old["rows"]
+        and not set(portable(row.overrides)) <= set(old["rows"][row.key]["overrides"])
+    ]
+    if stale:
+        sys.exit(f"--update: rows {stale} were trained with other overrides than they have now: add them to --rows")
+    merged = {row.key: new["rows"].get(row.key) or old["rows"].get(row.key) for row in rows}
+    earlier = [*old.get("earlier_commands", []), old["command"]]
+    return {**new, "earlier_commands": earlier, "rows": {k: v for k, v in merged.items() if v is not None}}
 
 
 def bench_main(
@@ -450,6 +479,8 @@ def bench_main(
         args.seeds,
         {row.key: record.rows[row.key] for row in rows if row.key in record.rows},
     )
+    if args.update and args.results.exists():
+        data = updated_results(load_results(args.results, method), data, rows)
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     text = tables(data)

@@ -9,13 +9,17 @@ Each row is one run per seed of jobs/two_branch_embed.yaml or jobs/two_branch_si
 overrides below, on one task, no validation (the last model is tested), each its own process:
 
 retrieval (Tables 2-4: i2t / t2i R@1, rsum, sentence-to-sentence R@1)
-    linear-single       linear, single-dir       one linear layer per branch, sentence anchors only
+    linear-single       linear, single-dir       one FC per branch then L2 (no batch norm, the paper's
+                                                 §4.2), sentence anchors only (lambda1 0, lambda2 1)
     linear-bi           linear, bi-dir           + image anchors
     nonlinear-single    nonlinear, single-dir    two layers per branch
     nonlinear-bi        nonlinear, bi-dir
     sampling            + neighbourhood sampling two sentences of each image in every batch
     sampling-equal      (control) the same with half the images a step and an epoch: nonlinear-bi's
                         steps and sentences (not in the paper)
+    sampling-control    (control) nonlinear-bi with twice the images a step and an epoch, one
+                        sentence each: sampling's steps and sentences, no two of one image in a
+                        batch (not in the paper)
     constraints         + constraints            the neighbourhood term, lambda 0.2
     mean-words          constraints with a learned mean of word vectors for tf-idf (not in the paper)
     similarity          similarity network
@@ -23,7 +27,7 @@ phrase localisation (Table 1: R@1, R@5, R@10)
     embed-single        embedding, single positive      the phrase box's own region
     embed-augmented     embedding, augmented positives  a random proposal of IoU >= 0.7 at each visit
     embed-augmented-batch   the same, every region of the batch's other images a negative too
-                        (not in the paper; near vldist's loss before issue 23)
+                        (not in the paper; one change from embed-augmented)
     sim-single          similarity, single positive
     sim-augmented       similarity, augmented positives
 
@@ -54,11 +58,14 @@ from ablation_runs import (
 )
 
 RETRIEVAL = ["model.tasks=[retrieval]"]
-SINGLE = ["model.lambda_image=0", "model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
+# single-directional: sentence anchors only, lambda1 = 0, lambda2 = 1 (the paper's §5.2)
+SINGLE = ["model.lambda_image=0", "model.lambda_text=1", "model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
+# the paper's linear branch (§4.2): the first FC of each branch, then L2 normalisation, no batch norm
+LINEAR = ["model.nonlinear=false", "model.batchnorm=none"]
 BI = ["model.sentences_per_image=1", "model.lambda_text_neighbors=0"]
 RETRIEVAL_ROWS = [
-    Row("linear-single", "linear, single-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *SINGLE]),
-    Row("linear-bi", "linear, bi-dir", "two_branch_embed", [*RETRIEVAL, "model.nonlinear=false", *BI]),
+    Row("linear-single", "linear, single-dir", "two_branch_embed", [*RETRIEVAL, *LINEAR, *SINGLE]),
+    Row("linear-bi", "linear, bi-dir", "two_branch_embed", [*RETRIEVAL, *LINEAR, *BI]),
     Row("nonlinear-single", "nonlinear, single-dir", "two_branch_embed", [*RETRIEVAL, *SINGLE]),
     Row("nonlinear-bi", "nonlinear, bi-dir", "two_branch_embed", [*RETRIEVAL, *BI]),
     Row(
@@ -81,6 +88,16 @@ RETRIEVAL_ROWS = [
             "data.batch_size=125",
             "train.samples_per_epoch=2500",
         ],
+    ),
+    # not in the paper: the control for sampling's doubled sentences that keeps them all. One
+    # sentence each of twice the images a step (500), twice the images an epoch: sampling's steps
+    # and its sentences a step and a run, without two sentences of one image in a batch (and with
+    # twice its images, so twice its image negatives)
+    Row(
+        "sampling-control",
+        "bi-dir, sampling's sentences from twice the images",
+        "two_branch_embed",
+        [*RETRIEVAL, *BI, "data.batch_size=500", "train.samples_per_epoch=10000"],
     ),
     Row(
         "constraints",
@@ -113,14 +130,13 @@ PHRASE_ROWS = [
         "two_branch_embed",
         [*PHRASES, "model.augmented_positives=true"],
     ),
-    # not in the paper: every region of the batch's other images as negatives too, one drawn region
-    # of its own image a phrase (close to vldist's loss before issue 23, which also took a phrase's
-    # own coreference chain as negatives)
+    # not in the paper: every region of the batch's other images as negatives too, besides every
+    # negative region of the phrase's own image (one change from embed-augmented)
     Row(
         "embed-augmented-batch",
         "embedding, augmented, other images' regions too",
         "two_branch_embed",
-        [*PHRASES, "model.augmented_positives=true", "model.phrase_negatives_from=batch", "model.phrase_negatives=1"],
+        [*PHRASES, "model.augmented_positives=true", "model.phrase_negatives_from=batch"],
     ),
     Row("sim-single", "similarity, single positive", "two_branch_sim", [*PHRASES, "model.augmented_positives=false"]),
     Row(
@@ -207,6 +223,8 @@ def tables(data: dict) -> str:
                 ("nonlinear-bi", "sampling"),
                 ("nonlinear-bi", "sampling-equal"),
                 ("sampling-equal", "sampling"),
+                ("nonlinear-bi", "sampling-control"),
+                ("sampling-control", "sampling"),
                 ("sampling", "constraints"),
                 ("constraints", "mean-words"),
                 ("constraints", "similarity"),
@@ -216,7 +234,12 @@ def tables(data: dict) -> str:
             data,
             ROWS,
             S2S,
-            [("nonlinear-bi", "sampling"), ("nonlinear-bi", "sampling-equal"), ("sampling", "constraints")],
+            [
+                ("nonlinear-bi", "sampling"),
+                ("nonlinear-bi", "sampling-equal"),
+                ("sampling-control", "sampling"),
+                ("sampling", "constraints"),
+            ],
         ),
         ablation_table(
             data,

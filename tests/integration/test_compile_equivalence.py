@@ -194,7 +194,15 @@ def test_a_run_resumes_across_compiled_and_eager(first, then, planted_shards, th
     assert code == 0, err[-3000:]
     steps = [r["step"] for r in _records(out) if r["event"] == "train"]
     assert steps[-1] == 3
-    assert_same_weights(weights(out / "checkpoints" / "step-00000003"), weights(three_eager_steps), atol=1e-5)
+    resumed, eager = weights(out / "checkpoints" / "step-00000003"), weights(three_eager_steps)
+    # the attention score's bias shifts every score of a softmax alike: its gradient is 0 up to
+    # rounding, which Adam scales to lr-sized steps of either sign (seen: 1.15e-5 apart), so its
+    # value is noise; it is in both checkpoints, and every other weight must match
+    noise = "decoder.att_score.bias"
+    assert noise in resumed and noise in eager
+    assert_same_weights(
+        {k: v for k, v in resumed.items() if k != noise}, {k: v for k, v in eager.items() if k != noise}, atol=1e-5
+    )
 
 
 def test_deepspeed_refuses_step_and_names_model(planted_shards, tmp_path, capsys):

@@ -301,3 +301,37 @@ def test_from_refuses_another_benchs_results(tmp_path):
         timeout=120,
     )
     assert proc.returncode != 0 and "not of 'vsrn'" in proc.stderr
+
+
+def test_update_keeps_the_rows_not_rerun_and_refuses_what_would_not_be_one_table():
+    """--update: the rows this invocation trained replace theirs, the others stay with their own
+    runs, in the bench's order; other seeds, options or a row whose overrides changed since its
+    runs stop the bench instead of mixing them into one table."""
+    ar = bench_module("ablation_runs")
+
+    def results(rows: dict, command: str, **extra) -> dict:
+        data = _toy(rows)
+        data.update({"command": command, "options": {"epochs": 8}, "common_overrides": ["train.epochs=8"], **extra})
+        for key in data["rows"]:
+            data["rows"][key]["overrides"] = [f"model.{key}=1"]
+        return data
+
+    old = results({"a": {"x": [1.0, 2.0, 3.0]}, "b": {"x": [4.0, 5.0, 6.0]}}, "python bench/toy.py")
+    new = results({"b": {"x": [7.0, 8.0, 9.0]}}, "python bench/toy.py --rows b")
+    rows = [ar.Row("a", "a", "toy", ["model.a=1"]), ar.Row("b", "b", "toy", ["model.b=1"]), ar.Row("c", "c", "toy")]
+    merged = ar.updated_results(old, new, rows)
+    assert list(merged["rows"]) == ["a", "b"]
+    assert merged["rows"]["a"] == old["rows"]["a"] and merged["rows"]["b"] == new["rows"]["b"]
+    assert merged["command"] == "python bench/toy.py --rows b"
+    assert merged["earlier_commands"] == ["python bench/toy.py"]
+    # a kept row trained with other overrides than its row has now
+    changed = [ar.Row("a", "a", "toy", ["model.a=2"]), rows[1]]
+    with pytest.raises(SystemExit, match=r"\['a'\]"):
+        ar.updated_results(old, new, changed)
+    # other seeds or options
+    with pytest.raises(SystemExit, match="seeds"):
+        ar.updated_results(old, {**new, "seeds": [0, 1]}, rows)
+    with pytest.raises(SystemExit, match="epochs"):
+        ar.updated_results(old, {**new, "options": {"epochs": 4}}, rows)
+    # an option added to the bench since, at its default (None), is the old file's
+    assert ar.updated_results(old, {**new, "options": {"epochs": 8, "phrase_shards": None}}, rows)["rows"]["a"]

@@ -126,6 +126,25 @@ def test_objects_without_an_entity_are_chains_of_their_own():
     ) == [0, 1, 2, 2, 3]
 
 
+def test_every_positive_makes_a_pair_of_each_positive_proposal():
+    """Algorithm 1 for the similarity network: every proposal of IoU >= 0.7 with the phrase's box
+    is a positive pair of its own (object 0 has two: proposals 0 and 1; object 1 one: 3), each
+    pair with its own draw of negatives among the phrase's."""
+    features = np.arange(len(PROPOSALS), dtype=np.float32)[:, None].repeat(3, 1)
+    rows = training_image({"objects": OBJECTS}, REGIONS, features, PROPOSALS, random.Random(0), True, 1, True)
+    assert rows["phrases"] == ["a red circle", "a red circle", "a blue square"]
+    assert rows["entity"].tolist() == [0, 0, 1]
+    assert rows["positive"][:, 0].tolist() == [0.0, 1.0, 3.0]
+    assert rows["positive_box"].tolist() == PROPOSALS[[0, 1, 3]].tolist()
+    for entry, phrase in enumerate((0, 0, 1)):
+        assert len(drawn_for(rows, entry)) == 1 and drawn_for(rows, entry) <= OWN_NEGATIVES[phrase]
+    # one chain: the two copies of "a red circle" are not each other's negatives
+    assert sorted(map(tuple, rows["phrase_negatives"].tolist())) == [(0, 2), (1, 2), (2, 0), (2, 1)]
+    # without augmentation it changes nothing: the box's own region, once
+    plain = training_image({"objects": OBJECTS}, REGIONS, features, PROPOSALS, random.Random(0), False, 1, True)
+    assert plain["positive"][:, 0].tolist() == [-2.0, -3.0]
+
+
 def test_without_augmentation_the_positive_is_the_box_own_region():
     rows = image(augmented=False, negatives=10)
     assert rows["positive"][:, 0].tolist() == [-2.0, -3.0]

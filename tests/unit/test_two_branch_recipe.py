@@ -164,3 +164,25 @@ def _raw_samples(shards, n):
         if i == n:
             return
         yield {"__key__": sample["__key__"], "json": sample["json"], "regions.npy": sample["regions.npy"]}
+
+
+@pytest.mark.parametrize("cls", [TwoBranchEmbedRecipe, TwoBranchSimRecipe])
+def test_the_phrase_stage_trains_without_dropout_and_with_weight_decay(cls):
+    """One job, both tasks, each with the paper's settings: retrieval keeps model.dropout and the
+    job's weight decay (§5: dropout 0.5); phrases take model.phrase_dropout and
+    model.phrase_weight_decay (§4.3: weight decay 0.005; §5.3: no dropout for phrases)."""
+    config = load_config(cls.name, ["model.tasks=[retrieval,phrases]", "model.dropout=0.4", "train.weight_decay=0"])
+    stages = dict(cls.stages(config))
+    assert list(stages) == ["retrieval", "phrases"]
+    assert (stages["retrieval"].model.dropout, stages["retrieval"].train.weight_decay) == (0.4, 0)
+    assert (stages["phrases"].model.dropout, stages["phrases"].train.weight_decay) == (0.0, 0.005)
+    mine = dict(cls.stages(load_config(cls.name, ["model.tasks=[phrases]", "model.phrase_dropout=0.25"])))
+    assert mine["phrases"].model.dropout == 0.25
+    assert dict(cls.stages(mine["phrases"]))["phrases"].model.dropout == 0.25  # a stage's own stages: itself
+
+
+def test_the_similarity_network_takes_every_positive_proposal_the_embedding_network_one():
+    """Algorithm 1: pair sampling (similarity) takes all positives, triplet sampling (embedding)
+    one random positive per ground-truth pair and visit."""
+    assert load_config("two_branch_sim", []).model.all_positives is True
+    assert load_config("two_branch_embed", []).model.all_positives is False

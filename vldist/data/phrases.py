@@ -73,6 +73,7 @@ def training_image(
     rng: random.Random,
     augmented: bool,
     negatives: int | str,
+    every_positive: bool = False,
 ) -> dict:
     """One image's training rows for phrase localisation (the paper's Algorithm 1):
 
@@ -91,6 +92,10 @@ def training_image(
                       phrase, drawn for it or for another phrase of the image
     phrase_negatives  (Q', 2) (phrase m, phrase k) pairs of the image: k is a negative of m's
                       positive region
+
+    `every_positive` (with `augmented`; the similarity network's rule in Algorithm 1): every
+    proposal of IoU >= 0.7 is a positive pair of its own, so a phrase appears once per positive
+    proposal (same chain), each time with its own draw of `negatives`.
 
     A proposal is a negative of a phrase when its IoU with the box of every object of the phrase's
     chain is < 0.3: with its own box (Algorithm 1, 3.b), and never one that is a positive of
@@ -112,20 +117,21 @@ def training_image(
         candidates = np.flatnonzero(row >= POSITIVE_IOU).tolist()
         region = obj.get("region")
         if augmented and candidates:
-            choice = rng.choice(candidates)
-            positive, positive_box = proposals[choice], proposal_boxes[choice]
+            chosen = candidates if every_positive else [rng.choice(candidates)]
+            pairs = [(proposals[c], proposal_boxes[c]) for c in chosen]
         elif region is not None and 0 <= region < len(regions):
-            positive, positive_box = regions[region], obj["box"]
+            pairs = [(regions[region], obj["box"])]
         elif candidates:
             best = max(candidates, key=lambda i: row[i])
-            positive, positive_box = proposals[best], proposal_boxes[best]
+            pairs = [(proposals[best], proposal_boxes[best])]
         else:
             continue
         own = np.flatnonzero(negative[index]).tolist()
-        draws.append(own if negatives == "all" else rng.sample(own, min(negatives, len(own))))
-        kept.append(index)
-        positives.append(positive)
-        positive_boxes.append(positive_box)
+        for positive, positive_box in pairs:
+            draws.append(own if negatives == "all" else rng.sample(own, min(negatives, len(own))))
+            kept.append(index)
+            positives.append(positive)
+            positive_boxes.append(positive_box)
     pool = sorted({p for drawn in draws for p in drawn})
     at = {p: n for n, p in enumerate(pool)}
     kept_boxes = np.asarray([objects[i]["box"] for i in kept], dtype=np.float32).reshape(-1, 4)

@@ -64,7 +64,13 @@ class TwoBranchConfig(Section):
     nonlinear: bool = Field(
         True, description="FC-ReLU-dropout-FC branches; False: one linear layer (Table 2's linear rows)"
     )
-    dropout: float = Field(0.5, ge=0, lt=1, description="after the branches' ReLU (paper: 0.5)")
+    dropout: float = Field(0.5, ge=0, lt=1, description="retrieval: after the branches' ReLU (paper §5: 0.5)")
+    phrase_dropout: float = Field(
+        0.0, ge=0, lt=1, description="phrases: dropout after the branches' ReLU (paper §5.3: none for phrases)"
+    )
+    phrase_weight_decay: float = Field(
+        0.005, ge=0, description="phrases: the stage's train.weight_decay (paper §4.3: 0.005 in all FC layers)"
+    )
     batchnorm: Literal["last", "first", "none"] = Field(
         "last", description="batch norm after the last FC (paper) or after the first, before the ReLU (official code)"
     )
@@ -77,6 +83,12 @@ class TwoBranchConfig(Section):
     augmented_positives: bool = Field(
         True,
         description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region",
+    )
+    all_positives: bool = Field(
+        False,
+        description="phrases with augmented_positives: every proposal of IoU >= 0.7 a positive pair of its own, "
+        "each with its drawn negatives (Algorithm 1, similarity network); False: one at random per visit "
+        "(Algorithm 1, embedding network)",
     )
     phrase_negatives: Annotated[int, Field(ge=0)] | Literal["all"] = Field(
         1,
@@ -114,6 +126,11 @@ class TwoBranchEmbedConfig(TwoBranchConfig):
 
 
 class TwoBranchSimConfig(TwoBranchConfig):
+    all_positives: bool = Field(
+        True,
+        description="phrases with augmented_positives: every proposal of IoU >= 0.7 a positive pair of its own, "
+        "each with its drawn negatives (Algorithm 1, similarity network); False: one at random per visit",
+    )
     fusion_layers: int = Field(3, ge=1, le=3, description="FC layers after the product (paper: 3 = 512-512-256-1)")
     negatives_per_positive: int = Field(
         1, ge=1, description="non-matching sentences drawn per positive pair (paper: 1, balanced classes)"
@@ -138,7 +155,19 @@ class TwoBranchRecipe(Recipe):
         """One run per task, as the paper trains one model per task (shared branches trained on
         both at once did worse at retrieval: whole images and proposal regions are different
         inputs to one image branch and its batch norm)."""
-        return [(task, updated(config, {"model": {"tasks": [task]}})) for task in config.model.tasks]
+        return [(task, updated(config, cls._task_settings(config, task))) for task in config.model.tasks]
+
+    @staticmethod
+    def _task_settings(config: JobConfig, task: str) -> dict:
+        """The phrase stage's own regularisation (paper §4.3 and §5.3: weight decay 0.005, no
+        dropout), so that one job trains both tasks with the paper's settings for each."""
+        if task != "phrases":
+            return {"model": {"tasks": [task]}}
+        cfg = config.model
+        return {
+            "model": {"tasks": [task], "dropout": cfg.phrase_dropout},
+            "train": {"weight_decay": cfg.phrase_weight_decay},
+        }
 
     def build_model(self) -> nn.Module:
         image_dim = require_region_features(self.feature_dim, self.config.data.shards, self.name)
@@ -210,6 +239,7 @@ class TwoBranchRecipe(Recipe):
             rng,
             self.cfg.augmented_positives,
             self.cfg.phrase_negatives,
+            every_positive=self.cfg.all_positives,
         )
         return {**image, "phrases": [self._tokens(p) for p in image["phrases"]]}
 
