@@ -2,11 +2,13 @@
 scenes whose phrases cannot be told apart by their shape and colour alone.
 
 A scene holds HARD_MIN_OBJECTS to HARD_MAX_OBJECTS objects drawn from a palette of
-PALETTE_COLORS colours and PALETTE_SHAPES shapes of its own, so most objects share their shape or
-their colour with another; one or two kinds (shape and colour) appear two or three times each
-(about half the objects), and at least two kinds once. Objects may overlap (each pair's common
-area at most MAX_OVERLAP of the smaller box; the later one is drawn on top). Each object's phrase
-(its `expression`, the JSON's `phrase`) names it alone in its scene:
+PALETTE_COLORS colours and PALETTE_SHAPES shapes of its own, two of them near in hue (red and
+orange, blue and purple, ...) and two near in outline (circle and hexagon, square and diamond,
+triangle and star), so most objects share their shape or their colour with another, or nearly
+do; one or two kinds (shape and colour) appear two or three times each (about half the objects),
+and at least two kinds once. Objects may overlap (each pair's common area at most MAX_OVERLAP of
+the smaller box; the later one is drawn on top). Each object's phrase (its `expression`, the
+JSON's `phrase`) names it alone in its scene:
 
 - an object whose kind is alone in the scene: "the red circle";
 - one of several of a kind: "the red circle left of the blue square", where the landmark (the
@@ -45,6 +47,9 @@ from vldist.shards.synthetic.scenes import (
 HARD_STREAM_NAME = "vldist-synth-hard"  # the hard variant's random streams, apart from synth's
 HARD_MIN_OBJECTS, HARD_MAX_OBJECTS = 5, 8
 PALETTE_COLORS, PALETTE_SHAPES = 3, 3  # a scene's objects come from 3 x 3 kinds
+# A scene's palette holds one of these pairs of near colours and one of near shapes, and one more of each.
+SIMILAR_COLORS = (("red", "orange"), ("red", "pink"), ("pink", "purple"), ("blue", "purple"), ("orange", "yellow"))
+SIMILAR_SHAPES = (("circle", "hexagon"), ("square", "diamond"), ("triangle", "star"))
 MAX_OVERLAP = 0.3  # the common area of two object boxes, as a fraction of the smaller one's
 SCENE_ATTEMPTS = 30
 SPATIAL = ("left of", "right of", "above", "below")  # the relations a phrase picks its object with
@@ -76,12 +81,15 @@ def overlap_ok(a: list[int], b: list[int]) -> bool:
 
 
 def scene_kinds(rnd: random.Random) -> list[tuple[str, str]]:
-    """The (shape, colour) of each object to place, shuffled, all from the scene's 3 x 3 palette:
-    one kind (scenes of 5) or two repeated, 2 or 3 copies each, and at least two kinds alone
-    (the landmarks relations need)."""
+    """The (shape, colour) of each object to place, shuffled, all from the scene's 3 x 3 palette
+    (two near colours and two near shapes among them: SIMILAR_COLORS, SIMILAR_SHAPES): one kind
+    (scenes of 5) or two repeated, 2 or 3 copies each, and at least two kinds alone (the
+    landmarks relations need)."""
     n = rnd.randint(HARD_MIN_OBJECTS, HARD_MAX_OBJECTS)
-    shapes = rnd.sample(SHAPES, PALETTE_SHAPES)
-    colors = rnd.sample(list(COLORS), PALETTE_COLORS)
+    shapes = list(rnd.choice(SIMILAR_SHAPES))
+    shapes += rnd.sample([s for s in SHAPES if s not in shapes], PALETTE_SHAPES - 2)
+    colors = list(rnd.choice(SIMILAR_COLORS))
+    colors += rnd.sample([c for c in COLORS if c not in colors], PALETTE_COLORS - 2)
     palette = [(s, c) for s in shapes for c in colors]
     rnd.shuffle(palette)
     kinds: list[tuple[str, str]] = []
