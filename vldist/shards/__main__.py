@@ -1,4 +1,5 @@
-"""Command line for shard sets: `python -m vldist.shards synth --out shards/synth`,
+"""Command line for shard sets: `python -m vldist.shards synth --out shards/synth`
+(`--phrases hard --out shards/synth-hard`: the harder phrase variant),
 `python -m vldist.shards synth-pairs --out shards/synth_pairs`,
 `python -m vldist.shards convert <format> --src ... --out ...`, `python -m vldist.shards verify <dir>`,
 `python -m vldist.shards index <dir>`."""
@@ -36,6 +37,14 @@ def _add_synth(sub) -> None:
         default=32,
         help="candidate boxes per image for phrase localisation, with features (default 32; 0: none)",
     )
+    p.add_argument(
+        "--phrases",
+        choices=["standard", "hard"],
+        default="standard",
+        help="standard: scenes of 1-4 shapes, each of its own shape and colour (default); hard: the harder "
+        "phrase variant, 5-8 shapes that may overlap, several of one shape and colour, told apart by "
+        "phrases with relation words ('the red circle left of the blue square'), e.g. --out shards/synth-hard",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing shard set at --out")
     p.add_argument(
         "--stage", help="with --out URL: where the set is built before it is uploaded (default ~/.cache/vldist/staging)"
@@ -63,6 +72,7 @@ def _run_synth(args) -> int:
         layer=args.layer,
         grid=args.grid,
         proposals=args.proposals,
+        phrases=args.phrases,
     )
     _report_build(args.out, manifest, time.perf_counter() - start)
     return 0

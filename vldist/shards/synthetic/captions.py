@@ -13,7 +13,8 @@ import random
 from vldist.shards.synthetic.scenes import Scene, SceneObject, as_random
 
 N_CAPTIONS = 5
-NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four"}
+# 5-8: the scenes of synth --phrases hard (hard_phrases.py)
+NUMBER_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 GROUP_NOUNS = ("shapes", "objects", "figures")
 OPENINGS = (
     "",

@@ -8,6 +8,10 @@ CPU and the torch thread count, so shards are byte-identical for the same seed o
 machine and thread count; elsewhere a few feature values may differ in their last float16 bit.
 The extractor's standardisation is stored beside the manifest (feature_standardization.safetensors),
 so features of new images can be computed like the set's (vldist/shards/features/extractor_setup.py).
+
+`phrases="hard"` builds the harder phrase variant instead (hard_phrases.py: crowded, overlapping
+scenes, objects of one kind named apart by relations), with the same schema, proposal count and
+extractor; without it every byte is the standard set's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ from vldist.shards.format.standardization import save_standardization
 from vldist.shards.format.writer import ShardSetWriter
 from vldist.shards.synthetic.captions import make_captions
 from vldist.shards.synthetic.embedded_set import SPLITS, building, check_counts, jpeg_bytes, sample_key, split_rng
+from vldist.shards.synthetic.hard_phrases import (
+    HARD_MAX_OBJECTS,
+    HARD_STREAM_NAME,
+    generate_hard_scene,
+    make_hard_proposals,
+)
 from vldist.shards.synthetic.proposals import make_proposals
 from vldist.shards.synthetic.scenes import Scene, generate_scene
 
@@ -32,6 +42,7 @@ PROPOSALS = 32  # candidate boxes per image for phrase localisation (proposals.p
 FEATURE_BATCH = 64
 CALIBRATION_SCENES = 256  # scenes whose region features set the per-dimension standardisation
 EXTRACTOR_SEED = 0  # fixed, not the data seed: sets built with other seeds share one extractor
+PHRASE_VARIANTS = ("standard", "hard")  # --phrases: synth's scenes, or hard_phrases.py's
 
 
 def region_boxes(scene: Scene) -> list[list[int]]:
@@ -44,12 +55,20 @@ def _by_area(scene: Scene) -> list:
 
 
 def sample_metadata(
-    key: str, split: str, scene: Scene, captions: list[str], seed: int = 0, proposals: int = PROPOSALS
+    key: str,
+    split: str,
+    scene: Scene,
+    captions: list[str],
+    seed: int = 0,
+    proposals: int = PROPOSALS,
+    phrases: str = "standard",
 ) -> dict:
     """The sample's JSON. Each object names its row in region_boxes ("region"); with `proposals`,
     `proposal_boxes` are drawn from a stream of their own per sample, so that adding them left
-    every image and caption of the set as it was."""
+    every image and caption of the set as it was (`phrases="hard"`: hard_phrases.make_hard_proposals,
+    from a stream of the hard variant's own)."""
     rows = {id(o): 1 + i for i, o in enumerate(_by_area(scene))}
+    hard = phrases == "hard"
     meta = {
         "id": key,
         "split": split,
@@ -59,7 +78,7 @@ def sample_metadata(
         "objects": [
             {
                 "box": list(o.box),
-                "phrase": o.phrase,
+                "phrase": o.expression if hard else o.phrase,
                 "shape": o.shape,
                 "color": o.color,
                 "size": o.size,
@@ -70,8 +89,8 @@ def sample_metadata(
         "region_boxes": region_boxes(scene),
     }
     if proposals:
-        rng = random.Random(f"vldist-synth-proposals:{seed}:{key}")
-        meta["proposal_boxes"] = make_proposals(
+        rng = random.Random(f"{HARD_STREAM_NAME if hard else 'vldist-synth'}-proposals:{seed}:{key}")
+        meta["proposal_boxes"] = (make_hard_proposals if hard else make_proposals)(
             scene.width, scene.height, [list(o.box) for o in scene.objects], proposals, rng
         )
     return meta
@@ -114,14 +133,20 @@ def build_synth(
     layer: str = "layer2",
     grid: int = 2,
     proposals: int = PROPOSALS,
+    phrases: str = "standard",
 ) -> dict:
     """Render, caption and featurise the synthetic splits into a shard set at `out_dir`.
 
     feature_size is the side the extractor resizes images to; layer and grid pick the ResNet stage
     and the roi_align grid (see features/extractor.py for why layer2 with a 2x2 grid is the default).
     `proposals`: candidate boxes per image for phrase localisation, with their features (0: none).
+    `phrases`: "standard", or "hard" for the harder phrase variant (hard_phrases.py; the manifest's
+    config then says `"phrases": "hard"`, and vocab.json also covers the train phrases).
     Returns the manifest.
     """
+    if phrases not in PHRASE_VARIANTS:
+        raise ValueError(f"phrases must be one of {PHRASE_VARIANTS}, got {phrases!r}")
+    hard = phrases == "hard"
     counts = {"train": n_train, "val": n_val, "test": n_test}
     check_counts(counts)
     config = {
@@ -137,6 +162,7 @@ def build_synth(
         "layer": layer,
         "grid": grid,
         "proposals": proposals,
+        **({"phrases": phrases} if hard else {}),  # absent from the standard set's: its manifest stays as it was
     }
     with building(out_dir, overwrite) as partial:  # refuses a taken --out before the costly calibration
         extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
@@ -147,7 +173,7 @@ def build_synth(
             "dim": extractor.dim,
             "weights": weights,
             "input_size": feature_size,
-            "max_regions": MAX_REGIONS,
+            "max_regions": 1 + HARD_MAX_OBJECTS if hard else MAX_REGIONS,
             "seed": EXTRACTOR_SEED,
             "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
             "standardization": STANDARDIZATION_NAME,
@@ -159,14 +185,16 @@ def build_synth(
             ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer,
         ):
             for split in SPLITS:
-                rng = split_rng(STREAM_NAME, seed, split)
+                rng = split_rng(HARD_STREAM_NAME if hard else STREAM_NAME, seed, split)
                 pending: list[tuple[Scene, dict]] = []
                 for index in range(counts[split]):
-                    scene = generate_scene(rng, image_size)
+                    scene = (generate_hard_scene if hard else generate_scene)(rng, image_size)
                     captions = make_captions(scene, rng)
                     if split == "train":
                         train_captions.extend(captions)
-                    meta = sample_metadata(sample_key(split, index), split, scene, captions, seed, proposals)
+                        if hard:  # the phrases' words are in the vocabulary even where no caption says them
+                            train_captions.extend(o.expression for o in scene.objects)
+                    meta = sample_metadata(sample_key(split, index), split, scene, captions, seed, proposals, phrases)
                     pending.append((scene, meta))
                     if len(pending) == FEATURE_BATCH or index == counts[split] - 1:
                         _write_batch(writer, split, pending, extractor)
