@@ -31,7 +31,7 @@ from __future__ import annotations
 import random
 
 from vldist.shards.synthetic.captions import RELATION_WORDS, true_relations
-from vldist.shards.synthetic.proposals import GRIDS, _clip, _jittered
+from vldist.shards.synthetic.proposals import make_proposals
 from vldist.shards.synthetic.scenes import (
     COLORS,
     SHAPES,
@@ -182,32 +182,4 @@ def make_hard_proposals(
     """`count` distinct pixel boxes: jitters of every object's box, one scale of HARD_JITTERS at a
     time over all objects (every object gets its tightest before any gets a looser one), then the
     whole image and the grid cells, then random boxes of at least 1/8 of each side."""
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    boxes: list[list[int]] = []
-
-    def add(box) -> None:
-        if box is not None and box not in boxes and len(boxes) < count:
-            boxes.append(box)
-
-    for scale in HARD_JITTERS:
-        for box in object_boxes:
-            add(_jittered(box, scale, rng, width, height))
-    add([0, 0, width, height])
-    for cells in GRIDS:
-        for row in range(cells):
-            for col in range(cells):
-                cell = [
-                    col * width / cells,
-                    row * height / cells,
-                    (col + 1) * width / cells,
-                    (row + 1) * height / cells,
-                ]
-                add(_clip(cell, width, height))
-    for _attempt in range(100 * count):
-        if len(boxes) == count:
-            break
-        w, h = rng.uniform(width / 8, width), rng.uniform(height / 8, height)
-        x0, y0 = rng.uniform(0, width - w), rng.uniform(0, height - h)
-        add(_clip([x0, y0, x0 + w, y0 + h], width, height))
-    return boxes
+    return make_proposals(width, height, object_boxes, count, rng, jitters=HARD_JITTERS, scale_first=True)

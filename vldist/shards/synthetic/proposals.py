@@ -33,11 +33,19 @@ def _jittered(box, scale: float, rng: random.Random, width: int, height: int) ->
 
 
 def make_proposals(
-    width: int, height: int, object_boxes: list[list[int]], count: int, rng: random.Random
+    width: int,
+    height: int,
+    object_boxes: list[list[int]],
+    count: int,
+    rng: random.Random,
+    jitters: tuple[float, ...] = JITTERS,
+    scale_first: bool = False,
 ) -> list[list[int]]:
     """`count` distinct pixel boxes [x0, y0, x1, y1]: per object one jitter of each size in
-    JITTERS, then the whole image and the grid cells, then random boxes. With many objects the
-    jitters alone may exceed `count`: they are cut, the first objects keeping theirs."""
+    `jitters`, then the whole image and the grid cells, then random boxes. With many objects the
+    jitters alone may exceed `count`: they are cut, the first objects keeping theirs; or, with
+    `scale_first`, the loosest jitters (one scale at a time over all objects, so that every object
+    gets its tightest before any gets a looser one)."""
     if count < 1:
         raise ValueError(f"count must be >= 1, got {count}")
     boxes: list[list[int]] = []
@@ -46,9 +54,13 @@ def make_proposals(
         if box is not None and box not in boxes and len(boxes) < count:
             boxes.append(box)
 
-    for box in object_boxes:
-        for scale in JITTERS:
-            add(_jittered(box, scale, rng, width, height))
+    pairs = (
+        [(box, scale) for scale in jitters for box in object_boxes]
+        if scale_first
+        else [(box, scale) for box in object_boxes for scale in jitters]
+    )
+    for box, scale in pairs:
+        add(_jittered(box, scale, rng, width, height))
     add([0, 0, width, height])
     for cells in GRIDS:
         for row in range(cells):
