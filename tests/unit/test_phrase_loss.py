@@ -519,10 +519,19 @@ def test_a_chain_phrases_and_their_regions_are_never_each_other_negatives(flickr
         assert sum(float(p.grad.abs().sum()) for p in branch.parameters()) > 0
 
 
+def object_of(batch: dict, m: int, objects: list[dict]) -> int:
+    """The object phrase entry m stands for: the similarity network makes a pair of each positive
+    proposal (Algorithm 1, pair sampling, step 2), so a phrase is an entry per positive; its
+    phrase_box is the object's ground-truth box."""
+    box = batch["phrase_box"][m].tolist()
+    return next(k for k, o in enumerate(objects) if np.allclose(o["box"], box))
+
+
 def test_the_similarity_network_draws_negatives_by_algorithm_1_and_sums_their_logistic_loss(flickr):
-    """Pair sampling, step 3: one region of the phrase's image with IoU < 0.3 with its ground
-    truth per positive pair; a region of the chain's other boxes never (none differs in
-    Flickr30K Entities, whose entities have one union box: image 2 of SCENES has two)."""
+    """Pair sampling, step 2: every proposal of IoU >= 0.7 with a phrase's box is a positive pair
+    of its own; step 3: one region of the phrase's image with IoU < 0.3 with its ground truth per
+    positive pair; a region of the chain's other boxes never (none differs in Flickr30K Entities,
+    whose entities have one union box: image 2 of SCENES has two)."""
     raws = flickr_raws(flickr)
     recipe = flickr_recipe(TwoBranchSimRecipe, flickr)
     metas = [json.loads(r["json"]) for r in raws]
@@ -535,12 +544,21 @@ def test_the_similarity_network_draws_negatives_by_algorithm_1_and_sums_their_lo
         assert torch.equal(
             torch.bincount(drawn[0], minlength=len(batch["tokens"])), torch.ones(len(batch["tokens"]), dtype=torch.long)
         )  # one each
-        first = {int(s): m for m, s in reversed(list(enumerate(batch["phrase_sample"].tolist())))}
+        entries = {}
+        for m, s in enumerate(batch["phrase_sample"].tolist()):
+            entries.setdefault((s, object_of(batch, m, metas[s]["objects"])), []).append(m)
+        for (s, k), ms in entries.items():  # an entry per phrase of the box and positive proposal
+            box = metas[s]["objects"][k]["box"]
+            phrases = sum(1 for o in metas[s]["objects"] if o.get("phrase") and np.allclose(o["box"], box))
+            positives = [p for p in metas[s]["proposal_boxes"] if iou(p, box) >= 0.7]
+            assert len(ms) == phrases * len(positives) and len(positives) > 0
+            shown = sorted(batch["region_box"][int(batch["text_image"][m])].tolist() for m in ms)
+            assert np.allclose(shown, sorted(positives * phrases))
         for m, r in drawn.T.tolist():
             s = int(batch["phrase_sample"][m])
             assert int(batch["region_sample"][r]) == s
             objects = metas[s]["objects"]  # every object has a proposal on its box, so a phrase each
-            entity = objects[m - first[s]]["entity"]
+            entity = objects[object_of(batch, m, objects)]["entity"]
             chain = [o["box"] for o in objects if o["entity"] == entity]
             assert all(iou(batch["region_box"][r].tolist(), gt) < 0.3 for gt in chain), (m, r, entity)
         out = model(batch["images"], batch["tokens"])
@@ -561,4 +579,5 @@ def test_the_similarity_network_draws_negatives_by_algorithm_1_and_sums_their_lo
     for seed in range(20):
         batch = batch_of(sim, [RAWS[2]], seed)
         for m, r in batch["drawn_negatives"].T.tolist():
-            assert all(iou(batch["region_box"][r].tolist(), gt) < 0.3 for gt in chain_boxes(image["objects"], m))
+            chain = chain_boxes(image["objects"], object_of(batch, m, image["objects"]))
+            assert all(iou(batch["region_box"][r].tolist(), gt) < 0.3 for gt in chain)
