@@ -48,6 +48,10 @@ from vldist.models.two_branch import TwoBranchModel
 from vldist.recipes.base import Recipe, unwrap
 from vldist.recipes.capabilities import joined_rows
 
+ALL_POSITIVES = (
+    "phrases with augmented_positives: every proposal of IoU >= 0.7 a positive pair of its own, each with its "
+    "drawn negatives (Algorithm 1, similarity network); False: one at random per visit (embedding network)"
+)
 FUSION_WIDTHS = (512, 256)  # the paper's fusion layers: FC 512x512, ReLU, FC 512x256, ReLU, FC 256x1
 
 
@@ -84,12 +88,7 @@ class TwoBranchConfig(Section):
         True,
         description="phrases: a random proposal of IoU >= 0.7 as the positive (paper); False: the box's own region",
     )
-    all_positives: bool = Field(
-        False,
-        description="phrases with augmented_positives: every proposal of IoU >= 0.7 a positive pair of its own, "
-        "each with its drawn negatives (Algorithm 1, similarity network); False: one at random per visit "
-        "(Algorithm 1, embedding network)",
-    )
+    all_positives: bool = Field(False, description=ALL_POSITIVES)
     phrase_negatives: Annotated[int, Field(ge=0)] | Literal["all"] = Field(
         1,
         description="phrases: negative regions drawn per phrase and visit, proposals of its image with IoU < 0.3 "
@@ -126,11 +125,7 @@ class TwoBranchEmbedConfig(TwoBranchConfig):
 
 
 class TwoBranchSimConfig(TwoBranchConfig):
-    all_positives: bool = Field(
-        True,
-        description="phrases with augmented_positives: every proposal of IoU >= 0.7 a positive pair of its own, "
-        "each with its drawn negatives (Algorithm 1, similarity network); False: one at random per visit",
-    )
+    all_positives: bool = Field(True, description=ALL_POSITIVES)
     fusion_layers: int = Field(3, ge=1, le=3, description="FC layers after the product (paper: 3 = 512-512-256-1)")
     negatives_per_positive: int = Field(
         1, ge=1, description="non-matching sentences drawn per positive pair (paper: 1, balanced classes)"

@@ -17,6 +17,8 @@ extractor; without it every byte is the standard set's.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
@@ -34,7 +36,7 @@ from vldist.shards.synthetic.hard_phrases import (
     make_hard_proposals,
 )
 from vldist.shards.synthetic.proposals import make_proposals
-from vldist.shards.synthetic.scenes import Scene, generate_scene
+from vldist.shards.synthetic.scenes import Scene, SceneObject, generate_scene
 
 STREAM_NAME = "vldist-synth"  # names the set's random streams: changing it changes every sample
 MAX_REGIONS = 5  # the whole image plus at most 4 objects
@@ -42,7 +44,26 @@ PROPOSALS = 32  # candidate boxes per image for phrase localisation (proposals.p
 FEATURE_BATCH = 64
 CALIBRATION_SCENES = 256  # scenes whose region features set the per-dimension standardisation
 EXTRACTOR_SEED = 0  # fixed, not the data seed: sets built with other seeds share one extractor
-PHRASE_VARIANTS = ("standard", "hard")  # --phrases: synth's scenes, or hard_phrases.py's
+
+
+@dataclass(frozen=True)
+class PhraseVariant:
+    """What a --phrases variant changes in the build; everything else is one code path."""
+
+    stream: str  # names its random streams (scenes, captions, proposals)
+    scene: Callable[[random.Random, int], Scene]
+    proposals: Callable[..., list[list[int]]]  # make_proposals' arguments
+    max_regions: int
+    phrase: Callable[[SceneObject], str]  # an object's phrase in the JSON
+    phrases_in_vocab: bool  # the train phrases' words join the captions' in vocab.json
+
+
+PHRASE_VARIANTS = {  # --phrases: synth's scenes, or hard_phrases.py's
+    "standard": PhraseVariant(STREAM_NAME, generate_scene, make_proposals, MAX_REGIONS, lambda o: o.phrase, False),
+    "hard": PhraseVariant(
+        HARD_STREAM_NAME, generate_hard_scene, make_hard_proposals, 1 + HARD_MAX_OBJECTS, lambda o: o.expression, True
+    ),
+}
 
 
 def region_boxes(scene: Scene) -> list[list[int]]:
@@ -68,7 +89,7 @@ def sample_metadata(
     every image and caption of the set as it was (`phrases="hard"`: hard_phrases.make_hard_proposals,
     from a stream of the hard variant's own)."""
     rows = {id(o): 1 + i for i, o in enumerate(_by_area(scene))}
-    hard = phrases == "hard"
+    variant = PHRASE_VARIANTS[phrases]
     meta = {
         "id": key,
         "split": split,
@@ -78,7 +99,7 @@ def sample_metadata(
         "objects": [
             {
                 "box": list(o.box),
-                "phrase": o.expression if hard else o.phrase,
+                "phrase": variant.phrase(o),
                 "shape": o.shape,
                 "color": o.color,
                 "size": o.size,
@@ -89,8 +110,8 @@ def sample_metadata(
         "region_boxes": region_boxes(scene),
     }
     if proposals:
-        rng = random.Random(f"{HARD_STREAM_NAME if hard else 'vldist-synth'}-proposals:{seed}:{key}")
-        meta["proposal_boxes"] = (make_hard_proposals if hard else make_proposals)(
+        rng = random.Random(f"{variant.stream}-proposals:{seed}:{key}")
+        meta["proposal_boxes"] = variant.proposals(
             scene.width, scene.height, [list(o.box) for o in scene.objects], proposals, rng
         )
     return meta
@@ -145,8 +166,8 @@ def build_synth(
     Returns the manifest.
     """
     if phrases not in PHRASE_VARIANTS:
-        raise ValueError(f"phrases must be one of {PHRASE_VARIANTS}, got {phrases!r}")
-    hard = phrases == "hard"
+        raise ValueError(f"phrases must be one of {tuple(PHRASE_VARIANTS)}, got {phrases!r}")
+    variant = PHRASE_VARIANTS[phrases]
     counts = {"train": n_train, "val": n_val, "test": n_test}
     check_counts(counts)
     config = {
@@ -162,7 +183,9 @@ def build_synth(
         "layer": layer,
         "grid": grid,
         "proposals": proposals,
-        **({"phrases": phrases} if hard else {}),  # absent from the standard set's: its manifest stays as it was
+        **(
+            {"phrases": phrases} if phrases != "standard" else {}
+        ),  # absent from the standard set's: its manifest stays as it was
     }
     with building(out_dir, overwrite) as partial:  # refuses a taken --out before the costly calibration
         extractor = calibrated_extractor(backbone, weights, feature_size, layer, grid, image_size)
@@ -173,7 +196,7 @@ def build_synth(
             "dim": extractor.dim,
             "weights": weights,
             "input_size": feature_size,
-            "max_regions": 1 + HARD_MAX_OBJECTS if hard else MAX_REGIONS,
+            "max_regions": variant.max_regions,
             "seed": EXTRACTOR_SEED,
             "standardized_on": f"{CALIBRATION_SCENES} calibration scenes (seed {EXTRACTOR_SEED})",
             "standardization": STANDARDIZATION_NAME,
@@ -185,15 +208,15 @@ def build_synth(
             ShardSetWriter(partial, shard_size=shard_size, source="synth") as writer,
         ):
             for split in SPLITS:
-                rng = split_rng(HARD_STREAM_NAME if hard else STREAM_NAME, seed, split)
+                rng = split_rng(variant.stream, seed, split)
                 pending: list[tuple[Scene, dict]] = []
                 for index in range(counts[split]):
-                    scene = (generate_hard_scene if hard else generate_scene)(rng, image_size)
+                    scene = variant.scene(rng, image_size)
                     captions = make_captions(scene, rng)
                     if split == "train":
                         train_captions.extend(captions)
-                        if hard:  # the phrases' words are in the vocabulary even where no caption says them
-                            train_captions.extend(o.expression for o in scene.objects)
+                        if variant.phrases_in_vocab:  # their words even where no caption says them
+                            train_captions.extend(variant.phrase(o) for o in scene.objects)
                     meta = sample_metadata(sample_key(split, index), split, scene, captions, seed, proposals, phrases)
                     pending.append((scene, meta))
                     if len(pending) == FEATURE_BATCH or index == counts[split] - 1:
