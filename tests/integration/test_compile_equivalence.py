@@ -9,7 +9,7 @@ Backends: `inductor` (generated C++ kernels) for VSRN on 1 process; `aot_eager` 
 AOTAutograd: the same graphs, forward and backward, run by eager kernels, no code generation)
 elsewhere, because inductor's code generation would take minutes per recipe on the suite's CPUs.
 Compiled, captions are padded to data.max_caption_len and the decoders' loops traced that many
-steps: the jobs on the planted shards (captions of 5 tokens) set it to 6 or 8, not the default 32, so
+steps: the jobs on the planted shards (captions of 5 tokens) set it to 6, not the default 32, so
 that compiled batches are still padded and VSRN's and the captioners' tracing takes a fraction of
 the time.
 """

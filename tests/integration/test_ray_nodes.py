@@ -296,7 +296,8 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
     builds shards/synth in that node's copy of the checkout (the builder shrunk for the test:
     workers/small_embedded_set), the same bytes on both; the job SUCCEEDS with test recall above
     chance. Submitted again, the finished run is refused in one line, before any worker starts,
-    and left as it was; a job of other settings into its run directory is refused naming them."""
+    and left as it was. (A job of other settings into a run directory is refused naming them:
+    test_ray.py's stop-and-resubmit test, the same check on one node.)"""
     env = {
         **os.environ,
         "RAY_AUTH_MODE": "token",
@@ -331,8 +332,6 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
             metrics_before = (run / "metrics.json").read_bytes()
             again = submit_on_head(nodes, job, env, options=SHIPPED, agent_answered=True)
             refused = again.communicate(timeout=300)[0]
-            other = submit_on_head(nodes, [*job, "train.max_steps=240"], env, options=SHIPPED, agent_answered=True)
-            other_refused = other.communicate(timeout=300)[0]
         sets = [
             sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
             for temp in temps
@@ -358,13 +357,4 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
         in refused
     ), refused[-3000:]
     assert "ray.name=vsrn-2" in refused and "Traceback" not in refused and "world_rank=" not in refused
-    # another job into the same run directory: refused too, naming what differs
-    assert (
-        other.returncode != 0
-        and (
-            f"error: the Ray run directory {run} holds a run, with other settings than this "
-            "job (1 differ: train.max_steps: the run's 120, this job's 240)"
-        )
-        in other_refused
-    ), other_refused[-3000:]
     assert (run / "metrics.json").read_bytes() == metrics_before

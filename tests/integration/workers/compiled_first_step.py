@@ -38,10 +38,10 @@ out, backend = Path(sys.argv[1]), sys.argv[2]
 modes = {mode: jobs.split(",") for mode, jobs in (part.split("=") for part in sys.argv[3].split(";"))}
 planted, synth, pairs, singles, scenes = sys.argv[4:9]
 # Compiled, the caption decoders unroll their loop over data.max_caption_len (captions padded to
-# it), and tracing that loop was most of VSRN's and the captioners' time at the default 32: 8 on the
+# it), and tracing that loop was most of VSRN's and the captioners' time at the default 32: 6 on the
 # planted sets, whose captions are 5 tokens (3 words, <start>, <end>), so that compiled batches are
-# still padded.
-PLANTED_CAPTION_LEN = 8
+# still padded (VSRN's compile on one process: 27.6 s at 8, 24.1 s at 6).
+PLANTED_CAPTION_LEN = 6
 # L2C's and LAViTeR's jobs take 20 (descriptions of up to 18 words): 10 truncates the longer ones
 # alike in eager and compiled steps and halves the loops traced (L2C's compile: 45 s at 20)
 SHORT_CAPTION_LEN = 10
@@ -94,9 +94,12 @@ JOBS = {
     ],
     "laviter": [
         f"data.shards={scenes}",
-        "model.pretrain_epochs=1",
+        # phase 1, then phase 3 (every module) from it: the phases before the compiled one only
+        # leave a checkpoint (the chain of all four: test_laviter_train.py), and two fewer save
+        # 10 s a process
+        "model.pretrain_epochs=0",
         "model.vta_epochs=1",
-        "model.assist_epochs=1",
+        "model.assist_epochs=0",
         "model.joint_epochs=1",
         *TINY_LAVITER_MODEL,
         "model.itm_dropout=0",
