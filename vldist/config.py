@@ -288,6 +288,10 @@ class EvalConfig(Section):
     )
     examples: int = Field(5, ge=0, description="captioning: generated captions printed beside their references")
     meteor_timeout: float = Field(600.0, gt=0, description="seconds METEOR may take before it is ended (reported n/a)")
+    meteor: bool = Field(
+        True,
+        description="captioning: score METEOR (its Java process takes ~6 s of CPU and a 2 GB heap to start; false: n/a)",
+    )
 
 
 class OutputConfig(Section):

@@ -98,7 +98,7 @@ def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path
                 "data": DATA,
                 "model": SIZES,
                 "train": {"epochs": 1, "lr": 0.005},
-                "eval": {"self_retrieval_pool": 30},
+                "eval": {"self_retrieval_pool": 30, "meteor": False},  # METEOR: scored in process above
             }
         )
     )
@@ -116,6 +116,7 @@ def test_both_stages_run_in_the_same_two_torchrun_ranks(planted_shards, tmp_path
             *(f"model.{k}={v}" for k, v in SIZES.items()),
             "train.max_steps=2",
             "eval.self_retrieval_pool=30",
+            "eval.meteor=false",
             "metrics.enabled=false",
             *engine,
         ],

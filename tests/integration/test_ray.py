@@ -199,7 +199,7 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
                 "data": data,
                 "model": sizes,  # JSON is YAML
                 "train": {"epochs": 1, "lr": 0.005},
-                "eval": {"self_retrieval_pool": 30, "baseline": False},
+                "eval": {"self_retrieval_pool": 30, "baseline": False, "meteor": False},
             }
         )
     )
@@ -213,6 +213,7 @@ def test_a_two_stage_job_runs_each_stage_on_the_workers_in_its_own_directory(ray
         *(f"model.{k}={v}" for k, v in sizes.items()),
         "train.max_steps=2",
         "eval.self_retrieval_pool=30",
+        "eval.meteor=false",  # METEOR's JVM start on each stage's rank 0; scored in test_captioner_train
         "metrics.enabled=false",
         "data.workers=1",
         job="cl_caption",
@@ -284,6 +285,7 @@ def test_an_l2c_job_takes_both_embedded_sets_where_ray_unpacks_it(ray_head, ray_
         "train.validate_every=0",
         "model.baseline_stage=false",
         "eval.beam_size=1",
+        "eval.meteor=false",
         "metrics.enabled=false",
         job="l2c",
         working_dir=REPO,
@@ -323,6 +325,7 @@ def test_a_laviter_job_trains_every_module_on_two_workers(ray_head, scene_splits
         "model.joint_epochs=1",
         "train.max_steps=2",
         "eval.baseline=false",
+        "eval.meteor=false",
         *TINY,
         job="laviter",
     )

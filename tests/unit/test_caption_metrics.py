@@ -215,6 +215,18 @@ def test_one_meteor_jvm_serves_every_call_of_a_process_until_released(clean_scor
 
 
 @needs_java
+def test_without_meteor_no_jvm_is_kept_and_the_other_metrics_are_the_same(clean_scores):
+    """eval.meteor=false: the tokenizer's JVM only (it ends with its run), METEOR NaN."""
+    release_meteor_jvm()
+    scores = caption_scores(REFS, CANDS, meteor=False)
+    assert java_children() == []
+    assert math.isnan(scores["meteor"])
+    assert {k: v for k, v in scores.items() if k != "meteor"} == {
+        k: v for k, v in clean_scores.items() if k != "meteor"
+    }
+
+
+@needs_java
 def test_a_forked_child_starts_its_own_meteor_jvm_and_leaves_its_parents(clean_scores):
     caption_scores(REFS, CANDS)
     (parents,) = java_children()

@@ -84,6 +84,7 @@ def caption_scores(
     candidates: Mapping[Hashable, str],
     *,
     meteor_timeout: float = METEOR_TIMEOUT_S,
+    meteor: bool = True,
 ) -> dict[str, float]:
     """BLEU-1..4, METEOR, ROUGE-L and CIDEr-D of ``candidates`` against ``references``, by pycocoevalcap.
 
@@ -94,33 +95,44 @@ def caption_scores(
     ``meteor_timeout``: seconds METEOR may take to score the set, counted once tokenising is done
     (what is left of its JVM's start then counts in it). Past it the METEOR JVM is killed, a
     warning is logged and ``meteor`` is NaN; the other metrics are still computed.
+
+    ``meteor=False``: no METEOR JVM (its start takes ~6 s of CPU and a 2 GB heap); ``meteor`` is NaN.
     """
     refs, cands = _validated(references, candidates)
     if isinstance(meteor_timeout, bool) or not isinstance(meteor_timeout, (int, float)) or not meteor_timeout > 0:
         raise ValueError(f"meteor_timeout must be a positive number of seconds, got {meteor_timeout!r}")
     require_java()
+    if not meteor:
+        with _ONE_CALL_AT_A_TIME, _english_jvm_locale(), _private_ptb_tokenizer() as tokenizer:
+            gts, res = _tokenized(tokenizer, refs, cands)
+        return _scores(gts, res, math.nan)
     with _ONE_CALL_AT_A_TIME, _english_jvm_locale():
         # Asked for before tokenising: a new METEOR JVM needs ~6 s to load, and this overlaps it.
-        meteor = _shared_meteor()
+        jvm = _shared_meteor()
         scoring = None
         try:
             with _private_ptb_tokenizer() as tokenizer:
                 gts, res = _tokenized(tokenizer, refs, cands)
-            scoring = _MeteorScoring(meteor, gts, res, meteor_timeout)
-            bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
-            rouge_l, _ = Rouge().compute_score(gts, res)
-            cider_d, _ = Cider().compute_score(gts, res)
+            scoring = _MeteorScoring(jvm, gts, res, meteor_timeout)
+            scores = _scores(gts, res, math.nan)
             scoring.wait()
         finally:
             # A JVM that failed, hung or was interrupted mid-answer cannot be trusted with the next set.
-            java_report = "" if scoring is not None and scoring.answered() else _release(meteor, scoring)
-        meteor_score = scoring.score(java_report)
+            java_report = "" if scoring is not None and scoring.answered() else _release(jvm, scoring)
+        return {**scores, "meteor": scoring.score(java_report)}
+
+
+def _scores(gts: dict, res: dict, meteor: float) -> dict[str, float]:
+    """pycocoevalcap's BLEU-1..4, ROUGE-L and CIDEr-D of tokenised captions, with ``meteor`` as given."""
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    rouge_l, _ = Rouge().compute_score(gts, res)
+    cider_d, _ = Cider().compute_score(gts, res)
     return {
         "bleu1": float(bleu[0]),
         "bleu2": float(bleu[1]),
         "bleu3": float(bleu[2]),
         "bleu4": float(bleu[3]),
-        "meteor": meteor_score,
+        "meteor": meteor,
         "rouge_l": float(rouge_l),
         "cider_d": float(cider_d),
     }

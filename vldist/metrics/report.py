@@ -109,7 +109,10 @@ def caption_report(rows: dict[str, dict], split: str) -> str:
             f"{split} images by ln p(caption | image)"
         )
     if not math.isfinite(last["captions"]["meteor"]):
-        lines.append("METEOR n/a: it did not finish within eval.meteor_timeout and was ended")
+        lines.append(
+            "METEOR n/a: not scored (eval.meteor=false), or it did not finish within eval.meteor_timeout "
+            "and was ended (a warning above says so)"
+        )
     for example in last.get("examples", []):
         lines.append(f"  {example['key']}  generated: {example['generated']}")
         lines += [f"  {'':<{len(example['key'])}}  reference: {r}" for r in example["references"][:2]]

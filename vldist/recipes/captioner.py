@@ -74,6 +74,13 @@ class GeneratesCaptions:
     def preflight(self, shards=None) -> None:
         require_java()  # the metrics need it: fail before training, not after
 
+    def caption_metrics(self, references: dict, generated: dict) -> dict[str, float]:
+        """pycocoevalcap's metrics of the generated captions, with the job's METEOR settings."""
+        eval_config = self.config.eval
+        return caption_scores(
+            references, generated, meteor_timeout=eval_config.meteor_timeout, meteor=eval_config.meteor
+        )
+
     def generate_captions(self, decoder: nn.Module, features: torch.Tensor) -> list[str]:
         """The decoder's captions of region features without padding (`eval` length and beam)."""
         ids = generate(
@@ -214,7 +221,7 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
                 room -= len(pool_masks[-1])
         if not generated:
             raise RuntimeError("the evaluation split yielded no samples")
-        result = {"captions": caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout)}
+        result = {"captions": self.caption_metrics(references, generated)}
         if pool_captions:
             tokens, _ = pad_tokens(pool_captions, self.vocab.pad_id)
             logp = caption_image_logprobs(

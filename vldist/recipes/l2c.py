@@ -29,7 +29,6 @@ from vldist.data.pixels import read_image, read_mask, stack_masks
 from vldist.data.samples import read_meta
 from vldist.data.streams import StreamSource
 from vldist.losses import cross_rank_mean, cross_rank_token_nll, total_variation_loss
-from vldist.metrics import caption_scores
 from vldist.metrics.report import caption_report
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
@@ -363,7 +362,7 @@ class L2CRecipe(GeneratesCaptions, Recipe):
             raise RuntimeError("the evaluation split yielded no samples")
         keys = list(generated)[: self.config.eval.examples]
         return {
-            "captions": caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout),
+            "captions": self.caption_metrics(references, generated),
             "n_images": len(generated),
             "n_captions": sum(len(r) for r in references.values()),
             "unit": "pairs",

@@ -36,7 +36,7 @@ from vldist.data.samples import read_meta
 from vldist.errors import ConfigError
 from vldist.losses import cross_rank_damsm_loss, cross_rank_mean, cross_rank_token_nll
 from vldist.losses.not_negative import other_image_rows
-from vldist.metrics import aimcos, caption_scores, r_precision, retrieval_recall
+from vldist.metrics import aimcos, r_precision, retrieval_recall
 from vldist.models.alignment_encoders import TransformerSentenceEncoder
 from vldist.models.common import l2norm, length_mask
 from vldist.models.laviter import PHASES, LAViTeRModel
@@ -568,7 +568,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             metrics["aimcos"] = aimcos(image, torch.cat(vectors["attributes"]), torch.cat(owners["attributes"]))
         if generated:
             keys = list(generated)[: self.config.eval.examples]
-            metrics["captions"] = caption_scores(references, generated, meteor_timeout=self.config.eval.meteor_timeout)
+            metrics["captions"] = self.caption_metrics(references, generated)
             metrics["examples"] = [{"key": k, "generated": generated[k], "references": references[k]} for k in keys]
         if grid_images:
             import torchvision  # here, not at the top: it loads torch._dynamo and sympy (~0.9 s), which --help need not pay
