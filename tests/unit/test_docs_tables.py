@@ -82,6 +82,7 @@ OTHER_TABLES = {
     "accumulate_negatives.json": ("accumulate_negatives.py", "benchmarks.md"),
     "activation_checkpointing.json": ("activation_checkpointing.py", "benchmarks.md"),
     "fsdp_memory.json": ("fsdp_memory.py", "benchmarks.md"),
+    "two_branch_phrases_hard.json": ("two_branch_ablation.py", "two-branch.md"),
 }
 
 
