@@ -79,6 +79,53 @@ def test_gru_last_state_padded_equals_packed_with_gradients():
     assert (got[0][0, 3:] == 0).all()
 
 
+def test_gru_last_state_of_unpadded_sequences_is_the_full_runs_last_state_with_gradients():
+    """No padding at all (every length the full K: the paper's 36 real regions): the GRU runs
+    unpacked, which skips packing's per-step gradient buffers, and ends where packing ends."""
+    torch.manual_seed(0)
+    gru = nn.GRU(5, 7, batch_first=True)
+    x = torch.randn(4, 6, 5, requires_grad=True)
+    full = torch.full((4,), 6)
+    weights = torch.randn(4, 7)
+    got = last_hidden_gru(gru, x, full)
+    ref = last_hidden_packed(gru, x, full)
+    torch.testing.assert_close(got, ref, **TOL)
+    # the state after the sixth step, h_t = GRU cell(x_t, h_{t-1}) written out step by step
+    cell = nn.GRUCell(5, 7)
+    cell.load_state_dict({k.removesuffix("_l0"): v for k, v in gru.state_dict().items()})
+    h = torch.zeros(4, 7)
+    for t in range(6):
+        h = cell(x[:, t], h)
+    torch.testing.assert_close(got, h, **TOL)
+    for a, b in zip(
+        torch.autograd.grad((got * weights).sum(), [x, *gru.parameters()]),
+        torch.autograd.grad((ref * weights).sum(), [x, *gru.parameters()]),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_attention_context_is_the_softmax_weighted_sum_of_the_real_regions():
+    torch.manual_seed(0)
+    decoder = AttentionCaptionDecoder(VOCAB, FEATURES, word_dim=16, hidden=24)
+    features, mask, _ = decoder_batch(VOCAB, FEATURES, batch=3, regions=4, seed=1)
+    mask[1, 2:] = False
+    h = torch.randn(3, 24)
+    keys = decoder.att_features(features)
+    context = decoder._attend(keys, features, ~mask, h)
+    # additive attention written out per image: score_r = w . tanh(key_r + W h + b) + c over the
+    # real regions, softmax, then the weighted sum of their features
+    for b in range(3):
+        real = mask[b].nonzero().squeeze(1)
+        hidden = decoder.att_hidden.weight @ h[b] + decoder.att_hidden.bias
+        scores = torch.stack(
+            [decoder.att_score.weight[0] @ torch.tanh(keys[b, r] + hidden) + decoder.att_score.bias[0] for r in real]
+        )
+        weights = scores.exp() / scores.exp().sum()
+        expected = (weights[:, None] * features[b, real]).sum(0)
+        torch.testing.assert_close(context[b], expected, **TOL)
+
+
 class EndingDecoder(nn.Module):
     """A random step decoder whose captions end early and at different lengths."""
 

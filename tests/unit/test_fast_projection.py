@@ -1,6 +1,8 @@
 """vldist.models.projection: the 1x1-convolution path computes F.linear's product and gradients,
 keeps nn.Linear's state_dict, and is only taken on CPU fp32 outside autocast above the threshold."""
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -14,6 +16,7 @@ from vldist.models.projection import Projection, linear, takes_conv_path
 @pytest.fixture
 def conv_always(monkeypatch):
     monkeypatch.setattr(projection, "MIN_CONV_MACS", 0)
+    monkeypatch.setattr(projection, "KERNEL", "conv")
 
 
 def _inputs(shape, transposed: bool):
@@ -60,6 +63,7 @@ def test_projection_keeps_linear_parameters_and_state_dict(conv_always):
 
 def test_path_taken_only_on_cpu_fp32_outside_autocast_above_the_threshold(monkeypatch):
     monkeypatch.setattr(projection, "MIN_CONV_MACS", 1000)
+    monkeypatch.setattr(projection, "KERNEL", "conv")
     x, w = torch.randn(10, 10), torch.randn(10, 10)  # 1,000 multiply-adds: at the threshold
     assert takes_conv_path(x, w)
     assert not takes_conv_path(x[:9], w)  # below it
@@ -80,6 +84,7 @@ def test_region_encoder_is_unchanged_by_the_path(monkeypatch):
     regions = torch.randn(3, 4, 12)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool)
     results = []
+    monkeypatch.setattr(projection, "KERNEL", "conv")
     for threshold in (float("inf"), 0):
         monkeypatch.setattr(projection, "MIN_CONV_MACS", threshold)
         encoder.zero_grad()
@@ -91,3 +96,46 @@ def test_region_encoder_is_unchanged_by_the_path(monkeypatch):
     torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-6)
     for a, b in zip(g1, g0, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def _slowed(product, seconds: float = 0.02):
+    def slow(*args):
+        time.sleep(seconds)
+        return product(*args)
+
+    return slow
+
+
+def test_the_measured_choice_keeps_the_faster_kernel_and_leaves_the_random_stream_alone():
+    conv, plain = projection.conv_linear, torch.nn.functional.linear
+    state = torch.random.get_rng_state()
+    # a 20 ms sleep dwarfs a 64 x 32 -> 16 product: the other kernel must win either way
+    assert projection._time_kernels(64, 32, 16, conv=_slowed(conv), plain=plain) is False
+    assert projection._time_kernels(64, 32, 16, conv=conv, plain=_slowed(plain)) is True
+    assert torch.equal(torch.random.get_rng_state(), state)  # timing data from its own generator
+    with torch.inference_mode():  # an evaluation's first call may be the one that times
+        assert projection._time_kernels(64, 32, 16, conv=conv, plain=_slowed(plain)) is True
+
+
+def test_each_shape_is_timed_once_and_the_kernel_can_be_fixed(monkeypatch):
+    timed = []
+
+    def fake_time(rows, n_in, n_out):
+        timed.append((rows, n_in, n_out))
+        return n_out == 6  # "the convolution is faster" for 6 outputs only
+
+    monkeypatch.setattr(projection, "_time_kernels", fake_time)
+    monkeypatch.setattr(projection, "_conv_faster", {})
+    monkeypatch.setattr(projection, "MIN_CONV_MACS", 100)
+    w5, w6 = torch.randn(5, 7), torch.randn(6, 7)
+    assert not takes_conv_path(torch.randn(10, 7), w5)
+    assert takes_conv_path(torch.randn(10, 7), w6)
+    assert takes_conv_path(torch.randn(12, 7), w6)  # rows 9-16 share a power-of-two bucket: not timed again
+    assert timed == [(10, 7, 5), (10, 7, 6)]
+    assert not takes_conv_path(torch.randn(2, 7), w6)  # 84 multiply-adds: under the threshold, never timed
+    assert timed == [(10, 7, 5), (10, 7, 6)]
+    monkeypatch.setattr(projection, "KERNEL", "linear")
+    assert not takes_conv_path(torch.randn(10, 7), w6)
+    monkeypatch.setattr(projection, "KERNEL", "conv")
+    assert takes_conv_path(torch.randn(10, 7), w5)
+    assert len(timed) == 2

@@ -42,7 +42,8 @@ class AttentionCaptionDecoder(nn.Module):
         """The attention context (B, F); padding (B, R) is True at padded regions."""
         scores = self.att_score(torch.tanh(keys + self.att_hidden(h)[:, None, :])).squeeze(-1)
         scores = scores.masked_fill(padding, torch.finfo(scores.dtype).min)
-        return (scores.softmax(dim=-1).unsqueeze(-1) * features).sum(dim=1)
+        # weights (B, 1, R) @ features (B, R, F): one batched GEMM, no (B, R, F) product to keep
+        return torch.bmm(scores.softmax(dim=-1).unsqueeze(1), features).squeeze(1)
 
     def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State:
         return {
