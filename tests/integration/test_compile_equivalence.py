@@ -199,9 +199,10 @@ def test_a_run_resumes_across_compiled_and_eager(first, then, planted_shards, th
     # Biases that change no output have a gradient of 0 up to rounding, which Adam scales to
     # lr-sized steps of either sign, so their values are noise (seen: 1.15e-5 and 3.3e-5 apart):
     # the attention score's bias shifts every score of a softmax alike, and each RRR layer's W_r
-    # bias is removed by the BatchNorm after it. They are in both checkpoints; every other weight
-    # must match.
-    noise = re.compile(r"decoder\.att_score\.bias|image\.rrr\.\d+\.w_r\.bias")
+    # bias is removed by the BatchNorm after it; that BatchNorm's running mean, the mean of W_r's
+    # output, carries the bias's noise with it (seen 7.9e-5 apart, now that the compiled RRR layers
+    # trace whole). They are in both checkpoints; every other weight must match.
+    noise = re.compile(r"decoder\.att_score\.bias|image\.rrr\.\d+\.(w_r\.bias|bn\.running_mean)")
     assert any(map(noise.fullmatch, resumed)) and resumed.keys() == eager.keys()
     kept = [k for k in eager if not noise.fullmatch(k)]
     assert_same_weights({k: resumed[k] for k in kept}, {k: eager[k] for k in kept}, atol=1e-5)

@@ -69,11 +69,13 @@ class AttentionCaptionDecoder(nn.Module):
     def teacher_forcing(self, state: State, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, T-1, V) of `tokens` (B, T) read from `state` on: `step` over the tokens, with
         only the attention and the GRU cell in the loop."""
-        words = self.embed(tokens[:, :-1])
+        # unbind: one view per step, whose backward is one stack; indexing words[:, t] would
+        # zero-fill a buffer of all the words for each step's gradient
+        words = self.embed(tokens[:, :-1]).unbind(1)
         padding = ~state["mask"]
         h, hidden = state["h"], []
-        for t in range(words.shape[1]):
-            h = checkpointed_step(self, self._advance, words[:, t], h, state["keys"], state["features"], padding)
+        for word in words:
+            h = checkpointed_step(self, self._advance, word, h, state["keys"], state["features"], padding)
             hidden.append(h)
         if not hidden:
             return self.out(h.new_zeros(h.shape[0], 0, h.shape[1]))

@@ -82,8 +82,8 @@ class AdaptiveAttentionDecoder(nn.Module):
         state = self.init_state(features, mask)
         x = torch.cat([self.embed(tokens[:, :-1]), state["global"][:, None].expand(-1, tokens.shape[1] - 1, -1)], -1)
         h, m, hs, ms = state["h"], state["m"], [], []
-        for t in range(x.shape[1]):
-            h, m = self.lstm(x[:, t], (h, m))
+        for x_t in x.unbind(1):  # one view per step: see caption_decoder.py's teacher_forcing
+            h, m = self.lstm(x_t, (h, m))
             hs.append(h)
             ms.append(m)
         h_all = torch.stack(hs, dim=1)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 from torch import nn
+
+from vldist.models.gru_last_state import last_hidden_state, takes_written_out_path
 
 
 def l2norm(x: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
@@ -40,15 +43,30 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def last_hidden_gru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The GRU's hidden state after the last valid step of each sequence (B, hidden), padding never
-    read. Lengths on the host: packed, unless nothing is padded (then the plain run ends in the
-    same state, and skips the packed backward's zero-filled gradient buffer of the whole input, one
-    per step: 1.3 s of a 13 s step at the paper's 36 regions of 2,048). Lengths on an accelerator:
+    read. Lengths on the host: packed; on the CPU in fp32 by the written-out GRU of
+    models/gru_last_state.py (the same recurrence, a faster backward). Lengths on an accelerator:
     packing would need them copied to the host, a sync that stalls the launch queue at every call,
-    so the GRU runs over the padded batch instead (equal up to rounding)."""
+    so the GRU runs over the padded batch instead (equal up to rounding).
+
+    Compiled code calls it eagerly (dynamo does not trace nn.GRU, and packed batch sizes are
+    data-dependent shapes: traced, every new set of lengths would recompile), one clean graph
+    break, and compiled and eager steps run the same recurrence."""
+    if torch.compiler.is_compiling():
+        return _eager_last_hidden_gru()(gru, x, lengths)
+    return _last_hidden_gru(gru, x, lengths)
+
+
+@functools.cache
+def _eager_last_hidden_gru():
+    # made at the first compiled call: importing torch._dynamo at import time would load it for
+    # `--help` too (tests/unit/test_help_imports.py)
+    return torch.compiler.disable(_last_hidden_gru)
+
+
+def _last_hidden_gru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     if lengths.device.type == "cpu":
-        # (not asked while compiling: a data-dependent branch would break the graph)
-        if not torch.compiler.is_compiling() and bool((lengths == x.shape[1]).all()):
-            return gru(x)[1][-1]
+        if takes_written_out_path(gru, x):
+            return last_hidden_state(gru, x, lengths)
         return last_hidden_packed(gru, x, lengths)
     return last_hidden_padded(gru, x, lengths)
 

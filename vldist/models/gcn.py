@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from vldist.kernels import region_affinity
+from vldist.models.global_batchnorm import masked_batch_norm
 from vldist.models.projection import Projection
 
 
@@ -40,8 +41,12 @@ class RegionRelationReasoning(nn.Module):
         # BatchNorm over real regions only: padding must not shift the batch statistics. Without
         # padding both branches compute the same; compiled code takes the masked one rather than
         # ask the device whether there is any (a host sync, and a graph break under torch.compile).
-        if mask is None or (not torch.compiler.is_compiling() and bool(mask.all())):
+        compiling = torch.compiler.is_compiling()
+        if mask is None or (not compiling and bool(mask.all())):
             return self.bn(x.flatten(0, 1)).view_as(x)
+        if compiling:  # rows weighted instead of selected: static shapes, no graph break
+            return masked_batch_norm(self.bn, x.flatten(0, 1), mask.flatten()).view_as(x)
+        # eager: through the module, whose hooks train.activation_checkpointing relies on
         out = torch.zeros_like(x)
         out[mask] = self.bn(x[mask])
         return out

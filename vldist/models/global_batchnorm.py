@@ -24,23 +24,48 @@ class GlobalBatchNorm1d(nn.BatchNorm1d):
             return super().forward(x)
         if x.dim() != 2:
             raise ValueError(f"GlobalBatchNorm1d takes (rows, channels), got {tuple(x.shape)}")
-        reduce = all_reduce_with_grad
-        # Two passes (mean, then squared deviations) as BatchNorm computes them: the one-pass
-        # E[x^2] - mean^2 cancels badly when the mean is large next to the spread.
-        sums = reduce(torch.cat([x.sum(0), x.new_tensor([x.shape[0]])]))
-        count = sums[-1]
-        mean = sums[:-1] / count
-        var = reduce(((x - mean) ** 2).sum(0)) / count  # biased, as BatchNorm normalises
-        if self.track_running_stats:
-            with torch.no_grad():
-                self.num_batches_tracked += 1
-                # momentum None means a cumulative average, as in nn.BatchNorm1d
-                weight = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
-                unbiased = var * count / (count - 1).clamp(min=1)
-                self.running_mean.lerp_(mean.detach(), weight)
-                self.running_var.lerp_(unbiased.detach(), weight)
-        y = (x - mean) / torch.sqrt(var + self.eps)
-        return y * self.weight + self.bias if self.affine else y
+        return _normalize_with_batch_statistics(self, x, None, all_reduce_with_grad)
+
+
+def masked_batch_norm(bn: nn.BatchNorm1d, x: Tensor, rows: Tensor) -> Tensor:
+    """`bn` over the rows of x (N, C) where `rows` (N,) is True, the other rows zero: what
+    scattering bn(x[rows]) back into zeros gives (statistics, running statistics, gradients),
+    computed with row weights instead of selecting the rows, so every shape is static and
+    torch.compile traces it whole (x[rows] has a data-dependent shape: a graph break). A
+    GlobalBatchNorm1d in a multi-rank run takes its statistics over every rank's real rows."""
+    keep = rows.to(x.dtype).unsqueeze(-1)
+    if not bn.training and bn.track_running_stats:  # running statistics: row by row already
+        return bn(x) * keep
+    distributed = isinstance(bn, GlobalBatchNorm1d) and _distributed()
+    reduce = all_reduce_with_grad if distributed else _local
+    return _normalize_with_batch_statistics(bn, x, keep, reduce) * keep
+
+
+def _local(t: Tensor) -> Tensor:
+    return t
+
+
+def _normalize_with_batch_statistics(bn: nn.BatchNorm1d, x: Tensor, keep: Tensor | None, reduce) -> Tensor:
+    """BatchNorm's training forward over the rows `keep` (N, 1) weighs by (all rows when None),
+    with the sums passed through `reduce` (an all-reduce: the statistics of every rank)."""
+    weighted, rows = (x, x.new_tensor([x.shape[0]])) if keep is None else (x * keep, keep.sum(0))
+    # Two passes (mean, then squared deviations) as BatchNorm computes them: the one-pass
+    # E[x^2] - mean^2 cancels badly when the mean is large next to the spread.
+    sums = reduce(torch.cat([weighted.sum(0), rows]))
+    count = sums[-1]
+    mean = sums[:-1] / count
+    deviations = (x - mean) ** 2
+    var = reduce((deviations if keep is None else deviations * keep).sum(0)) / count  # biased, as BatchNorm normalises
+    if bn.track_running_stats:
+        with torch.no_grad():
+            bn.num_batches_tracked += 1
+            # momentum None means a cumulative average, as in nn.BatchNorm1d
+            weight = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+            unbiased = var * count / (count - 1).clamp(min=1)
+            bn.running_mean.lerp_(mean.detach(), weight)
+            bn.running_var.lerp_(unbiased.detach(), weight)
+    y = (x - mean) / torch.sqrt(var + bn.eps)
+    return y * bn.weight + bn.bias if bn.affine else y
 
 
 def convert_global_batchnorm(module: nn.Module) -> nn.Module:
