@@ -18,6 +18,7 @@ from vldist.models import generation
 from vldist.models.caption_decoder import AttentionCaptionDecoder
 from vldist.models.common import last_hidden_gru, last_hidden_packed, last_hidden_padded
 from vldist.models.generation import beam_search, greedy_decode
+from vldist.models.running_captions import running_captions
 
 PAD, START, END = 0, 1, 2
 VOCAB, FEATURES = 12, 6
@@ -25,33 +26,76 @@ VOCAB, FEATURES = 12, 6
 TOL = dict(rtol=1e-5, atol=1e-6)
 
 
-def _logits_and_grads(decoder, run):
+def _logits_and_grads(decoder, run, where=None):
     decoder.zero_grad()
     logits = run()
-    # A loss that weighs every logit differently, so every gradient entry is checked.
+    # A loss that weighs every logit differently (those `where` selects), so every gradient entry
+    # is checked.
     weights = torch.linspace(-1.0, 1.0, logits.numel()).view_as(logits)
+    if where is not None:
+        weights = weights * where[..., None]
     (logits * weights).sum().backward()
     return logits.detach(), {name: p.grad.clone() for name, p in decoder.named_parameters()}
 
 
+def _ragged_batch():
+    """decoder_batch's captions, and two more rows: one that ends at once (<start> <end>) and one
+    that is only <start> (it never runs), so the running rows shrink from four to one."""
+    features, mask, tokens = decoder_batch(VOCAB, FEATURES, batch=5, regions=4, seed=1)
+    tokens[3, 1], tokens[3, 2:] = END, PAD
+    tokens[4, 1:] = PAD
+    tokens[1, 4:] = PAD  # ended without <end>: its padding predicts nothing either
+    return features, mask, tokens
+
+
+@pytest.mark.parametrize("path", ["running", "unrolled"])
 @pytest.mark.parametrize("train", [False, True])
-def test_vsrn_teacher_forcing_equals_stepping_with_gradients(train):
+def test_vsrn_teacher_forcing_equals_stepping_with_gradients(train, path):
+    """The CPU path runs only the captions still predicting a word, so its logits equal stepping's
+    where the target is a word (what the losses read); the unrolled path (accelerators, compile)
+    equals it everywhere."""
     torch.manual_seed(0)
     decoder = AttentionCaptionDecoder(VOCAB, FEATURES, word_dim=16, hidden=24, dropout=0.3).train(train)
-    features, mask, tokens = decoder_batch(VOCAB, FEATURES, batch=3, regions=4, seed=1)
+    features, mask, tokens = _ragged_batch()
+    words = tokens[:, 1:] != PAD if path == "running" else torch.ones_like(tokens[:, 1:], dtype=torch.bool)
+    run = {
+        "running": lambda: decoder(features, mask, tokens),
+        "unrolled": lambda: decoder._unrolled(decoder.init_state(features, mask), tokens),
+    }[path]
     torch.manual_seed(5)
-    ref_logits, ref_grads = _logits_and_grads(decoder, lambda: stepwise_logits(decoder, features, mask, tokens)[0])
+    ref_logits, ref_grads = _logits_and_grads(
+        decoder, lambda: stepwise_logits(decoder, features, mask, tokens)[0], words
+    )
     ref_next = torch.rand(4)
     torch.manual_seed(5)
-    logits, grads = _logits_and_grads(decoder, lambda: decoder(features, mask, tokens))
+    logits, grads = _logits_and_grads(decoder, run, words)
     assert torch.equal(torch.rand(4), ref_next)  # the generator is left where stepping leaves it
-    torch.testing.assert_close(logits, ref_logits, **TOL)
+    torch.testing.assert_close(logits[words], ref_logits[words], **TOL)
     assert ref_grads.keys() == grads.keys()
     for name in grads:
         torch.testing.assert_close(grads[name], ref_grads[name], **TOL, msg=name)
     if train:  # dropout was on: the seeded masks agree, not merely the expectation
         torch.manual_seed(6)
-        assert not torch.allclose(decoder(features, mask, tokens), logits)
+        assert not torch.allclose(run(), logits)
+
+
+def test_running_captions_shrink_longest_first():
+    _, _, tokens = _ragged_batch()  # steps per row: 3, 3, 5, 1, 0
+    running = running_captions(tokens)
+    assert running.order.tolist() == [2, 0, 1, 3, 4] and running.running == [4, 3, 3, 1, 1]
+    assert running_captions(tokens[[2]]) is None  # one caption to the last step: nothing to save
+    assert running_captions(tokens[[2, 0]]).order is None  # already longest first
+    # steps that run no row: their logits are the zero state's, the one word's are stepping's
+    short = running_captions(tokens[[4, 3]])
+    assert short.order.tolist() == [1, 0] and short.running == [1, 0, 0, 0, 0]
+    torch.manual_seed(0)
+    decoder = AttentionCaptionDecoder(VOCAB, FEATURES, word_dim=16, hidden=24).eval()
+    features, mask, _ = _ragged_batch()
+    with torch.no_grad():
+        logits = decoder(features[[4, 3]], mask[[4, 3]], tokens[[4, 3]])
+        reference = stepwise_logits(decoder, features[[4, 3]], mask[[4, 3]], tokens[[4, 3]])[0]
+    torch.testing.assert_close(logits[1, 0], reference[1, 0], **TOL)
+    torch.testing.assert_close(logits[:, 1:], decoder.out(torch.zeros(2, 4, 24)))
 
 
 def test_vsrn_teacher_forcing_of_a_single_token_is_empty():

@@ -15,6 +15,7 @@ from vldist.data.pipeline import StreamSpec, TrainStream, batches_per_rank, make
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.losses.negatives import draw_negatives, step_generator
+from vldist.models import two_branch as two_branch_model
 from vldist.recipes.jobs import load_config
 from vldist.recipes.two_branch import TwoBranchEmbedRecipe, TwoBranchSimRecipe, sentence_chance
 
@@ -132,6 +133,21 @@ def test_evaluation_scores_every_pair_through_the_fusion_layers(planted_shards):
                 assert float(got[i, j]) == pytest.approx(float(model.fusion(image[i] * text[j]).detach()), abs=1e-5)
     metrics = recipe.evaluate(model, [batch], torch.device("cpu"))
     assert metrics["n_images"] == 7 and metrics["n_captions"] == 35 and "sentence_to_sentence" not in metrics
+
+
+@pytest.mark.parametrize("pairs_per_block", [4, 35, 100])
+def test_cpu_blocks_of_pairs_score_every_pair_once(monkeypatch, pairs_per_block):
+    """The CPU default cuts the pairs into cache-sized blocks: a run of one image's sentences (4:
+    ragged column blocks), one image's all (35), or two images' (100: a ragged last row block)."""
+    monkeypatch.setattr(two_branch_model, "CPU_PAIRS_PER_BLOCK", pairs_per_block)
+    torch.manual_seed(0)
+    model = two_branch_model.TwoBranchModel(8, 8, "mean_words", 8, 8, 8, True, 0.0, "last", (16, 8)).eval()
+    image, text = torch.randn(7, 8), torch.randn(35, 8)
+    with torch.no_grad():
+        got = model.all_pair_scores(image, text)
+        for i in range(7):
+            for j in range(35):
+                assert float(got[i, j]) == pytest.approx(float(model.fusion(image[i] * text[j])), abs=1e-5)
 
 
 def test_embedding_evaluation_adds_sentence_to_sentence_recall(planted_shards):

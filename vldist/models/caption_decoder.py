@@ -13,11 +13,13 @@ reference it equals (tests/unit/test_decoder_loops.py).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vldist.models import generation
 from vldist.models.common import checkpointed_step, masked_mean
 from vldist.models.generation import State
+from vldist.models.running_captions import running_captions
 
 
 class AttentionCaptionDecoder(nn.Module):
@@ -68,7 +70,23 @@ class AttentionCaptionDecoder(nn.Module):
 
     def teacher_forcing(self, state: State, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (B, T-1, V) of `tokens` (B, T) read from `state` on: `step` over the tokens, with
-        only the attention and the GRU cell in the loop."""
+        only the attention and the GRU cell in the loop. On CPU each step runs only the captions
+        that still predict a word (models/running_captions.py); logits of finished rows' padding
+        are then those of a zero hidden state."""
+        running = running_captions(tokens)
+        if running is None:
+            return self._unrolled(state, tokens)
+        words = running.sort(self.embed(tokens[:, :-1])).unbind(1)
+        h, keys, features = (running.sort(state[name]) for name in ("h", "keys", "features"))
+        padding, rows, hidden = running.sort(~state["mask"]), h.shape[0], []
+        for word, n in zip(words, running.running, strict=True):
+            if n:
+                h = checkpointed_step(self, self._advance, word[:n], h[:n], keys[:n], features[:n], padding[:n])
+            hidden.append(F.pad(h, (0, 0, 0, rows - n)) if n else h.new_zeros(rows, h.shape[1]))
+        return self._readout(running.unsort(torch.stack(hidden), dim=1))
+
+    def _unrolled(self, state: State, tokens: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing with every row at every step."""
         # unbind: one view per step, whose backward is one stack; indexing words[:, t] would
         # zero-fill a buffer of all the words for each step's gradient
         words = self.embed(tokens[:, :-1]).unbind(1)
@@ -79,9 +97,13 @@ class AttentionCaptionDecoder(nn.Module):
             hidden.append(h)
         if not hidden:
             return self.out(h.new_zeros(h.shape[0], 0, h.shape[1]))
+        return self._readout(torch.stack(hidden))
+
+    def _readout(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits (B, T-1, V) of the hidden states (T-1, B, H)."""
         # Time-major under dropout: on the CPU one draw over (T, B, H) takes the same masks as
         # `step`'s T draws over (B, H), so a seeded run matches the per-token reference.
-        return self.out(self.dropout(torch.stack(hidden)).transpose(0, 1))
+        return self.out(self.dropout(hidden).transpose(0, 1))
 
     def generate(
         self,
