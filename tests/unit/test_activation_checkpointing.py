@@ -86,6 +86,13 @@ class BlockCalls:
         self.count += 1
 
 
+# Exactly the plain step, except VSRN's: its plain step runs the written-out decoder loop
+# (models/attention_gru_loop.py), the checkpointed one the autograd loop that it recomputes step by
+# step, equal to fp32 rounding (tests/unit/test_attention_gru_loop.py checks the two in float64).
+EXACT = dict(rtol=0, atol=0)
+TOLERANCE = {"vsrn": dict(rtol=1e-5, atol=1e-6)}
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_checkpointed_step_is_the_plain_step_and_recomputes_its_blocks(name, request):
     fixture, overrides, expected_blocks = CASES[name]
@@ -117,10 +124,10 @@ def test_the_checkpointed_step_is_the_plain_step_and_recomputes_its_blocks(name,
     for got, expected in zip(losses, plain_losses, strict=True):
         assert got.keys() == expected.keys()
         for key in expected:
-            torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0, msg=f"{name} {key}")
+            torch.testing.assert_close(got[key], expected[key], **TOLERANCE.get(name, EXACT), msg=f"{name} {key}")
     assert grads.keys() == plain_grads.keys() and plain_grads
     for key, grad in plain_grads.items():
-        torch.testing.assert_close(grads[key], grad, rtol=0, atol=0, msg=f"{name} gradient of {key}")
+        torch.testing.assert_close(grads[key], grad, **TOLERANCE.get(name, EXACT), msg=f"{name} gradient of {key}")
     plain_state = plain.state_dict()  # BatchNorm's running statistics: moved once, as without
     for key, value in checkpointed.state_dict().items():
         assert torch.equal(value, plain_state[key]), f"{name} {key}"

@@ -41,7 +41,9 @@ def test_teacher_forcing_equals_stepping(name):
     features, mask, tokens = _batch()
     forward = decoder(features, mask, tokens)
     assert forward.shape == (3, 5, VOCAB)
-    assert torch.allclose(forward, _stepwise(decoder, features, mask, tokens), atol=1e-5)
+    # where the target is a word: on CPU VSRN's decoder stops a caption at its last word
+    words = tokens[:, 1:] != 0
+    assert torch.allclose(forward[words], _stepwise(decoder, features, mask, tokens)[words], atol=1e-5)
 
 
 @pytest.mark.parametrize("name", WITH_TRANSFORMER)

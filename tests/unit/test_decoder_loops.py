@@ -48,18 +48,21 @@ def _ragged_batch():
     return features, mask, tokens
 
 
-@pytest.mark.parametrize("path", ["running", "unrolled"])
+@pytest.mark.parametrize("path", ["running", "running, checkpointed steps", "unrolled"])
 @pytest.mark.parametrize("train", [False, True])
 def test_vsrn_teacher_forcing_equals_stepping_with_gradients(train, path):
-    """The CPU path runs only the captions still predicting a word, so its logits equal stepping's
-    where the target is a word (what the losses read); the unrolled path (accelerators, compile)
-    equals it everywhere."""
+    """The CPU paths run only the captions still predicting a word (written out, or under autograd
+    when activation checkpointing recomputes each step), so their logits equal stepping's where
+    the target is a word (what the losses read); the unrolled path (accelerators, compile) equals
+    it everywhere."""
     torch.manual_seed(0)
     decoder = AttentionCaptionDecoder(VOCAB, FEATURES, word_dim=16, hidden=24, dropout=0.3).train(train)
     features, mask, tokens = _ragged_batch()
-    words = tokens[:, 1:] != PAD if path == "running" else torch.ones_like(tokens[:, 1:], dtype=torch.bool)
+    decoder.checkpoint_steps = path == "running, checkpointed steps"
+    words = tokens[:, 1:] != PAD if path != "unrolled" else torch.ones_like(tokens[:, 1:], dtype=torch.bool)
     run = {
         "running": lambda: decoder(features, mask, tokens),
+        "running, checkpointed steps": lambda: decoder(features, mask, tokens),
         "unrolled": lambda: decoder._unrolled(decoder.init_state(features, mask), tokens),
     }[path]
     torch.manual_seed(5)

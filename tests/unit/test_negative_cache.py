@@ -5,6 +5,7 @@ forwards (dropout), what BatchNorm's statistics cover, and the refusals.
 The multi-rank proof (W ranks, Accelerate and ZeRO-2): tests/integration/test_accumulate_negatives.py.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -296,4 +297,10 @@ def test_activation_checkpointing_inside_the_cached_step_changes_neither_loss_no
     assert checkpointed
     assert again["loss"] == pytest.approx(plain["loss"], rel=1e-6)
     for name, grad in plain["grads"].items():
+        if re.fullmatch(r"image\.rrr\.\d+\.w_r\.bias", name):
+            # a bias BatchNorm follows: its gradient is zero but for the rounding of terms that
+            # cancel, which the plain step's written-out decoder loop and the checkpointed step's
+            # autograd loop round differently (models/attention_gru_loop.py)
+            assert again["grads"][name].abs().max() < 1e-3 and grad.abs().max() < 1e-3, name
+            continue
         assert torch.allclose(again["grads"][name], grad, rtol=1e-5, atol=1e-7), name

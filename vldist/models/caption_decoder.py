@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vldist.models import generation
+from vldist.models.attention_gru_loop import attention_gru_hidden, takes_written_out_path
 from vldist.models.common import checkpointed_step, masked_mean
 from vldist.models.generation import State
 from vldist.models.running_captions import running_captions
@@ -74,6 +75,17 @@ class AttentionCaptionDecoder(nn.Module):
         that still predict a word (models/running_captions.py); logits of finished rows' padding
         are then those of a zero hidden state."""
         running = running_captions(tokens)
+        if takes_written_out_path(self, state["features"]):
+            sort = running.sort if running is not None else (lambda x: x)
+            steps = running.running if running is not None else [tokens.shape[0]] * (tokens.shape[1] - 1)
+            hidden = attention_gru_hidden(
+                self,
+                sort(self.embed(tokens[:, :-1])),
+                *(sort(state[name]) for name in ("h", "keys", "features")),
+                sort(~state["mask"]),
+                steps,
+            )
+            return self._readout(hidden if running is None else running.unsort(hidden, dim=1))
         if running is None:
             return self._unrolled(state, tokens)
         words = running.sort(self.embed(tokens[:, :-1])).unbind(1)
