@@ -27,10 +27,13 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from vldist.models.gru_last_state import partitioned_by_zero3
+
 
 def takes_written_out_path(decoder: nn.Module, features: Tensor) -> bool:
-    """CPU, fp32/fp64, outside autocast and torch.compile, and not recomputing each step under
-    activation checkpointing (which keeps the autograd loop)."""
+    """CPU, fp32/fp64, outside autocast and torch.compile, not recomputing each step under
+    activation checkpointing (which keeps the autograd loop), and not under ZeRO-3 (the loop reads
+    its submodules' parameters without calling them)."""
     return (
         features.device.type == "cpu"
         and features.dtype in (torch.float32, torch.float64)
@@ -39,6 +42,7 @@ def takes_written_out_path(decoder: nn.Module, features: Tensor) -> bool:
         and not (decoder.checkpoint_steps and decoder.training and torch.is_grad_enabled())
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
+        and not partitioned_by_zero3(decoder)
     )
 
 
@@ -102,6 +106,7 @@ class _AttentionGRULoop(torch.autograd.Function):
             out[t, :n] = h
             start += n
         ctx.running = running
+        ctx.padding = padding
         ctx.save_for_backward(words, keys, features, w_ah, w_s, w_ih, w_hh, h_prev, u, alpha, context, rz, cand, hn)
         return out
 
@@ -109,7 +114,7 @@ class _AttentionGRULoop(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out):
         words, keys, features, w_ah, w_s, w_ih, w_hh, h_prev, u, alpha, context, rz, cand, hn = ctx.saved_tensors
-        running = ctx.running
+        running, padding = ctx.running, ctx.padding
         rows, steps, word_dim = words.shape
         hidden = w_hh.shape[1]
         w_context = w_ih[:, word_dim:]
@@ -140,6 +145,7 @@ class _AttentionGRULoop(torch.autograd.Function):
             alpha_t = alpha[at]
             ds = grad_scores[at]
             torch.mul(alpha_t, d_alpha - (alpha_t * d_alpha).sum(-1, keepdim=True), out=ds)
+            ds.masked_fill_(padding[:n], 0)  # as masked_fill's backward (matters if a row has no real region)
             u_t = u[at]
             d_pre = (ds[:, :, None] * w_s[0]) * (1 - u_t * u_t)
             grad_keys[:n] += d_pre
