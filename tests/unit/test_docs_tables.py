@@ -79,6 +79,7 @@ OTHER_TABLES = {
     "vs_official_xeon.json": ("vs_official.py", "benchmarks.md"),
     "vs_official_xeon_before_demo.json": ("vs_official.py", "benchmarks.md"),
     "vs_official_xeon_before_paper.json": ("vs_official.py", "benchmarks.md"),
+    "vs_official_xeon_decoder.json": ("vs_official.py", "benchmarks.md"),
     "demo_times.json": ("demo_times.py", "performance.md"),
     "exact_data.json": ("exact_data.py", "benchmarks.md"),
     "fault_soak.json": ("fault_soak.py", "preemption.md"),
