@@ -181,7 +181,7 @@ def test_ctrl_c_ends_at_once_with_130_and_says_what_is_kept(planted_shards, tmp_
             "vsrn",
             f"data.shards={planted_shards}",
             f"output.dir={out}",
-            "train.epochs=50",
+            "train.epochs=5000",  # far more than it runs before the Ctrl-C, however fast its steps
             "train.log_every=1",
             *SMALL_VSRN,
         ],

@@ -24,6 +24,9 @@ def test_signal_names_with_or_without_sig_and_unknown_ones_refused():
 
 def test_ctrl_c_inside_a_deferred_block_raises_when_the_block_ends_and_is_not_lost(monkeypatch):
     monkeypatch.setattr(stopping, "_interrupted", False)
+    # Python's own handler, whatever an earlier test in this process left (a run stopped by SIGINT
+    # leaves it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     finished = []
     with pytest.raises(KeyboardInterrupt):
         with interrupts_deferred():

@@ -72,6 +72,9 @@ def attention_gru_hidden(
 
 
 class _AttentionGRULoop(torch.autograd.Function):
+    """words (B, S, W), h (B, H), keys (B, R, A), features (B, R, F), padding (B, R), running
+    (steps' row counts) and the decoder's weights -> hidden states (S, B, H), rows in running order."""
+
     @staticmethod
     def forward(ctx, words, h, keys, features, padding, running, w_ah, b_ah, w_s, b_s, w_ih, w_hh, b_ih, b_hh):
         rows, steps, word_dim = words.shape

@@ -20,6 +20,7 @@ from vldist.models import generation
 from vldist.models.attention_gru_loop import attention_gru_hidden, takes_written_out_path
 from vldist.models.common import checkpointed_step, masked_mean
 from vldist.models.generation import State
+from vldist.models.gru_last_state import partitioned_by_zero3
 from vldist.models.running_captions import running_captions
 
 
@@ -74,7 +75,9 @@ class AttentionCaptionDecoder(nn.Module):
         only the attention and the GRU cell in the loop. On CPU each step runs only the captions
         that still predict a word (models/running_captions.py); logits of finished rows' padding
         are then those of a zero hidden state."""
-        running = running_captions(tokens)
+        # Under ZeRO-3 every rank must call the submodules equally often (each call gathers their
+        # parameters across ranks), so the full batch runs every step there.
+        running = None if partitioned_by_zero3(self) else running_captions(tokens)
         if takes_written_out_path(self, state["features"]):
             sort = running.sort if running is not None else (lambda x: x)
             steps = running.running if running is not None else [tokens.shape[0]] * (tokens.shape[1] - 1)
