@@ -1,5 +1,6 @@
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -202,6 +203,17 @@ def launcher_environment_restored():
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def sigint_handler_restored():
+    """A run stopped by SIGINT leaves SIGINT ignored (training/stopping.py); left so in this worker,
+    every later subprocess inherits the ignored disposition (exec keeps it) and a Ctrl-C test's run
+    never sees its SIGINT."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before and before is not None:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(autouse=True)

@@ -188,9 +188,16 @@ def test_ctrl_c_ends_at_once_with_130_and_says_what_is_kept(planted_shards, tmp_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as a terminal's job starts: SIGINT at its default, whatever this process inherited
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    wait_for_step(out, 2, proc)
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        wait_for_step(out, 2, proc)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:  # never leave the run behind, whatever failed
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 130, err[-3000:]
     assert "interrupted: nothing after the last checkpoint was kept" in err and "Traceback" not in err
