@@ -61,5 +61,5 @@ def test_last_hidden_gru_takes_it_on_cpu_fp32_and_not_where_it_does_not_apply():
     assert not takes_written_out_path(gru, x.bfloat16())
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not takes_written_out_path(gru, x)
-    gru.weight_hh_l0.ds_status = "NOT_AVAILABLE"  # ZeRO-3 gathers it only in the GRU's own hooks
+    gru.weight_hh_l0.ds_id = 0  # ZeRO-3 gathers it only in the GRU's own hooks
     assert not takes_written_out_path(gru, x)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from vldist.models.gru_last_state import partitioned_by_zero3
+from vldist.distributed.zero import partitioned
 
 
 def takes_written_out_path(decoder: nn.Module, features: Tensor) -> bool:
@@ -42,7 +42,7 @@ def takes_written_out_path(decoder: nn.Module, features: Tensor) -> bool:
         and not (decoder.checkpoint_steps and decoder.training and torch.is_grad_enabled())
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
-        and not partitioned_by_zero3(decoder)
+        and not partitioned(decoder.parameters())
     )
 
 
@@ -156,7 +156,6 @@ class _AttentionGRULoop(torch.autograd.Function):
             dh[:n] = d * z_t + torch.addmm(gh @ w_hh, da, w_ah)
             end -= n
         needs = ctx.needs_input_grad
-        x = torch.cat([_packed(words, running), context], dim=1)  # the GRU's inputs, packed
         grad_words = _unpacked(grad_gi @ w_ih[:, :word_dim], running, rows, steps) if needs[0] else None
         grad_features = None
         if needs[3]:  # dV_b = sum_t alpha_{t,b}^T dc_{t,b}: one batched GEMM over the steps
@@ -175,7 +174,7 @@ class _AttentionGRULoop(torch.autograd.Function):
             grad_a.sum(0) if needs[7] else None,
             (grad_scores.reshape(1, -1) @ u_rows) if needs[8] else None,
             grad_scores.sum().reshape(1) if needs[9] else None,
-            grad_gi.t() @ x if needs[10] else None,
+            grad_gi.t() @ torch.cat([_packed(words, running), context], dim=1) if needs[10] else None,
             grad_gh.t() @ h_prev if needs[11] else None,
             grad_gi.sum(0) if needs[12] else None,
             grad_gh.sum(0) if needs[13] else None,

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vldist.distributed.zero import partitioned
 from vldist.models import generation
 from vldist.models.attention_gru_loop import attention_gru_hidden, takes_written_out_path
 from vldist.models.common import checkpointed_step, masked_mean
 from vldist.models.generation import State
-from vldist.models.gru_last_state import partitioned_by_zero3
-from vldist.models.running_captions import running_captions
+from vldist.models.running_captions import RunningCaptions, running_captions
 
 
 class AttentionCaptionDecoder(nn.Module):
@@ -77,18 +77,17 @@ class AttentionCaptionDecoder(nn.Module):
         are then those of a zero hidden state."""
         # Under ZeRO-3 every rank must call the submodules equally often (each call gathers their
         # parameters across ranks), so the full batch runs every step there.
-        running = None if partitioned_by_zero3(self) else running_captions(tokens)
+        running = None if partitioned(self.parameters()) else running_captions(tokens)
         if takes_written_out_path(self, state["features"]):
-            sort = running.sort if running is not None else (lambda x: x)
-            steps = running.running if running is not None else [tokens.shape[0]] * (tokens.shape[1] - 1)
+            rows = running or RunningCaptions(None, [tokens.shape[0]] * (tokens.shape[1] - 1))
             hidden = attention_gru_hidden(
                 self,
-                sort(self.embed(tokens[:, :-1])),
-                *(sort(state[name]) for name in ("h", "keys", "features")),
-                sort(~state["mask"]),
-                steps,
+                rows.sort(self.embed(tokens[:, :-1])),
+                *(rows.sort(state[name]) for name in ("h", "keys", "features")),
+                rows.sort(~state["mask"]),
+                rows.running,
             )
-            return self._readout(hidden if running is None else running.unsort(hidden, dim=1))
+            return self._readout(rows.unsort(hidden, dim=1))
         if running is None:
             return self._unrolled(state, tokens)
         words = running.sort(self.embed(tokens[:, :-1])).unbind(1)

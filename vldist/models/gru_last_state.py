@@ -27,12 +27,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import pack_padded_sequence
 
-
-def partitioned_by_zero3(module: nn.Module) -> bool:
-    """Whether DeepSpeed ZeRO-3 manages the module's parameters: it gathers them in the hooks of
-    the module that owns them, so code that reads them without calling that module sees empty
-    partitions."""
-    return any(hasattr(p, "ds_status") for p in module.parameters())
+from vldist.distributed.zero import partitioned
 
 
 def takes_written_out_path(gru: nn.GRU, x: torch.Tensor) -> bool:
@@ -50,7 +45,7 @@ def takes_written_out_path(gru: nn.GRU, x: torch.Tensor) -> bool:
         and gru.proj_size == 0
         and not torch.is_autocast_enabled("cpu")
         and not torch.compiler.is_compiling()
-        and not partitioned_by_zero3(gru)
+        and not partitioned(gru.parameters())
     )
 
 
