@@ -51,3 +51,27 @@ def test_small_tensors_travel_inline_and_every_tensor_arrives_as_made(planted_sh
             if isinstance(value, torch.Tensor):
                 assert type(got[key]) is torch.Tensor and got[key].dtype == value.dtype, key
                 assert got[key].shape == value.shape and torch.equal(got[key], value), key
+
+
+def _collate_into_buffer(samples):
+    from vldist.data.batch_handoff import batch_tensor
+
+    draws = torch.tensor([float(s["key"].rsplit("-", 1)[-1]) for s in samples])  # the same in every worker
+    rows = batch_tensor((len(samples), SMALL // 4 + 1))  # over SMALL
+    rows.copy_(draws[:, None].expand_as(rows))
+    return {"keys": [s["key"] for s in samples], "rows": rows, "made_shared": torch.tensor([rows.is_shared()])}
+
+
+def test_a_batch_tensor_is_made_in_shared_memory_in_a_worker_and_arrives_as_made(planted_shards):
+    urls = ShardSet.open(planted_shards).urls("test")
+    spec = StreamSpec(urls=urls, keep=("json",), sample_fn=_sample, collate_fn=_collate_into_buffer, batch_size=16)
+    from_workers = list(make_loader(EvalStream(spec), 2))
+    in_process = list(make_loader(EvalStream(spec), 0))
+    assert [b["made_shared"].item() for b in from_workers] == [True] * len(from_workers)
+    assert [b["made_shared"].item() for b in in_process] == [False] * len(in_process)
+
+    def rows_by_key(batches):  # the workers split the shards between them: compare sample by sample
+        return {key: row for b in batches for key, row in zip(b["keys"], b["rows"], strict=True)}
+
+    got, made = rows_by_key(from_workers), rows_by_key(in_process)
+    assert got.keys() == made.keys() and all(torch.equal(got[k], made[k]) for k in made)

@@ -12,11 +12,12 @@ the ground-truth box's own region.
 
 from __future__ import annotations
 
-import io
 import random
 
 import numpy as np
-import torch
+
+from vldist.boxes import box_iou
+from vldist.data.samples import load_npy
 
 POSITIVE_IOU = 0.7
 NEGATIVE_IOU = 0.3
@@ -28,7 +29,7 @@ def read_proposals(raw: dict, meta: dict, feature_dim: int | None) -> tuple[np.n
     key = raw["__key__"]
     if "proposals.npy" not in raw or "proposal_boxes" not in meta:
         raise ValueError(f"sample {key} has no proposals (proposals.npy and proposal_boxes)")
-    features = np.load(io.BytesIO(raw["proposals.npy"]), allow_pickle=False)
+    features = load_npy(raw["proposals.npy"])
     boxes = np.asarray(meta["proposal_boxes"], dtype=np.float32).reshape(-1, 4)
     if features.ndim != 2 or features.shape[0] != boxes.shape[0] or features.shape[0] == 0:
         raise ValueError(
@@ -47,11 +48,8 @@ def phrase_objects(meta: dict) -> list[dict]:
 
 
 def overlaps(gt_boxes, proposal_boxes) -> np.ndarray:
-    """(objects x proposals) IoU (torchvision's box_iou, continuous pixel coordinates)."""
-    from torchvision.ops import box_iou  # here: torchvision adds ~1.5 s to every process that imports it
-
-    gt = torch.as_tensor(np.asarray(gt_boxes, dtype=np.float32).reshape(-1, 4))
-    return box_iou(gt, torch.as_tensor(proposal_boxes, dtype=torch.float32)).numpy()
+    """(objects x proposals) IoU in float32 (vldist/boxes.py: torchvision's box_iou arithmetic)."""
+    return box_iou(np.asarray(gt_boxes, dtype=np.float32), np.asarray(proposal_boxes, dtype=np.float32))
 
 
 def chains(objects: list[dict]) -> list[int]:

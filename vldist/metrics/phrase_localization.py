@@ -16,7 +16,7 @@ proposal. The rank is therefore 1 + the number of non-covering proposals scoring
 covering proposal's score.
 
 Boxes are [x0, y0, x1, y1] in pixels, taken as continuous coordinates (area (x1-x0)*(y1-y0), no +1,
-as `torchvision.ops.box_iou` computes it).
+as `torchvision.ops.box_iou` computes it; vldist/boxes.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
-import torch
 
+from vldist.boxes import box_iou
 from vldist.metrics.ks import check_ks
 from vldist.metrics.numpy_input import to_numpy
 
@@ -129,8 +129,7 @@ def phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou=0.5) -> np.n
     gt = _float64(gt_boxes, "gt_boxes", gt_expected)
     if gt.ndim != 2 or gt.shape[0] != n:
         raise ValueError(f"gt_boxes must have shape {gt_expected}, got shape {gt.shape}")
-    gt = torch.from_numpy(_check_boxes(gt, "gt_boxes", gt_expected))
-    from torchvision.ops import box_iou  # here: torchvision adds ~1.5 s to every process that imports it
+    gt = _check_boxes(gt, "gt_boxes", gt_expected)
 
     ranks = np.full(n, np.inf)
     for i, (s, b) in enumerate(zip(scores, boxes, strict=True)):
@@ -138,7 +137,7 @@ def phrase_localization_ranks(scores, proposal_boxes, gt_boxes, iou=0.5) -> np.n
             continue  # no proposals: uncovered
         # float64 IoU so that an overlap exactly at the threshold is not lost to rounding. Two
         # zero-area boxes give 0/0 = NaN, which compares False: not covering.
-        overlap = box_iou(gt[i : i + 1], torch.from_numpy(b))[0].numpy()
+        overlap = box_iou(gt[i : i + 1], b)[0]
         covering = overlap >= iou
         if not covering.any():
             continue

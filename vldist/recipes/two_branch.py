@@ -34,7 +34,7 @@ from torch import nn
 
 from vldist.config import JobConfig, Section, updated
 from vldist.data import phrases as phrase_data
-from vldist.data.collate import pad_tokens
+from vldist.data.collate import concat_rows, pad_tokens
 from vldist.data.samples import read_meta, read_regions, require_region_features
 from vldist.data.shardset import ShardSet
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad
@@ -308,7 +308,7 @@ class TwoBranchRecipe(Recipe):
         phrase_sample = torch.repeat_interleave(sample_index, torch.tensor(phrases))
         tokens, _ = pad_tokens([p for s in samples for p in s["phrases"]], length=self._length())
         return {
-            "images": torch.cat([stack("positive", dim), stack("negatives", dim)]),
+            "images": concat_rows([s["positive"] for s in samples] + [s["negatives"] for s in samples], dim),
             "tokens": tokens,
             "text_image": torch.arange(total),
             "phrase_sample": phrase_sample,
