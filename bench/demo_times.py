@@ -58,7 +58,8 @@ KEY_METRIC = {
 PHRASE_METRIC = "phrase_r1"  # the two-branch jobs' phrase stage
 
 
-def machine() -> dict:
+def machine(root: Path = ROOT) -> dict:
+    """The CPU, torch and the commit of the checkout at `root`."""
     import torch
 
     cpu = platform.processor()
@@ -66,7 +67,7 @@ def machine() -> dict:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
     return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "commit": commit.stdout.strip()}
 
 

@@ -43,13 +43,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # case -> (job, overrides, stage): every recipe's demo job, and VSRN at the paper's sizes. The stage
-# measured is the job's first, except for CL, whose first stage is the captioner's (its own row).
+# measured is the job's first, except for CL, whose first stage is the captioner's (its own row), and
+# the embedding network's phrase stage, a row of its own.
 CASES = {
     "vsrn": ("vsrn", [], 0),
     "vsrn-paper": ("vsrn", ["model.embed_size=2048", "data.max_regions=36", "data.batch_size=128"], 0),
     "captioner": ("captioner", [], 0),
     "cl_caption": ("cl_caption", [], -1),
     "two_branch_embed": ("two_branch_embed", [], 0),
+    "two_branch_embed-phrases": ("two_branch_embed", [], 1),  # its phrase stage: ~8,200 region rows a step
     "two_branch_sim": ("two_branch_sim", [], 0),
     "l2c": ("l2c", [], 0),
     "laviter": ("laviter", [], 0),
@@ -217,7 +219,8 @@ def format_row(row: dict, eager: dict | None = None) -> str:
 
     speedup = f"x{row['samples_per_s'] / eager['samples_per_s']:.2f}" if eager and "samples_per_s" in eager else ""
     mfu = "n/a" if row.get("mfu") is None else f"{100 * row['mfu']:.1f}%"
-    gflops = "n/a" if row.get("flops_per_sample") is None else f"{row['flops_per_sample'] / 1e9:.2f}"
+    flops = row.get("flops_per_sample")
+    gflops = "n/a" if flops is None else f"{flops / 1e9:.2f}" if flops >= 1e8 else f"{flops / 1e9:.4f}"
     wait = "n/a" if row.get("data_wait_share") is None else f"{100 * row['data_wait_share']:.0f}%"
     return (
         f"| {row['case']} | {row['mode']} | {num('samples_per_s', '.1f' if row.get('samples_per_s', 100) < 100 else '.0f')} | {speedup} | {wait} | "
