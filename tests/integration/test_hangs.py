@@ -103,7 +103,11 @@ def test_engine_timeout_ends_a_wait_for_a_frozen_rank_in_one_line(planted_shards
     os.kill(two_ranks[1].pid, signal.SIGSTOP)
     stopped = time.monotonic()
     out = two_ranks[0].communicate(timeout=60)[0]
-    assert two_ranks[0].returncode == 1 and time.monotonic() - stopped < 5 + 8, out[-3000:]
+    took = time.monotonic() - stopped
+    # The 5 s timeout, the step in flight and the interpreter's exit (about 3 s of torch's teardown
+    # on a loaded 2-core host: 10.9 to 12.7 s in all with two busy loops beside it); far below the
+    # default engine.timeout_s of 1800 s, which is what the bound tells apart.
+    assert two_ranks[0].returncode == 1 and took < 5 + 20, (took, out[-3000:])
     assert f"error: rank 0 on {socket.gethostname()}: a collective waited longer than engine.timeout_s" in out
     assert "Traceback" not in out and "no rank of the run advanced" not in out
 
