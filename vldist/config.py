@@ -250,7 +250,11 @@ class EngineConfig(Section):
         "jobs/deepspeed/zero2.json",
         description="backend=deepspeed: ZeRO settings file (jobs/deepspeed/zero{1,2,3}.json)",
     )
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="autocast on CUDA; CPU runs fp32")
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no",
+        description="autocast on CUDA; on CPU, bf16 is autocast under engine.backend=accelerate (fast where the CPU "
+        "has bf16 matrix units, e.g. AMX: docs/performance.md) and everything else trains in fp32",
+    )
     tf32: bool = Field(
         True,
         description="CUDA only: fp32 matmuls and cuDNN convolutions on TF32 tensor cores (about 1e-3 relative "
@@ -504,15 +508,21 @@ def list_job_files() -> list[str]:
 
 
 class YamlLoader(yaml.SafeLoader):
-    """YAML 1.1's safe loader without its base-60 numbers: it reads `1:2` as 62 and `1:30.5` as
-    90.5, while `ray.num_workers=1:2` means the range. Everything else resolves as before."""
+    """YAML 1.1's safe loader without its base-60 numbers and with YAML 1.2's booleans. YAML 1.1
+    reads `1:2` as 62 and `1:30.5` as 90.5, while `ray.num_workers=1:2` means the range; and it
+    reads `no`, `yes`, `on` and `off` as booleans, so `engine.mixed_precision=no` (a choice named
+    "no") failed as `False`. Only true/false are booleans here; a boolean setting still takes
+    yes/no/on/off, which pydantic reads as booleans. Everything else resolves as before."""
 
 
-_SEXAGESIMAL = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+_RESOLVED_OTHERWISE = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")
 YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _SEXAGESIMAL]
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in _RESOLVED_OTHERWISE]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 YamlLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
     re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),

@@ -80,3 +80,22 @@ def test_help_lists_recipes_job_files_and_keys_with_defaults():
 def test_every_shipped_job_file_validates(job):
     config = load_config(job, [])
     assert config.recipe == "vsrn" and config.data.max_regions >= 5
+
+
+def test_yes_no_on_off_are_words_and_true_false_booleans():
+    """YAML 1.1 reads no/yes/on/off as booleans, which made `engine.mixed_precision=no` (the choice
+    named "no") fail as False; only true/false are booleans, as in YAML 1.2."""
+    assert parse_overrides(["engine.mixed_precision=no", "a.b=on", "a.c=true", "a.d=False"]) == {
+        "engine": {"mixed_precision": "no"},
+        "a": {"b": "on", "c": True, "d": False},
+    }
+    config = load_config("vsrn", ["engine.mixed_precision=no", "eval.baseline=no", "train.sample_log=yes"])
+    assert config.engine.mixed_precision == "no"
+    assert config.eval.baseline is False and config.train.sample_log is True  # boolean settings still take the words
+
+
+def test_a_job_file_may_write_no_for_the_choice_named_no(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("recipe: vsrn\nengine:\n  mixed_precision: no\neval:\n  baseline: off\n")
+    config = load_config(str(job), [])
+    assert config.engine.mixed_precision == "no" and config.eval.baseline is False

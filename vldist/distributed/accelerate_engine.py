@@ -1,4 +1,4 @@
-"""The Accelerate backend: DDP over gloo (CPU) or NCCL (CUDA), autocast for bf16/fp16 on CUDA."""
+"""The Accelerate backend: DDP over gloo (CPU) or NCCL (CUDA), autocast for bf16/fp16 on CUDA and for bf16 on CPU."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         on_cpu = pick_device(job.train.device).type == "cpu"
         self.accelerator = Accelerator(
             cpu=on_cpu,
-            mixed_precision="no" if on_cpu else job.engine.mixed_precision,
+            # bf16 autocast on CPU too (AMX's bf16 GEMMs); fp16 on CPU has no such units: fp32
+            mixed_precision="no" if on_cpu and job.engine.mixed_precision == "fp16" else job.engine.mixed_precision,
             kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))],
         )
         state = self.accelerator.state

@@ -18,8 +18,10 @@ from torch import Tensor
 from vldist.distributed.collectives import all_gather_with_grad, global_sum, world
 from vldist.losses.hinge import hardest_negative_hinge, vse_hinge_loss
 from vldist.losses.not_negative import gather_identities, same_identity
+from vldist.losses.precision import in_loss_precision
 
 
+@in_loss_precision
 def cross_rank_vse_hinge_loss(
     img: Tensor,
     txt: Tensor,

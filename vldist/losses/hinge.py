@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from vldist.losses.not_negative import same_identity
+from vldist.losses.precision import in_loss_precision
 
 
 def hardest_negative_hinge(
@@ -60,6 +61,7 @@ def hardest_negative_hinge(
     return cost.sum()
 
 
+@in_loss_precision
 def vse_hinge_loss(
     img: Tensor, txt: Tensor, margin: float = 0.2, max_violation: bool = True, identity: Tensor | None = None
 ) -> Tensor:

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from vldist.distributed.collectives import all_gather_rows, all_gather_with_grad, world
 from vldist.losses.not_negative import gather_identities, local_identities
+from vldist.losses.precision import in_loss_precision
 
 # Inside the square root: the distance's gradient at d = 0 would be infinite (the official code
 # adds 1e-4; this is smaller so that d stays within 1e-4 of the true distance).
@@ -130,6 +131,7 @@ def _check(image: Tensor, text: Tensor, text_image: Tensor) -> None:
         )
 
 
+@in_loss_precision
 def two_branch_ranking_loss(
     image: Tensor,
     text: Tensor,
@@ -164,6 +166,7 @@ def two_branch_ranking_loss(
     )
 
 
+@in_loss_precision
 def cross_rank_two_branch_ranking_loss(
     image: Tensor,
     text: Tensor,
@@ -330,6 +333,7 @@ def _sample_count(identity: Tensor | None, phrase_sample: Tensor, region_sample:
     return max([int(x.max()) + 1 for x in (phrase_sample, region_sample) if x.numel()], default=0)
 
 
+@in_loss_precision
 def phrase_ranking_loss(
     region: Tensor,
     phrase: Tensor,
@@ -372,6 +376,7 @@ def phrase_ranking_loss(
     )
 
 
+@in_loss_precision
 def cross_rank_phrase_ranking_loss(
     region: Tensor,
     phrase: Tensor,
