@@ -16,7 +16,10 @@ Two measurements, each mode alternating with the other round by round, medians:
   the first batch's loss in both (the numerics moved).
 
 The batches are read before anything is timed, without loader workers, so that the step has the
-cores to itself. vldist trains in fp32 on CPU (`engine.mixed_precision` is autocast on CUDA only).
+cores to itself. The model runs under `torch.autocast` as it is, not through the Accelerate engine
+(which returns the model's outputs in fp32), so its embeddings reach the loss in bf16; the losses
+compute in fp32 either way (`losses/precision.py`). In training, `engine.mixed_precision=bf16` is
+this autocast on CPU (the Accelerate engine; the default is fp32).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ class DataConfig(Section):
         from vldist.store.credentials import refuse_credentials
 
         refuse_credentials(info.field_name, value)
-        return value
+        return words_as_booleans(value) if info.field_name == "storage_options" else value
 
 
 class TrainConfig(Section):
@@ -318,6 +318,8 @@ class OutputConfig(Section):
         from vldist.store.location import is_url
 
         refuse_credentials(info.field_name, value)
+        if info.field_name == "storage_options":
+            return words_as_booleans(value)
         if info.field_name == "checkpoint_dir" and value is not None and not is_url(value):
             raise ValueError(
                 f"'{value}' is not a URL; output.checkpoint_dir names a store (s3://bucket/prefix). "
@@ -513,6 +515,25 @@ class YamlLoader(yaml.SafeLoader):
     reads `no`, `yes`, `on` and `off` as booleans, so `engine.mixed_precision=no` (a choice named
     "no") failed as `False`. Only true/false are booleans here; a boolean setting still takes
     yes/no/on/off, which pydantic reads as booleans. Everything else resolves as before."""
+
+
+_BOOLEAN_WORDS = {
+    word: value
+    for value, words in ((True, "yes on"), (False, "no off"))
+    for w in words.split()
+    for word in (w, w.title(), w.upper())
+}
+
+
+def words_as_booleans(options):
+    """storage_options go to an fsspec filesystem untyped, so nothing there reads yes/no/on/off as
+    the booleans YAML 1.1 made them (as a boolean setting does): a filesystem that tests
+    `if anon:` would take the word "no" as true. They become booleans here, at any depth."""
+    if isinstance(options, dict):
+        return {key: words_as_booleans(value) for key, value in options.items()}
+    if isinstance(options, list):
+        return [words_as_booleans(value) for value in options]
+    return _BOOLEAN_WORDS.get(options, options) if isinstance(options, str) else options
 
 
 _RESOLVED_OTHERWISE = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")

@@ -99,3 +99,17 @@ def test_a_job_file_may_write_no_for_the_choice_named_no(tmp_path):
     job.write_text("recipe: vsrn\nengine:\n  mixed_precision: no\neval:\n  baseline: off\n")
     config = load_config(str(job), [])
     assert config.engine.mixed_precision == "no" and config.eval.baseline is False
+
+
+def test_storage_options_read_yes_no_on_off_as_booleans_at_any_depth():
+    """fsspec takes storage_options untyped: `anon: no` must reach it as False, not as the word
+    (which a filesystem testing `if anon:` would take as true)."""
+    config = load_config(
+        "vsrn",
+        [
+            "data.storage_options={anon: no, client_kwargs: {verify: OFF, names: [yes, maybe]}}",
+            "output.storage_options={anon: On}",
+        ],
+    )
+    assert config.data.storage_options == {"anon": False, "client_kwargs": {"verify": False, "names": [True, "maybe"]}}
+    assert config.output.storage_options == {"anon": True}

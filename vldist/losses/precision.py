@@ -23,10 +23,11 @@ def no_autocast(x: Tensor):
 
 def in_loss_precision(loss):
     """`loss` computed in `loss_dtype` of its floating-point tensor arguments, with autocast off
-    inside: under bf16 autocast the embeddings arrive in bf16, and a score matrix, its hardest
-    negatives and a sum of thousands of hinges in bf16 keep 8 bits of mantissa (a phrase batch's
-    loss of about 9,000 moved by 4% in bf16). The gradients flow back through the casts in the
-    arguments' own dtypes."""
+    inside. Under autocast the score matrices would be bf16 again, and bf16 embeddings (a model
+    run under autocast without Accelerate's fp32 outputs) would keep the whole loss in bf16: its
+    hardest negatives and a sum of thousands of hinges with 8 bits of mantissa (a phrase batch's
+    loss came out as 8,768.0, a multiple of bf16's spacing of 64 there). The gradients flow back
+    through the casts in the arguments' own dtypes."""
 
     @functools.wraps(loss)
     def in_precision(*args, **kwargs):
