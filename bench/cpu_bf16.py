@@ -28,7 +28,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -69,20 +68,11 @@ def gemm_seconds(rows: int, mode: str, repeats: int = 3) -> float:
 
 def phrase_stage(batches: int):
     """The embedding demo's phrase stage: its recipe, a fresh model and `batches` real batches."""
-    from vldist.data.job_shards import build_missing, open_job_shards
-    from vldist.data.streams import TrainingStreams
-    from vldist.recipes import get_recipe
-    from vldist.recipes.jobs import load_config
+    from loader_cpu import stage_recipe
 
-    out = tempfile.mkdtemp(prefix="vldist-cpu-bf16-")
-    config = load_config("two_branch_embed", ["metrics.enabled=false", "data.workers=0", f"output.dir={out}"])
-    recipe_cls = get_recipe(config.recipe)
-    config = dict(recipe_cls.stages(config))["phrases"]
-    build_missing(config, recipe_cls)
-    shards = open_job_shards(config, recipe_cls)
-    recipe = recipe_cls(
-        config, shards.main.vocab(config.output_dir, config.data.vocab_min_count), shards.main.feature_dim()
-    )
+    from vldist.data.streams import TrainingStreams
+
+    config, recipe, shards = stage_recipe("two_branch_embed", "phrases", ["data.workers=0"])
     streams = TrainingStreams(config, recipe, shards, rank=0, world_size=1)
     try:
         stream = streams.batches(epoch=0)

@@ -34,6 +34,23 @@ CASES = {
 }
 
 
+def stage_recipe(job: str, stage: str, overrides: list[str] = ()):
+    """A job's stage ("" for a job of one stage) as its training opens it, output in a temporary
+    directory: the stage's config, its recipe and its shards (built if missing)."""
+    from vldist.data.job_shards import build_missing, open_job_shards
+    from vldist.recipes import get_recipe
+    from vldist.recipes.jobs import load_config
+
+    out = tempfile.mkdtemp(prefix="vldist-bench-")
+    config = load_config(job, ["metrics.enabled=false", *overrides, f"output.dir={out}"])
+    recipe_cls = get_recipe(config.recipe)
+    config = dict(recipe_cls.stages(config)).get(stage, config)
+    build_missing(config, recipe_cls)
+    shards = open_job_shards(config, recipe_cls)
+    vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count)
+    return config, recipe_cls(config, vocab, shards.main.feature_dim()), shards
+
+
 def measure_case(job: str, stage: str, batches: int) -> dict:
     """One pass over a case in this process, vldist imported from the working directory (the checkout
     measured; the row records which)."""
@@ -41,19 +58,9 @@ def measure_case(job: str, stage: str, batches: int) -> dict:
     import psutil
 
     import vldist
-    from vldist.data.job_shards import build_missing, open_job_shards
     from vldist.data.streams import TrainingStreams
-    from vldist.recipes import get_recipe
-    from vldist.recipes.jobs import load_config
 
-    out = tempfile.mkdtemp(prefix="vldist-loader-cpu-")
-    config = load_config(job, ["metrics.enabled=false", f"output.dir={out}"])
-    recipe_cls = get_recipe(config.recipe)
-    config = dict(recipe_cls.stages(config)).get(stage, config)
-    build_missing(config, recipe_cls)
-    shards = open_job_shards(config, recipe_cls)
-    vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count)
-    recipe = recipe_cls(config, vocab, shards.main.feature_dim())
+    config, recipe, shards = stage_recipe(job, stage)
     streams = TrainingStreams(config, recipe, shards, rank=0, world_size=1)
     me = psutil.Process()
 

@@ -30,7 +30,7 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         on_cpu = pick_device(job.train.device).type == "cpu"
         self.accelerator = Accelerator(
             cpu=on_cpu,
-            # bf16 autocast on CPU too (AMX's bf16 GEMMs); fp16 on CPU has no such units: fp32
+            # bf16 autocast on CPU too (AMX's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
             mixed_precision="no" if on_cpu and job.engine.mixed_precision == "fp16" else job.engine.mixed_precision,
             kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))],
         )
