@@ -68,19 +68,9 @@ def gemm_seconds(rows: int, mode: str, repeats: int = 3) -> float:
 
 def phrase_stage(batches: int):
     """The embedding demo's phrase stage: its recipe, a fresh model and `batches` real batches."""
-    from loader_cpu import stage_recipe
+    from loader_cpu import stage_batches
 
-    from vldist.data.streams import TrainingStreams
-
-    config, recipe, shards = stage_recipe("two_branch_embed", "phrases", ["data.workers=0"])
-    streams = TrainingStreams(config, recipe, shards, rank=0, world_size=1)
-    try:
-        stream = streams.batches(epoch=0)
-        taken = [next(stream) for _ in range(batches)]
-    finally:
-        streams.close()
-    for batch in taken:
-        batch.pop("skipped", None), batch.pop("skip_reasons", None)
+    recipe, taken = stage_batches("two_branch_embed", "phrases", batches)
     torch.manual_seed(0)
     return recipe, recipe.build_model().train(), taken
 
@@ -165,28 +155,38 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--batches", type=int, default=4, help="batches per round and mode")
+def step_bench_arguments(description: str, rounds: int, batches: int) -> argparse.ArgumentParser:
+    """The command line of the benches that time steps on real batches (this one, cpu_cnn_steps.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--batches", type=int, default=batches, help="batches per round and mode")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--from", dest="from_file", type=Path, help="print the tables of a results file; run nothing")
-    args = parser.parse_args()
-    if args.from_file:
-        print(table(json.loads(args.from_file.read_text())), end="")
-        return
+    return parser
+
+
+def write_and_print(args, command: str, measured: dict, table) -> None:
+    """The results with the machine and the command, written to --json and printed as `table` prints them."""
     from demo_times import machine
 
     results = {
         "machine": machine(),
-        "command": " ".join([COMMAND, *sys.argv[1:]]),
+        "command": " ".join([command, *sys.argv[1:]]),
         "rounds": args.rounds,
         "batches": args.batches,
-        "results": measure(args.rounds, args.batches),
+        **measured,
     }
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results), end="")
+
+
+def main() -> None:
+    args = step_bench_arguments(__doc__, rounds=5, batches=4).parse_args()
+    if args.from_file:
+        print(table(json.loads(args.from_file.read_text())), end="")
+        return
+    write_and_print(args, COMMAND, {"results": measure(args.rounds, args.batches)}, table)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ CASES = {
     "vsrn": ("vsrn", ""),
     "two_branch_embed phrases": ("two_branch_embed", "phrases"),
     "two_branch_sim phrases": ("two_branch_sim", "phrases"),
+    "l2c": ("l2c", "l2c"),  # pairs and single images: pixels decoded in the workers
 }
 
 
@@ -49,6 +50,23 @@ def stage_recipe(job: str, stage: str, overrides: list[str] = ()):
     shards = open_job_shards(config, recipe_cls)
     vocab = shards.main.vocab(config.output_dir, config.data.vocab_min_count)
     return config, recipe_cls(config, vocab, shards.main.feature_dim()), shards
+
+
+def stage_batches(job: str, stage: str, count: int, overrides: list[str] = ()):
+    """A job stage's recipe and its first `count` training batches, read in this process without
+    loader workers (for benches that time steps, not the loader), less the loader's skip counts."""
+    from vldist.data.streams import TrainingStreams
+
+    config, recipe, shards = stage_recipe(job, stage, ["data.workers=0", *overrides])
+    streams = TrainingStreams(config, recipe, shards, rank=0, world_size=1)
+    try:
+        stream = streams.batches(epoch=0)
+        taken = [next(stream) for _ in range(count)]
+    finally:
+        streams.close()
+    for batch in taken:
+        batch.pop("skipped", None), batch.pop("skip_reasons", None)
+    return recipe, taken
 
 
 def measure_case(job: str, stage: str, batches: int) -> dict:

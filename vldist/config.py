@@ -250,10 +250,11 @@ class EngineConfig(Section):
         "jobs/deepspeed/zero2.json",
         description="backend=deepspeed: ZeRO settings file (jobs/deepspeed/zero{1,2,3}.json)",
     )
-    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+    mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field(
         "no",
         description="autocast on CUDA; on CPU, bf16 is autocast under engine.backend=accelerate (fast where the CPU "
-        "has bf16 matrix units, e.g. AMX: docs/performance.md) and everything else trains in fp32",
+        "has bf16 matrix units, e.g. AMX: docs/performance.md) and everything else trains in fp32; auto: bf16 on "
+        "a CUDA card with bf16 and on a CPU with AMX, else no",
     )
     tf32: bool = Field(
         True,

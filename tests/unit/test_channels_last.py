@@ -1,6 +1,6 @@
-"""Channels-last CNN trunks (models/memory_format.py) for L2C and LAViTeR: chosen on CUDA only, and
-the same losses and gradients as the default layout (channels-last runs on CPU too, so the
-converted path itself is compared here)."""
+"""Channels-last CNN trunks (models/memory_format.py) for L2C and LAViTeR: chosen on CUDA, and on
+CPU for L2C only (measured faster there), with the same losses and gradients as the default layout
+(channels-last runs on CPU too, so the converted path itself is compared here)."""
 
 import copy
 
@@ -20,10 +20,19 @@ TOLERANCE = {"rtol": 1e-9, "atol": 1e-12}
 L2C_TINY = ["model.image_size=64", "model.graph_dim=32", "model.hidden=32", "model.embed=16", "model.classes=3"]
 
 
-def test_the_layout_is_chosen_for_cuda_only():
-    assert channels_last_wanted("cuda") and channels_last_wanted("cuda:1")
-    assert not channels_last_wanted("cpu")
-    assert channels_last_wanted("auto") == torch.cuda.is_available()
+def _job(device: str, backend: str = "accelerate"):
+    return load_config("l2c", [f"train.device={device}", f"engine.backend={backend}"])
+
+
+def test_the_layout_is_chosen_for_cuda_and_on_cpu_where_asked_never_under_deepspeed():
+    assert channels_last_wanted(_job("cuda"))
+    assert not channels_last_wanted(_job("cpu"))
+    assert channels_last_wanted(_job("auto")) == torch.cuda.is_available()
+    assert channels_last_wanted(_job("cpu"), on_cpu=True) and channels_last_wanted(_job("auto"), on_cpu=True)
+    assert channels_last_wanted(_job("cuda", "fsdp"))
+    # DeepSpeed broadcasts parameters as byte views, which need the default layout
+    assert not channels_last_wanted(_job("cuda", "deepspeed"))
+    assert not channels_last_wanted(_job("cpu", "deepspeed"), on_cpu=True)
 
 
 def _conv_weights(model):
@@ -87,6 +96,18 @@ def test_laviter_channels_last_gives_the_same_discriminator_and_main_steps(float
         _assert_same_training_step(
             default, converted, lambda model, u=update: recipe.training_losses(model, batch, u)["loss"]
         )
+
+
+def test_a_cpu_l2c_job_builds_its_cnn_channels_last_and_laviter_does_not(tmp_path):
+    from vldist.recipes.l2c import L2CRecipe
+
+    for architecture in ("l2c", "cnn_lstm"):
+        config = load_config("l2c", [*L2C_TINY, f"model.architecture={architecture}", "train.device=cpu"])
+        model = L2CRecipe(config, ["<pad>", "<start>", "<end>", "a", "b"], 0).build_model()
+        weights = _conv_weights(model)
+        assert weights and all(w.is_contiguous(memory_format=CL) for w in weights if w.shape[-1] > 1), architecture
+    laviter = _conv_weights(recipe_for("joint", "train.device=cpu").build_model())
+    assert not any(w.is_contiguous(memory_format=CL) and w.shape[-1] > 1 for w in laviter)
 
 
 def test_a_cuda_job_builds_its_trunks_channels_last():

@@ -85,6 +85,8 @@ OTHER_TABLES = {
     "demo_times.json": ("demo_times.py", "performance.md"),
     "demo_times_bf16.json": ("demo_times.py", "performance.md"),
     "cpu_bf16.json": ("cpu_bf16.py", "performance.md"),
+    "cpu_cnn_steps.json": ("cpu_cnn_steps.py", "performance.md"),
+    "demo_times_l2c_auto.json": ("demo_times.py", "performance.md"),
     "exact_data.json": ("exact_data.py", "benchmarks.md"),
     "fault_soak.json": ("fault_soak.py", "preemption.md"),
     "accumulate_negatives.json": ("accumulate_negatives.py", "benchmarks.md"),

@@ -56,3 +56,19 @@ def test_the_padded_rrr_layer_traces_in_one_graph():
     explained = torch._dynamo.explain(layer)(v, mask)
     assert explained.graph_break_count == 0, explained.break_reasons
     assert explained.graph_count == 1
+
+
+def test_bf16_rows_as_autocast_gives_them_are_normalised_in_float32():
+    """Under bf16 autocast the rows arrive in bf16 and the running statistics are float32: the
+    statistics are computed in float32 from the bf16 values, as BatchNorm1d of those values in float32."""
+    torch.manual_seed(0)
+    x = (torch.randn(40, 6) * 3 + 5).bfloat16()
+    rows = torch.ones(40, dtype=torch.bool)
+    rows[35:] = False
+    masked, reference = nn.BatchNorm1d(6), nn.BatchNorm1d(6)
+    got = masked_batch_norm(masked, x, rows)
+    ref = _selected(reference, x.float(), rows)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, **TOL)
+    for name, buffer in reference.named_buffers():
+        torch.testing.assert_close(dict(masked.named_buffers())[name], buffer, **TOL, msg=name)

@@ -14,6 +14,7 @@ from vldist.checkpoint import sharded_state
 from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.dcp_checkpoints import DcpCheckpoints
 from vldist.distributed.engine import OPTIMIZER_FILE, Engine, copied_to_cpu, grad_norm, pick_device
+from vldist.distributed.precision import effective_precision
 from vldist.distributed.teardown import release_process_groups, release_process_groups_at_exit
 from vldist.launch.environment import adopt_slurm_environment
 from vldist.launch.network import choose_gloo_interface
@@ -27,11 +28,13 @@ class AccelerateEngine(DcpCheckpoints, Engine):
 
         adopt_slurm_environment()  # srun tasks -> RANK/WORLD_SIZE/...; torchrun sets them itself
         choose_gloo_interface()  # multi-host without GLOO_SOCKET_IFNAME: the interface towards MASTER_ADDR
-        on_cpu = pick_device(job.train.device).type == "cpu"
+        device = pick_device(job.train.device)
+        on_cpu = device.type == "cpu"
+        precision = effective_precision(job.engine.mixed_precision, device)
         self.accelerator = Accelerator(
             cpu=on_cpu,
             # bf16 autocast on CPU too (AMX's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
-            mixed_precision="no" if on_cpu and job.engine.mixed_precision == "fp16" else job.engine.mixed_precision,
+            mixed_precision="no" if on_cpu and precision == "fp16" else precision,
             kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))],
         )
         state = self.accelerator.state
@@ -137,6 +140,7 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         if keep_process_group:  # end_training() would destroy it
             if together:
                 dist.barrier()
+            _forget_precision(keep_process_group=True)
             return
         self.accelerator.end_training()
         if dist.is_available() and dist.is_initialized():
@@ -144,3 +148,13 @@ class AccelerateEngine(DcpCheckpoints, Engine):
                 dist.barrier()
             dist.destroy_process_group()
         release_process_groups()  # threads joined now (teardown.py)
+        _forget_precision(keep_process_group=False)
+
+
+def _forget_precision(keep_process_group: bool) -> None:
+    """Accelerate keeps one state a process and refuses another precision in it: after a run the
+    next one in this process (a job's next stage, a test, a notebook's second job) sets its own.
+    Accelerate's process state (the group, ranks, device) goes too where the group was destroyed."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=not keep_process_group)

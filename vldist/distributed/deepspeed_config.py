@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from vldist.config import PACKAGE_DIR
+from vldist.distributed.precision import effective_precision
 from vldist.errors import ConfigError
 
 # DeepSpeed keys the job config owns, and the job key to use instead.
@@ -49,7 +50,7 @@ def deepspeed_config(job, world_size: int, on_cuda: bool) -> dict:
     if clashes:
         raise ConfigError(f"engine.deepspeed_config: {path} sets {', '.join(clashes)}")
     accumulation = job.train.grad_accumulation
-    precision = job.engine.mixed_precision if on_cuda else "no"  # CPU trains in fp32
+    precision = effective_precision(job.engine.mixed_precision, "cuda") if on_cuda else "no"  # CPU trains in fp32
     return {
         **base,
         "train_batch_size": job.data.batch_size,

@@ -42,6 +42,7 @@ from torch import nn
 from vldist.distributed.cuda_settings import configure_fp32_math
 from vldist.distributed.dcp_checkpoints import DcpCheckpoints
 from vldist.distributed.engine import OPTIMIZER_FILE, Engine, copied_to_cpu, pick_device
+from vldist.distributed.precision import effective_precision
 from vldist.distributed.teardown import leave_process_group, release_process_groups_at_exit
 from vldist.errors import ConfigError
 from vldist.launch.environment import adopt_single_process_environment, adopt_slurm_environment
@@ -105,7 +106,7 @@ class FSDPEngine(DcpCheckpoints, Engine):
 
         device = pick_device(job.train.device)
         on_cuda = device.type == "cuda"
-        self.policy = precision_policy(job.engine.mixed_precision, on_cuda)
+        self.policy = precision_policy(effective_precision(job.engine.mixed_precision, device), on_cuda)
         adopt_slurm_environment()
         if not dist.is_initialized():  # Ray Train made the group itself
             adopt_single_process_environment()  # plain `python -m vldist.train`: a world of one

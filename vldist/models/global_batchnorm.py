@@ -47,7 +47,10 @@ def _local(t: Tensor) -> Tensor:
 
 def _normalize_with_batch_statistics(bn: nn.BatchNorm1d, x: Tensor, keep: Tensor | None, reduce) -> Tensor:
     """BatchNorm's training forward over the rows `keep` (N, 1) weighs by (all rows when None),
-    with the sums passed through `reduce` (an all-reduce: the statistics of every rank)."""
+    with the sums passed through `reduce` (an all-reduce: the statistics of every rank). In float32
+    at least, as BatchNorm keeps its statistics: under bf16 autocast x arrives in bf16, whose 8-bit
+    mantissa would sum thousands of rows badly, and the running statistics are float32."""
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     weighted, rows = (x, x.new_tensor([x.shape[0]])) if keep is None else (x * keep, keep.sum(0))
     # Two passes (mean, then squared deviations) as BatchNorm computes them: the one-pass
     # E[x^2] - mean^2 cancels badly when the mean is large next to the spread.

@@ -1,4 +1,4 @@
-"""Channels-last (NHWC) for the CNN trunks on CUDA.
+"""Channels-last (NHWC) for the CNN trunks on CUDA, and on CPU where a recipe measured it faster.
 
 cuDNN's tensor-core convolutions work in NHWC; given NCHW tensors it transposes around every
 convolution. With the weights and the images channels-last, the activations between convolutions
@@ -6,7 +6,10 @@ stay NHWC (a convolution's output follows its input's or weight's layout) and th
 The layout changes strides only, never values: a checkpoint, a replica hash (which reads values)
 and the modules' code are the same. bench/cuda_switches.py measures the gain per trunk.
 
-On CPU vldist keeps torch's default layout; channels-last runs there too (the tests compare both).
+On CPU oneDNN's convolutions are faster in NHWC too, but its batch-norm backward can be much slower
+there, so a recipe asks for it on CPU only where its whole step measured faster: L2C's steps, 13-19%
+under bf16 autocast and level in fp32; LAViTeR's phases are slower in NHWC under bf16
+(bench/cpu_cnn_steps.py, docs/performance.md). The tests compare both layouts on CPU.
 """
 
 from __future__ import annotations
@@ -15,13 +18,17 @@ import torch
 from torch import nn
 
 
-def channels_last_wanted(train_device: str) -> bool:
+def channels_last_wanted(job, on_cpu: bool = False) -> bool:
     """Whether a job's model converts its CNN trunks, from its train.device: where that means a
-    CUDA GPU (auto on a machine with one). Not pick_device: a job that trained on CUDA must still
-    build its model on a machine without one (evaluation, export)."""
-    if train_device == "auto":
-        return torch.cuda.is_available()
-    return torch.device(train_device).type == "cuda"
+    CUDA GPU (auto on a machine with one), and on CPU too with `on_cpu`. Not pick_device: a job
+    that trained on CUDA must still build its model on a machine without one (evaluation, export).
+    Never under DeepSpeed: its engine broadcasts every parameter as a byte view when it starts,
+    which needs torch's default layout (a channels-last weight fails there)."""
+    if job.engine.backend == "deepspeed":
+        return False
+    device = job.train.device
+    on_cuda = torch.cuda.is_available() if device == "auto" else torch.device(device).type == "cuda"
+    return on_cuda or on_cpu
 
 
 def convert_to_channels_last(module: nn.Module, entries: list[nn.Module]) -> None:

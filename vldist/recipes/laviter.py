@@ -207,7 +207,7 @@ class LAViTeRRecipe(GeneratesCaptions, Recipe):
             self.cfg, len(self.vocab), self.config.data.max_caption_len, self.vocab.end_id, self.vocab.start_id
         )
         model.set_phase(self.phase, self.cfg.vta_trunk, self.cfg.frozen_blocks)
-        return model.use_channels_last() if channels_last_wanted(self.config.train.device) else model
+        return model.use_channels_last() if channels_last_wanted(self.config) else model
 
     checkpoint_compiles = False
     checkpoint_compile_refusal = (

@@ -108,7 +108,14 @@ JOBS = {
         f"data.max_caption_len={SHORT_CAPTION_LEN}",
     ],
 }
-COMMON = ["eval.baseline=false", "train.validate_every=0", "metrics.enabled=false", "train.replica_check_every=0"]
+# fp32 on every host: the tolerances are fp32's (L2C's job autocasts bf16 on a CPU with AMX)
+COMMON = [
+    "eval.baseline=false",
+    "train.validate_every=0",
+    "metrics.enabled=false",
+    "train.replica_check_every=0",
+    "engine.mixed_precision=no",
+]
 fit = loop.Trainer.fit
 stage_is_last, tag = True, "eager"
 
