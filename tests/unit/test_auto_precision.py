@@ -85,3 +85,17 @@ def test_runs_one_after_another_in_a_process_each_get_their_precision(tmp_path, 
         finally:
             engine.close()
     assert dtypes == [torch.bfloat16, torch.float32, torch.bfloat16]
+
+
+def test_a_run_after_one_whose_engine_was_never_closed_gets_its_own_precision(tmp_path, no_accelerate_state):
+    """A run that failed before closing its engine (or a test that left one) must not decide the next run's precision."""
+    left = AccelerateEngine(
+        load_config("vsrn", [f"output.dir={tmp_path}", "train.device=cpu", "engine.mixed_precision=no"])
+    )
+    assert _matmul_dtype(left) == torch.float32
+    job = load_config("vsrn", [f"output.dir={tmp_path}", "train.device=cpu", "engine.mixed_precision=bf16"])
+    engine = AccelerateEngine(job)
+    try:
+        assert _matmul_dtype(engine) == torch.bfloat16
+    finally:
+        engine.close()

@@ -31,10 +31,12 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         device = pick_device(job.train.device)
         on_cpu = device.type == "cpu"
         precision = effective_precision(job.engine.mixed_precision, device)
+        # bf16 autocast on CPU too (AMX's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
+        precision = "no" if on_cpu and precision == "fp16" else precision
+        _forget_other_precision(precision)
         self.accelerator = Accelerator(
             cpu=on_cpu,
-            # bf16 autocast on CPU too (AMX's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
-            mixed_precision="no" if on_cpu and precision == "fp16" else precision,
+            mixed_precision=precision,
             kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=job.engine.timeout_s))],
         )
         state = self.accelerator.state
@@ -149,6 +151,16 @@ class AccelerateEngine(DcpCheckpoints, Engine):
             dist.destroy_process_group()
         release_process_groups()  # threads joined now (teardown.py)
         _forget_precision(keep_process_group=False)
+
+
+def _forget_other_precision(wanted: str) -> None:
+    """An earlier run in this process whose engine was not closed (it failed, or a test left it)
+    left Accelerate's state with its precision, and Accelerate would refuse this run's: that
+    state goes, Accelerate's process state (the group, ranks, device) stays."""
+    from accelerate.state import AcceleratorState
+
+    if AcceleratorState._shared_state.get("_mixed_precision", wanted) != wanted:
+        AcceleratorState._reset_state()
 
 
 def _forget_precision(keep_process_group: bool) -> None:
