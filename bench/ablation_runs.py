@@ -19,7 +19,7 @@ The results file (schema "vldist-ablation/1"; no absolute paths, no host names):
      "seeds": [0, 1, 2],
      "rows": {"<row key>": {"label": "Mean-pool", "job": "vsrn", "overrides": ["model.rrr_layers=0", ...],
                             "runs": {"0": {"metrics": {"rsum": 410.9, ...}, "seconds": 301.5,
-                                           "commit": "76ab57c", "torch": "2.14.1"}, ...}},
+                                           "commit": "76ab57c", "torch": "2.14.1", "precision": "no"}, ...}},
               ...}}
 
 A run's "metrics" are the bench's named numbers from its metrics.json (the bench's METRICS; a
@@ -27,6 +27,8 @@ number the run did not report, or NaN, is left out); "seconds" is the training p
 time, "commit" `git describe --always --dirty` when it started and "torch" the installed torch's
 version (null for a run trained before the bench recorded them, in <run>/bench_run.json): the same
 commit on another torch version trains to other last digits, enough to move a 3-seed mean.
+"precision" is the metrics.json's: what `engine.mixed_precision` ran as ("no" is fp32; a job's
+`auto` is bf16 on a CPU with AMX), null for a run from before vldist recorded it.
 """
 
 from __future__ import annotations
@@ -347,6 +349,8 @@ class Recorder:
             "seconds": run.seconds,
             "commit": run.commit,
             "torch": run.torch,
+            # what engine.mixed_precision ran as (a job's auto is bf16 on an AMX CPU); null before runs recorded it
+            "precision": run.metrics.get("precision"),
         }
         took = "kept" if run.kept else f"{run.seconds:.0f} s"
         shown = ", ".join(

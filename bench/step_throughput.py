@@ -19,7 +19,8 @@ window): the first window holds the warm-up and any compilation, the second is m
 - peak memory: the run's peak CUDA allocation where it records one, else its peak resident size;
 - recompilations after warm-up: what the run records (compiled modes).
 
-On CUDA the runs take `train.device=cuda engine.mixed_precision=bf16`. The paper-size case is the
+On CUDA the runs take `train.device=cuda engine.mixed_precision=bf16`; on CPU each job's own setting
+(a job's `auto` is bf16 on a CPU with AMX), and a case not in fp32 is marked with its precision. The paper-size case is the
 demo job at the paper's VSRN sizes (B 128, 36 regions of 2,048, embed 2,048): the embedded shards'
 regions padded to 36, masked, so the step does the paper's arithmetic. On CPU, where one such step
 takes many seconds, its windows are of at most `--paper-window-cpu` steps.
@@ -170,6 +171,7 @@ def device_label(device: str) -> str:
 
 
 def measure(args) -> dict:
+    from vldist.distributed.precision import effective_precision
     from vldist.telemetry.flops import peak_flops
 
     peak = peak_flops(device_label(args.device), "bf16", False) if args.device == "cuda" else None
@@ -183,7 +185,10 @@ def measure(args) -> dict:
                 window = args.window
                 if case == "vsrn-paper" and args.device == "cpu":
                     window = min(window, args.paper_window_cpu)
+                job, _, stage = CASES[case]
+                setting = stage_config(job, overrides, stage)[0].engine.mixed_precision
                 row = {"case": case, "mode": mode, "window": window, "flops_per_sample": counted}
+                row["precision"] = effective_precision(setting, args.device)  # a job's auto: bf16 on AMX
                 try:
                     row |= timed_run(case, overrides, mode, window, batch, Path(tmp) / f"{case}-{mode}", args.timeout)
                 except RuntimeError as err:
@@ -210,8 +215,10 @@ HEADER = (
 
 
 def format_row(row: dict, eager: dict | None = None) -> str:
+    # the case, with its precision where that is not fp32 (rows from before it was recorded: fp32 on CPU)
+    case = row["case"] if row.get("precision", "no") == "no" else f"{row['case']} ({row['precision']})"
     if "error" in row:
-        return f"| {row['case']} | {row['mode']} | failed: {row['error']} |||||||"
+        return f"| {case} | {row['mode']} | failed: {row['error']} |||||||"
 
     def num(key, fmt):
         value = row.get(key)
@@ -223,7 +230,7 @@ def format_row(row: dict, eager: dict | None = None) -> str:
     gflops = "n/a" if flops is None else f"{flops / 1e9:.2f}" if flops >= 1e8 else f"{flops / 1e9:.4f}"
     wait = "n/a" if row.get("data_wait_share") is None else f"{100 * row['data_wait_share']:.0f}%"
     return (
-        f"| {row['case']} | {row['mode']} | {num('samples_per_s', '.1f' if row.get('samples_per_s', 100) < 100 else '.0f')} | {speedup} | {wait} | "
+        f"| {case} | {row['mode']} | {num('samples_per_s', '.1f' if row.get('samples_per_s', 100) < 100 else '.0f')} | {speedup} | {wait} | "
         f"{num('warmup_s', '.1f')} | {gflops} | {mfu} | {num('peak_memory_mb', '.0f')} | {num('recompilations', 'd')} |"
     )
 

@@ -216,6 +216,17 @@ def sigint_handler_restored():
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.fixture
+def no_accelerate_state():
+    """Accelerate keeps one state a process and refuses another precision in it: the test starts
+    from none and leaves none, for the in-process runs of the suite's other tests."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture(autouse=True)
 def fresh_skip_counter():
     """Each test starts with the process's skip counter as a new process has it: its warnings are

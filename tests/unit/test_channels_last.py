@@ -24,15 +24,16 @@ def _job(device: str, backend: str = "accelerate"):
     return load_config("l2c", [f"train.device={device}", f"engine.backend={backend}"])
 
 
-def test_the_layout_is_chosen_for_cuda_and_on_cpu_where_asked_never_under_deepspeed():
+def test_the_layout_is_chosen_for_cuda_and_on_cpu_where_asked_never_under_deepspeed_or_fsdp():
     assert channels_last_wanted(_job("cuda"))
     assert not channels_last_wanted(_job("cpu"))
     assert channels_last_wanted(_job("auto")) == torch.cuda.is_available()
     assert channels_last_wanted(_job("cpu"), on_cpu=True) and channels_last_wanted(_job("auto"), on_cpu=True)
-    assert channels_last_wanted(_job("cuda", "fsdp"))
-    # DeepSpeed broadcasts parameters as byte views, which need the default layout
-    assert not channels_last_wanted(_job("cuda", "deepspeed"))
-    assert not channels_last_wanted(_job("cpu", "deepspeed"), on_cpu=True)
+    # DeepSpeed broadcasts parameters as byte views and FSDP2 refuses non-contiguous ones:
+    # both need the default layout
+    for backend in ("deepspeed", "fsdp"):
+        assert not channels_last_wanted(_job("cuda", backend))
+        assert not channels_last_wanted(_job("cpu", backend), on_cpu=True)
 
 
 def _conv_weights(model):
@@ -114,3 +115,20 @@ def test_a_cuda_job_builds_its_trunks_channels_last():
     recipe = recipe_for("joint", "train.device=cuda")  # building needs no GPU
     weights = _conv_weights(recipe.build_model())
     assert weights and all(w.is_contiguous(memory_format=CL) for w in weights)
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "deepspeed"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_sharding_engines_get_contiguous_parameters(backend, device):
+    """FSDP2's fully_shard refuses a non-contiguous parameter ("FSDP does not support non-contiguous
+    parameters yet") and DeepSpeed's start views each as bytes: an L2C or LAViTeR job under either
+    builds every parameter in torch's default layout, on CPU and on CUDA alike."""
+    from vldist.recipes.l2c import L2CRecipe
+
+    config = load_config("l2c", [*L2C_TINY, f"train.device={device}", f"engine.backend={backend}"])
+    models = [
+        L2CRecipe(config, ["<pad>", "<start>", "<end>", "a", "b"], 0).build_model(),
+        recipe_for("joint", f"train.device={device}", f"engine.backend={backend}").build_model(),
+    ]
+    for model in models:
+        assert all(p.is_contiguous() for p in model.parameters()), type(model).__name__

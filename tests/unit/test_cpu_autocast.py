@@ -4,19 +4,11 @@ fp32, as DeepSpeed and FSDP do on CPU."""
 
 import pytest
 import torch
-from accelerate.state import AcceleratorState
 
 from vldist.distributed.accelerate_engine import AccelerateEngine
 from vldist.recipes.jobs import load_config
 
-
-@pytest.fixture(autouse=True)
-def fresh_accelerate_state():
-    """Accelerate keeps one state a process and refuses another precision in it: each test starts
-    from none and leaves none, for the in-process runs of the suite's other tests."""
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield
-    AcceleratorState._reset_state(reset_partial_state=True)
+pytestmark = pytest.mark.usefixtures("no_accelerate_state")  # tests/conftest.py
 
 
 @pytest.mark.parametrize(
@@ -29,6 +21,7 @@ def test_the_cpu_engine_runs_matmuls_in_bf16_only_when_asked(precision, matmul_d
         x = torch.randn(4, 8)
         with engine.autocast():
             assert (x @ x.T).dtype == matmul_dtype
+        assert engine.precision == ("bf16" if matmul_dtype == torch.bfloat16 else "no")
         assert (x @ x.T).dtype == torch.float32  # outside the step's forward: fp32
     finally:
         engine.close()

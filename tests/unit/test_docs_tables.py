@@ -231,11 +231,12 @@ def test_results_files_hold_no_absolute_path_and_the_command_only_what_changes_r
 
 def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
     """A finished run is not trained again; its seconds, commit and torch version (the same commit
-    on another torch trains to other last digits) reach the results file's entry."""
+    on another torch trains to other last digits) and the precision it ran in (a job's auto is bf16
+    on an AMX CPU) reach the results file's entry."""
     ar = bench_module("ablation_runs")
     run_dir = tmp_path / "row" / "seed0"
     run_dir.mkdir(parents=True)
-    (run_dir / "metrics.json").write_text(json.dumps({"test": {"rsum": 101.5}}))
+    (run_dir / "metrics.json").write_text(json.dumps({"test": {"rsum": 101.5}, "precision": "bf16"}))
     (run_dir / ar.RUN_RECORD).write_text(json.dumps({"seconds": 12.5, "commit": "abc1234", "torch": "2.14.1"}))
     run = ar.train_once("vsrn", run_dir, [])
     assert run.kept and (run.seconds, run.commit, run.torch) == (12.5, "abc1234", "2.14.1")
@@ -246,6 +247,7 @@ def test_a_kept_run_carries_its_record_into_the_results(tmp_path, capsys):
         "seconds": 12.5,
         "commit": "abc1234",
         "torch": "2.14.1",
+        "precision": "bf16",
     }
     assert "Row, seed 0: rsum 101.5 (kept)" in capsys.readouterr().out
     (run_dir / ar.RUN_RECORD).unlink()  # trained before runs were recorded: all unknown

@@ -58,13 +58,15 @@ def test_the_padded_rrr_layer_traces_in_one_graph():
     assert explained.graph_count == 1
 
 
-def test_bf16_rows_as_autocast_gives_them_are_normalised_in_float32():
+@pytest.mark.parametrize(("n", "real"), [(40, 35), (1200, 1001)])
+def test_bf16_rows_as_autocast_gives_them_are_normalised_in_float32(n, real):
     """Under bf16 autocast the rows arrive in bf16 and the running statistics are float32: the
-    statistics are computed in float32 from the bf16 values, as BatchNorm1d of those values in float32."""
+    statistics are computed in float32 from the bf16 values, as BatchNorm1d of those values in float32.
+    1,001 real rows: a count kept in bf16 would round to 1,000 (bf16 counts exactly only to 256)."""
     torch.manual_seed(0)
-    x = (torch.randn(40, 6) * 3 + 5).bfloat16()
-    rows = torch.ones(40, dtype=torch.bool)
-    rows[35:] = False
+    x = (torch.randn(n, 6) * 3 + 5).bfloat16()
+    rows = torch.ones(n, dtype=torch.bool)
+    rows[real:] = False
     masked, reference = nn.BatchNorm1d(6), nn.BatchNorm1d(6)
     got = masked_batch_norm(masked, x, rows)
     ref = _selected(reference, x.float(), rows)

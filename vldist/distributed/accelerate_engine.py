@@ -34,6 +34,7 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         # bf16 autocast on CPU too (AMX's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
         precision = "no" if on_cpu and precision == "fp16" else precision
         _forget_other_precision(precision)
+        self.precision = precision
         self.accelerator = Accelerator(
             cpu=on_cpu,
             mixed_precision=precision,

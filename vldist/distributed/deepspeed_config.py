@@ -40,6 +40,11 @@ def find_deepspeed_file(name: str) -> Path:
     )
 
 
+def deepspeed_precision(job, on_cuda: bool) -> str:
+    """engine.mixed_precision as DeepSpeed's torch_autocast runs it: resolved on CUDA; fp32 on CPU."""
+    return effective_precision(job.engine.mixed_precision, "cuda") if on_cuda else "no"
+
+
 def deepspeed_config(job, world_size: int, on_cuda: bool) -> dict:
     path = find_deepspeed_file(job.engine.deepspeed_config)
     try:
@@ -50,7 +55,7 @@ def deepspeed_config(job, world_size: int, on_cuda: bool) -> dict:
     if clashes:
         raise ConfigError(f"engine.deepspeed_config: {path} sets {', '.join(clashes)}")
     accumulation = job.train.grad_accumulation
-    precision = effective_precision(job.engine.mixed_precision, "cuda") if on_cuda else "no"  # CPU trains in fp32
+    precision = deepspeed_precision(job, on_cuda)
     return {
         **base,
         "train_batch_size": job.data.batch_size,

@@ -30,7 +30,7 @@ from torch import nn
 
 from vldist.checkpoint.resharding import load_resharded, refuse_unconvertible
 from vldist.distributed.cuda_settings import configure_fp32_math
-from vldist.distributed.deepspeed_config import deepspeed_config
+from vldist.distributed.deepspeed_config import deepspeed_config, deepspeed_precision
 from vldist.distributed.engine import Engine, pick_device
 from vldist.distributed.teardown import leave_process_group, release_process_groups_at_exit
 from vldist.errors import ConfigError
@@ -102,6 +102,7 @@ class DeepSpeedEngine(Engine):
         configure_fp32_math(self.device, job.engine.tf32)
         self.job = job
         self.config = deepspeed_config(job, self.world_size, device.type == "cuda")
+        self.precision = deepspeed_precision(job, device.type == "cuda")
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
         self.uniform_shapes = self.stage == 3
         self.optimizers = {}

@@ -62,6 +62,9 @@ class Engine(ABC):
     is_main: bool
     device: torch.device
     model: nn.Module | None = None  # as wrapped by the backend; call it for training forwards
+    # what the steps compute in, engine.mixed_precision resolved on this device and backend:
+    # "no" (fp32), "bf16" or "fp16" (distributed/precision.py; DeepSpeed and FSDP train fp32 on CPU)
+    precision: str = "no"
     uniform_shapes: bool = False  # every rank's batches must have the same shapes (ZeRO-3)
     optimizers: dict[str, torch.optim.Optimizer]  # the torch optimizers (LR schedulers attach here)
 

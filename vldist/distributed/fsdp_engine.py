@@ -106,7 +106,9 @@ class FSDPEngine(DcpCheckpoints, Engine):
 
         device = pick_device(job.train.device)
         on_cuda = device.type == "cuda"
-        self.policy = precision_policy(effective_precision(job.engine.mixed_precision, device), on_cuda)
+        precision = effective_precision(job.engine.mixed_precision, device)
+        self.policy = precision_policy(precision, on_cuda)
+        self.precision = precision if on_cuda else "no"  # bf16 on CUDA; fp32 on CPU
         adopt_slurm_environment()
         if not dist.is_initialized():  # Ray Train made the group itself
             adopt_single_process_environment()  # plain `python -m vldist.train`: a world of one

@@ -1,4 +1,4 @@
-"""engine.mixed_precision=auto: bf16 autocast where the device has bf16 matrix units, else fp32.
+"""engine.mixed_precision=auto: bf16 autocast where the device computes bf16 products natively, else fp32.
 
 Resolved where the engine knows its device, not in the config: the saved config keeps what the user
 asked (`auto`), and the same job file picks what fits each machine it runs on."""
@@ -8,18 +8,36 @@ from __future__ import annotations
 import torch
 
 
-def cpu_has_bf16_matrix_units() -> bool:
-    """AMX (Intel Sapphire Rapids and later): a bf16 GEMM ran 3.7x faster than fp32 here
-    (docs/performance.md, "bf16 on the CPU"). CPUs with AVX512-BF16 but no AMX stay fp32
-    under auto: unmeasured. torch's own cpuinfo check; a torch without it answers no."""
-    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(check and check())
+# torch's own cpuinfo checks: AMX tiles (Intel Sapphire Rapids and later) and AVX512-BF16's dot
+# products (AMD Zen 4 and later, Intel Cooper Lake). A torch without a check answers no for it.
+CPU_BF16_CHECKS = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+
+
+def cpu_has_bf16_units() -> bool:
+    """Where oneDNN computes bf16 GEMMs natively. Measured (docs/performance.md, "bf16 on the CPU"):
+    a phrase-stage step 2.07x faster under bf16 autocast on an Intel Xeon with AMX, 2.19x on an
+    AMD EPYC with AVX512-BF16 and no AMX. Other CPUs convert bf16 to fp32 around every product
+    and stay fp32 under auto (not measured: no such machine here)."""
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in CPU_BF16_CHECKS)
+
+
+def cuda_has_bf16_matrix_units() -> bool:
+    """Ampere (compute capability 8.0) and later, and ROCm's cards. Not torch.cuda.is_bf16_supported()
+    as it is called by default: that also says yes for a card that only emulates bf16, slowly (a
+    V100, a T4), and finds out by allocating on the current device, which a rank may not have set
+    yet. The capability is read without allocating."""
+    if torch.version.hip:
+        return True
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
 
 
 def effective_precision(setting: str, device: torch.device | str) -> str:
     """`no`, `bf16` or `fp16`: the setting itself, or what `auto` means on `device`."""
     if setting != "auto":
         return setting
-    if torch.device(device).type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    return "bf16" if cpu_has_bf16_matrix_units() else "no"
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "bf16" if cuda_has_bf16_matrix_units() else "no"
+    if kind == "cpu":
+        return "bf16" if cpu_has_bf16_units() else "no"
+    return "no"  # another accelerator: nothing measured there, and the host CPU's units are not its own

@@ -33,9 +33,11 @@ def masked_batch_norm(bn: nn.BatchNorm1d, x: Tensor, rows: Tensor) -> Tensor:
     computed with row weights instead of selecting the rows, so every shape is static and
     torch.compile traces it whole (x[rows] has a data-dependent shape: a graph break). A
     GlobalBatchNorm1d in a multi-rank run takes its statistics over every rank's real rows."""
-    keep = rows.to(x.dtype).unsqueeze(-1)
     if not bn.training and bn.track_running_stats:  # running statistics: row by row already
-        return bn(x) * keep
+        return bn(x) * rows.to(x.dtype).unsqueeze(-1)
+    # the row weights in the statistics' float32 at least: a bf16 sum of ones stops counting
+    # exactly past 256 (1,001 real rows summed to 1,000), which would skew the mean and variance
+    keep = rows.to(torch.promote_types(x.dtype, torch.float32)).unsqueeze(-1)
     distributed = isinstance(bn, GlobalBatchNorm1d) and _distributed()
     reduce = all_reduce_with_grad if distributed else _local
     return _normalize_with_batch_statistics(bn, x, keep, reduce) * keep

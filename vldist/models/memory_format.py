@@ -22,9 +22,10 @@ def channels_last_wanted(job, on_cpu: bool = False) -> bool:
     """Whether a job's model converts its CNN trunks, from its train.device: where that means a
     CUDA GPU (auto on a machine with one), and on CPU too with `on_cpu`. Not pick_device: a job
     that trained on CUDA must still build its model on a machine without one (evaluation, export).
-    Never under DeepSpeed: its engine broadcasts every parameter as a byte view when it starts,
-    which needs torch's default layout (a channels-last weight fails there)."""
-    if job.engine.backend == "deepspeed":
+    Never under DeepSpeed, whose engine broadcasts every parameter as a byte view when it starts,
+    nor under FSDP2, whose fully_shard refuses non-contiguous parameters: both need torch's
+    default layout (a channels-last weight fails there)."""
+    if job.engine.backend in ("deepspeed", "fsdp"):
         return False
     device = job.train.device
     on_cuda = torch.cuda.is_available() if device == "auto" else torch.device(device).type == "cuda"

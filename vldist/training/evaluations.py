@@ -106,6 +106,7 @@ class Evaluations:
         results: dict = {
             "recipe": cfg.recipe,
             "world_size": self.engine.world_size,
+            "precision": self.engine.precision,  # what engine.mixed_precision ran as (auto resolved)
             "config": cfg.model_dump(mode="json"),
         }
         if state.untrained is not None:

@@ -24,7 +24,6 @@ from vldist.data.job_shards import JobShards
 from vldist.data.streams import TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.distributed.heartbeat import heartbeat
-from vldist.distributed.precision import effective_precision
 from vldist.distributed.replicas import ReplicaCheck
 from vldist.distributed.watchdog import Watchdog, watchdog_store
 from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, TrainingStopped, UnreadableBatch
@@ -64,11 +63,7 @@ class Trainer:
         self.shards = shards.main  # evaluation's; the training streams take every set they read
         self.metrics = metrics  # this rank's Prometheus exporter (telemetry/prometheus.py), or None
         self.stop = stop or StopRequest()  # fed by signals (or a Ray driver's stop request) while training runs
-        self.flops = FlopCounter(
-            device_peak(engine.device, effective_precision(config.engine.mixed_precision, engine.device))
-            if metrics
-            else None
-        )
+        self.flops = FlopCounter(device_peak(engine.device, engine.precision) if metrics else None)
         self.out_dir = config.output_dir
         self.state = RunState()
         t = config.train

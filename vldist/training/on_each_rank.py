@@ -20,7 +20,6 @@ from vldist.data.job_shards import build_missing, open_job_shards
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
 from vldist.distributed.lost_rank import lost_rank_reported
-from vldist.distributed.precision import effective_precision
 from vldist.distributed.shared_output import check_output_shared
 from vldist.errors import OutputDirInUse, PeerLost, ShardsNotFoundError
 from vldist.recipes import get_recipe
@@ -88,9 +87,14 @@ def run(
                     engine.world_size,
                     config.output_dir,
                 )
-                if config.engine.mixed_precision == "auto":  # what it chose on this machine
-                    precision = effective_precision("auto", engine.device)
-                    log.info("engine.mixed_precision=auto: %s", "bf16 autocast" if precision == "bf16" else "fp32")
+                if config.engine.mixed_precision != engine.precision:  # auto, or what a backend does on CPU
+                    log.info(
+                        "engine.mixed_precision=%s: %s on %s under engine.backend=%s",
+                        config.engine.mixed_precision,
+                        {"no": "fp32", "bf16": "bf16 autocast", "fp16": "fp16 autocast"}[engine.precision],
+                        engine.device,
+                        config.engine.backend,
+                    )
                 metrics = start_rank_metrics(config, engine.rank, engine.local_rank)
                 set_negatives_group_size(config.train.negatives_group_size)  # collective
                 with lost_rank_reported(engine.rank, engine.world_size, config.output_dir / "checkpoints"):
