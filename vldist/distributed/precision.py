@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import torch
 
-
 # torch's own cpuinfo checks: AMX tiles (Intel Sapphire Rapids and later) and AVX512-BF16's dot
 # products (AMD Zen 4 and later, Intel Cooper Lake). A torch without a check answers no for it.
 CPU_BF16_CHECKS = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
