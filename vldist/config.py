@@ -253,8 +253,8 @@ class EngineConfig(Section):
     mixed_precision: Literal["no", "bf16", "fp16", "auto"] = Field(
         "no",
         description="autocast on CUDA; on CPU, bf16 is autocast under engine.backend=accelerate (fast where the CPU "
-        "has bf16 matrix units, e.g. AMX: docs/performance.md) and everything else trains in fp32; auto: bf16 on "
-        "a CUDA card with bf16 and on a CPU with AMX, else no",
+        "computes bf16 natively, AMX or AVX512-BF16: docs/performance.md) and everything else trains in fp32; "
+        "auto: bf16 on a CUDA card from Ampere on and on a CPU with AMX or AVX512-BF16, else no",
     )
     tf32: bool = Field(
         True,

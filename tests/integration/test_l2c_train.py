@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from dataset_fixtures import make_birds_to_words, make_cub
 from helpers import TORCHRUN
 from PIL import Image
@@ -74,6 +75,13 @@ def test_l2c_job_trains_the_baseline_and_l2c_and_its_run_evaluates_and_describes
     with Image.open(pictures[0]) as picture:
         assert picture.size == (3 * 64 + 8, 2 * 64 + 4)  # image, mask, classes; one row per image
     assert json.loads((run / "cnn_lstm" / "metrics.json").read_text())["steps"] == 6 * 8  # pairs only
+    # the job's engine.mixed_precision: auto, kept as asked; what it ran as is bf16 on a CPU that
+    # computes bf16 natively (torch's own checks, asked here directly), else fp32
+    native = any(
+        getattr(torch.cpu, name, lambda: False)() for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    )
+    assert results["config"]["engine"]["mixed_precision"] == "auto"
+    assert results["precision"] == ("bf16" if native else "no")
 
     assert evaluate_main([str(run / "l2c"), "--json"]) == 0
     out = capsys.readouterr().out
