@@ -28,7 +28,7 @@ time, "commit" `git describe --always --dirty` when it started and "torch" the i
 version (null for a run trained before the bench recorded them, in <run>/bench_run.json): the same
 commit on another torch version trains to other last digits, enough to move a 3-seed mean.
 "precision" is the metrics.json's: what `engine.mixed_precision` ran as ("no" is fp32; a job's
-`auto` is bf16 on a CPU with AMX), null for a run from before vldist recorded it.
+`auto` is bf16 on a CPU with AMX or AVX512-BF16), null for a run from before vldist recorded it.
 """
 
 from __future__ import annotations
@@ -349,7 +349,6 @@ class Recorder:
             "seconds": run.seconds,
             "commit": run.commit,
             "torch": run.torch,
-            # what engine.mixed_precision ran as (a job's auto is bf16 on an AMX CPU); null before runs recorded it
             "precision": run.metrics.get("precision"),
         }
         took = "kept" if run.kept else f"{run.seconds:.0f} s"

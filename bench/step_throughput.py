@@ -20,9 +20,10 @@ window): the first window holds the warm-up and any compilation, the second is m
 - recompilations after warm-up: what the run records (compiled modes).
 
 On CUDA the runs take `train.device=cuda engine.mixed_precision=bf16`; on CPU each job's own setting
-(a job's `auto` is bf16 on a CPU with AMX), and a case not in fp32 is marked with its precision. The paper-size case is the
-demo job at the paper's VSRN sizes (B 128, 36 regions of 2,048, embed 2,048): the embedded shards'
-regions padded to 36, masked, so the step does the paper's arithmetic. On CPU, where one such step
+(a job's `auto` is bf16 on a CPU with AMX or AVX512-BF16), and a case not in fp32 is marked with its
+precision. The paper-size case is the demo job at the paper's VSRN sizes (B 128, 36 regions of
+2,048, embed 2,048): the embedded shards' regions padded to 36, masked, so the step does the
+paper's arithmetic. On CPU, where one such step
 takes many seconds, its windows are of at most `--paper-window-cpu` steps.
 """
 
@@ -180,15 +181,21 @@ def measure(args) -> dict:
         for case in args.cases:
             overrides = run_args(case, args.device)
             counted, batch = counted_flops(case)
+            job, _, stage = CASES[case]
+            # a job's auto: bf16 on a CPU with AMX or AVX512-BF16
+            precision = effective_precision(stage_config(job, overrides, stage)[0].engine.mixed_precision, args.device)
             for mode in args.modes:
                 print(f"{case} train.compile={mode} ...", flush=True)
                 window = args.window
                 if case == "vsrn-paper" and args.device == "cpu":
                     window = min(window, args.paper_window_cpu)
-                job, _, stage = CASES[case]
-                setting = stage_config(job, overrides, stage)[0].engine.mixed_precision
-                row = {"case": case, "mode": mode, "window": window, "flops_per_sample": counted}
-                row["precision"] = effective_precision(setting, args.device)  # a job's auto: bf16 on AMX
+                row = {
+                    "case": case,
+                    "mode": mode,
+                    "window": window,
+                    "flops_per_sample": counted,
+                    "precision": precision,
+                }
                 try:
                     row |= timed_run(case, overrides, mode, window, batch, Path(tmp) / f"{case}-{mode}", args.timeout)
                 except RuntimeError as err:

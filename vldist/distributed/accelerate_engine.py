@@ -31,7 +31,7 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         device = pick_device(job.train.device)
         on_cpu = device.type == "cpu"
         precision = effective_precision(job.engine.mixed_precision, device)
-        # bf16 autocast on CPU too (AMX's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
+        # bf16 autocast on CPU too (AMX's or AVX512-BF16's bf16 GEMMs); Accelerate autocasts fp16 on accelerators only
         precision = "no" if on_cpu and precision == "fp16" else precision
         _forget_other_precision(precision)
         self.precision = precision

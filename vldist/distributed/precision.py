@@ -12,7 +12,7 @@ import torch
 CPU_BF16_CHECKS = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
 
 
-def cpu_has_bf16_units() -> bool:
+def cpu_has_native_bf16() -> bool:
     """Where oneDNN computes bf16 GEMMs natively. Measured (docs/performance.md, "bf16 on the CPU"):
     a phrase-stage step 2.07x faster under bf16 autocast on an Intel Xeon with AMX, 2.19x on an
     AMD EPYC with AVX512-BF16 and no AMX. Other CPUs convert bf16 to fp32 around every product
@@ -20,7 +20,7 @@ def cpu_has_bf16_units() -> bool:
     return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in CPU_BF16_CHECKS)
 
 
-def cuda_has_bf16_matrix_units() -> bool:
+def cuda_has_native_bf16() -> bool:
     """Ampere (compute capability 8.0) and later, and ROCm's cards. Not torch.cuda.is_bf16_supported()
     as it is called by default: that also says yes for a card that only emulates bf16, slowly (a
     V100, a T4), and finds out by allocating on the current device, which a rank may not have set
@@ -36,7 +36,7 @@ def effective_precision(setting: str, device: torch.device | str) -> str:
         return setting
     kind = torch.device(device).type
     if kind == "cuda":
-        return "bf16" if cuda_has_bf16_matrix_units() else "no"
+        return "bf16" if cuda_has_native_bf16() else "no"
     if kind == "cpu":
-        return "bf16" if cpu_has_bf16_units() else "no"
+        return "bf16" if cpu_has_native_bf16() else "no"
     return "no"  # another accelerator: nothing measured there, and the host CPU's units are not its own
