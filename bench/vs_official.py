@@ -13,7 +13,9 @@ official decoder's max_len is the batch's caption length, so both decode T - 1 s
 - vldist: the recipe's model and loss as the trainer computes them (`recipe.training_losses`),
   backward, clip_grad_norm_ at train.grad_clip, the optimizer `build_optimizers` makes;
 - vldist-linear (--linear-side): the same, with vldist.models.projection's convolution path off
-  (every projection on F.linear, as before it), to show what the path changes.
+  (every projection on F.linear, as before it), to show what the path changes;
+- vldist-direct (--direct-side): the same, with the RRR layers' products taken one by one
+  (`model.gcn_products=direct`), as before the folded products (vldist/models/gcn.py).
 
 The sides run alternately (official, vldist[, vldist-linear], official, ...), each on its own
 model; the first `--warmup` rounds are dropped. Per side: the median step time and its spread
@@ -73,7 +75,7 @@ def make_batch(size: dict, seed: int = 0) -> dict:
 class VldistStep:
     """The recipe's model, loss and optimizer; one call = one training step as the trainer takes it."""
 
-    def __init__(self, size: dict, conv_path: bool = True):
+    def __init__(self, size: dict, conv_path: bool = True, products: str = "auto"):
         from vldist.data.vocab import Vocab
         from vldist.recipes.jobs import load_config
         from vldist.recipes.vsrn import VSRNRecipe
@@ -87,6 +89,7 @@ class VldistStep:
             f"data.batch_size={size['batch']}",
             "model.max_violation_warmup_epochs=0",  # hardest negatives from step 1, as the official code
             "train.device=cpu",
+            f"model.gcn_products={products}",
         ]
         config = load_config("vsrn", overrides)
         self.recipe = VSRNRecipe(config, Vocab([f"w{i}" for i in range(VOCAB_WORDS)]), feature_dim=size["region_dim"])
@@ -130,12 +133,16 @@ class OfficialStep:
         return self.model.train_step(*self.inputs)
 
 
-def alternate(size_name: str, steps: int, warmup: int, linear_side: bool) -> dict:
+def alternate(size_name: str, steps: int, warmup: int, linear_side: bool, direct_side: bool = False) -> dict:
     size = SIZES[size_name]
     batch = make_batch(size)
     sides = {"official": OfficialStep(size, batch), "vldist": VldistStep(size)}
     if linear_side:
         sides["vldist-linear"] = VldistStep(size, conv_path=False)
+    if direct_side:
+        sides["vldist-direct"] = VldistStep(size, products="direct")
+    first_layer = sides["vldist"].model.image.rrr[0]
+    regions = batch["regions"][..., : size["embed"]]  # the layer's input shape: (B, K, embed)
     times = {name: [] for name in sides}
     for round_ in range(warmup + steps):
         for name, step in sides.items():
@@ -165,6 +172,7 @@ def alternate(size_name: str, steps: int, warmup: int, linear_side: bool) -> dic
         "ratio_median": statistics.median(times["official"]) / statistics.median(times["vldist"]),
         "ratio_per_round": [min(per_round), max(per_round)],
         "kernels_kept": kept,
+        "gcn_folded": first_layer.folds(regions),
     }
 
 
@@ -229,7 +237,11 @@ def table(results: dict) -> str:
         "",
     ]
     if results.get("sizes"):
-        sides = [s for s in ("official", "vldist", "vldist-linear") if any(s in r["seconds"] for r in results["sizes"])]
+        sides = [
+            s
+            for s in ("official", "vldist", "vldist-linear", "vldist-direct")
+            if any(s in r["seconds"] for r in results["sizes"])
+        ]
         lines.append(
             "| sizes | B | regions | embed | decoder hidden | caption tokens | steps a side | "
             + " | ".join(f"{s} s/step median (min-max)" for s in sides)
@@ -247,6 +259,8 @@ def table(results: dict) -> str:
                 f"x{r['ratio_per_round'][0]:.2f}-x{r['ratio_per_round'][1]:.2f} |"
             )
         for r in results["sizes"]:
+            if "gcn_folded" in r:
+                lines.append(f"\n{r['size']} sizes, vldist's RRR products: {'folded' if r['gcn_folded'] else 'direct'}")
             if r.get("kernels_kept"):
                 kept = "; ".join(f"{shape}: {k}" for shape, k in r["kernels_kept"].items())
                 lines.append(f"\n{r['size']} sizes, the kernel vldist measured faster and kept: {kept}")
@@ -266,6 +280,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="measured rounds (default: demo 30, paper 5)")
     parser.add_argument("--warmup", type=int, help="rounds dropped first (default: demo 3, paper 1)")
     parser.add_argument("--linear-side", action="store_true", help="also time vldist with the conv path off")
+    parser.add_argument("--direct-side", action="store_true", help="also time vldist with gcn_products=direct")
     parser.add_argument("--kernels", action="store_true", help="time F.linear vs the 1x1 conv path per shape")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--from", dest="source", type=Path, help="print the tables of committed results; no runs")
@@ -286,6 +301,7 @@ def main() -> None:
                 args.steps or DEFAULT_STEPS[name],
                 DEFAULT_WARMUP[name] if args.warmup is None else args.warmup,
                 args.linear_side,
+                args.direct_side,
             )
             for name in args.sizes
         ],

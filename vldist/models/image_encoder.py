@@ -26,11 +26,12 @@ class RegionReasoningEncoder(nn.Module):
         affinity_norm: str = "count",
         global_reasoning: Literal["gru", "mean"] = "gru",
         gcn_kernel: str = "auto",
+        gcn_products: str = "auto",
     ):
         super().__init__()
         self.region_projection = xavier_linear(Projection(region_dim, embed_size))  # W_f
         self.rrr = nn.ModuleList(
-            RegionRelationReasoning(embed_size, affinity_norm, gcn_kernel) for _ in range(rrr_layers)
+            RegionRelationReasoning(embed_size, affinity_norm, gcn_kernel, gcn_products) for _ in range(rrr_layers)
         )
         self.global_reasoning = global_reasoning
         self.gru = nn.GRU(embed_size, embed_size, batch_first=True) if global_reasoning == "gru" else None

@@ -151,6 +151,7 @@ class L2CEncoder(nn.Module):
         mask_threshold: float | None = 0.5,
         gcn_kernel: str = "auto",
         mask_class: int = VOC_BIRD,
+        gcn_products: str = "auto",
     ):
         super().__init__()
         if pooling not in ("semantic", "average"):
@@ -163,7 +164,7 @@ class L2CEncoder(nn.Module):
         self.project = nn.Linear(dim, graph_dim)
         # each layer starts as the identity (zero-initialised BN), so 2 layers cost nothing at step 0
         self.gcn = nn.ModuleList(
-            RegionRelationReasoning(graph_dim, normalize=affinity_norm, kernel=gcn_kernel) for _ in range(gcn_layers)
+            RegionRelationReasoning(graph_dim, affinity_norm, gcn_kernel, gcn_products) for _ in range(gcn_layers)
         )
 
     def _pooling_mask(self, mask_logits: torch.Tensor) -> torch.Tensor:

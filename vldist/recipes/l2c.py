@@ -86,6 +86,11 @@ class L2CConfig(Section):
     gcn_kernel: Literal["auto", "triton", "torch"] = Field(
         "auto", description="region-affinity kernel (vldist/kernels)"
     )
+    gcn_products: Literal["auto", "folded", "direct"] = Field(
+        "auto",
+        description="GCN projections with their weights multiplied first where that is fewer multiply-adds "
+        "(vldist/models/gcn.py, as VSRN's model.gcn_products)",
+    )
     hidden: int = Field(512, ge=1, description="LSTM size (paper: 512)")
     embed: int = Field(512, ge=1, description="word embedding size")
     dropout: float = Field(0.5, ge=0, lt=1, description="dropout before the word classifier")
@@ -130,6 +135,7 @@ class L2CModel(nn.Module):
                 cfg.mask_threshold,
                 cfg.gcn_kernel,
                 cfg.mask_class,
+                cfg.gcn_products,
             )
             self.decoder = AdaptiveAttentionDecoder(vocab_size, cfg.graph_dim, cfg.hidden, cfg.embed, cfg.dropout)
         else:

@@ -37,6 +37,12 @@ class VSRNConfig(Section):
     gcn_kernel: Literal["auto", "triton", "torch"] = Field(
         "auto", description="RRR affinity kernel: auto = fused Triton on CUDA, PyTorch reference on CPU"
     )
+    gcn_products: Literal["auto", "folded", "direct"] = Field(
+        "auto",
+        description="RRR projections: folded = their weights multiplied first, the same layer in fewer "
+        "multiply-adds when a batch has more region rows than embed_size; auto = folded there in fp32 on "
+        "the PyTorch affinity (vldist/models/gcn.py)",
+    )
     global_reasoning: Literal["gru", "mean"] = Field("gru", description="GRU reasoning or the Mean-pool ablation")
     region_order: Literal["stored", "size", "random"] = Field(
         "stored", description="order regions enter the GRU: as stored (detector order), by box size, random"
@@ -64,7 +70,13 @@ class VSRNModel(nn.Module):
     def __init__(self, cfg: VSRNConfig, region_dim: int, vocab_size: int):
         super().__init__()
         self.image = RegionReasoningEncoder(
-            region_dim, cfg.embed_size, cfg.rrr_layers, cfg.affinity_norm, cfg.global_reasoning, cfg.gcn_kernel
+            region_dim,
+            cfg.embed_size,
+            cfg.rrr_layers,
+            cfg.affinity_norm,
+            cfg.global_reasoning,
+            cfg.gcn_kernel,
+            cfg.gcn_products,
         )
         self.text = GRUTextEncoder(vocab_size, cfg.word_dim, cfg.embed_size)
         self.decoder = (
