@@ -1,5 +1,5 @@
-"""Fused Adam/AdamW where the engine allows it (training/optimizers.py): on CUDA under Accelerate,
-never under DeepSpeed or on CPU; the same updates as torch's default implementation; and a
+"""Fused Adam/AdamW where the engine allows it (training/optimizers.py): under Accelerate on CUDA
+and on CPU (torch 2.4 on), never under DeepSpeed or FSDP2; the same updates as torch's default implementation; and a
 checkpoint of another run does not switch it off."""
 
 import pytest
@@ -11,10 +11,16 @@ from vldist.training.optimizers import build_optimizers, step_implementation
 CUDA, CPU = torch.device("cuda", 0), torch.device("cpu")
 
 
-def test_fused_only_on_cuda_under_accelerate():
+def test_fused_only_under_accelerate(monkeypatch):
     assert step_implementation(CUDA, "accelerate") == {"fused": True}
-    assert step_implementation(CPU, "accelerate") == {}
+    assert step_implementation(CPU, "accelerate") == {"fused": True}
     assert step_implementation(CUDA, "deepspeed") == {}  # ZeRO wraps it: DeepSpeed's choice stays
+    assert step_implementation(CPU, "deepspeed") == {}
+    assert step_implementation(CPU, "fsdp") == {}  # DTensor parameters: torch's default
+    assert step_implementation(torch.device("mps"), "accelerate") == {}
+    monkeypatch.setattr(torch, "__version__", "2.3.1+cpu")  # no fused CPU kernel before 2.4
+    assert step_implementation(CPU, "accelerate") == {}
+    assert step_implementation(CUDA, "accelerate") == {"fused": True}
 
 
 def _optimizers(overrides, device):
@@ -28,11 +34,14 @@ def test_the_job_config_decides_the_implementation(optimizer):
     fused = _optimizers([f"train.optimizer={optimizer}"], CUDA)
     assert fused.defaults["fused"] is True and fused.param_groups[0]["fused"] is True
     assert not _optimizers([f"train.optimizer={optimizer}", "engine.backend=deepspeed"], CUDA).defaults["fused"]
-    assert not _optimizers([f"train.optimizer={optimizer}", "train.device=cpu"], None).defaults["fused"]
+    assert _optimizers([f"train.optimizer={optimizer}", "train.device=cpu"], None).defaults["fused"]
+    assert not _optimizers([f"train.optimizer={optimizer}", "train.device=cpu", "engine.backend=fsdp"], None).defaults[
+        "fused"
+    ]
 
 
 def test_a_checkpoint_of_an_unfused_run_keeps_this_runs_fused_steps():
-    saved = _optimizers(["train.lr=0.5"], CPU)  # e.g. written by a CPU run
+    saved = _optimizers(["train.lr=0.5", "engine.backend=deepspeed"], CPU)  # e.g. written by a DeepSpeed run
     saved.param_groups[0]["params"][0].grad = torch.ones(3)
     saved.step()
     resumed = _optimizers(["train.lr=0.1"], CUDA)
