@@ -93,6 +93,7 @@ OTHER_TABLES = {
     "demo_times_bf16_vsrn_laviter_epyc.json": ("demo_times.py", "performance.md"),
     "cpu_bf16_epyc.json": ("cpu_bf16.py", "performance.md"),
     "cpu_cnn_steps_epyc.json": ("cpu_cnn_steps.py", "performance.md"),
+    "cpu_optimizer_step.json": ("cpu_optimizer_step.py", "performance.md"),
     "exact_data.json": ("exact_data.py", "benchmarks.md"),
     "fault_soak.json": ("fault_soak.py", "preemption.md"),
     "accumulate_negatives.json": ("accumulate_negatives.py", "benchmarks.md"),

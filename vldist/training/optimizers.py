@@ -3,9 +3,8 @@ schedules.
 
 Under the Accelerate engine Adam/AdamW are torch's fused ones (one kernel per step for all
 parameters, instead of several per parameter list; bench/cuda_switches.py measures it on CUDA), on
-CUDA and, from torch 2.4, which has the kernel there, on CPU: VSRN's optimizer step took 4.7 ms
-for-each-parameter against 1.4 ms fused at the demo's sizes, 330-360 against 40-60 ms at the
-paper's (docs/performance.md). DeepSpeed wraps the torch optimizer in its own ZeRO optimizer, which
+CUDA and, from torch 2.4, which has the kernel there, on CPU (bench/cpu_optimizer_step.py: VSRN's
+Adam step x3 faster fused at the demo's sizes, x9 at the paper's; docs/performance.md). DeepSpeed wraps the torch optimizer in its own ZeRO optimizer, which
 re-partitions the parameters into flat buffers, and FSDP2's parameters are DTensors: there vldist
 keeps torch's default implementation.
 """
