@@ -84,6 +84,7 @@ OTHER_TABLES = {
     "vs_official_xeon_decoder.json": ("vs_official.py", "benchmarks.md"),
     "vs_official_epyc_1201.json": ("vs_official.py", "benchmarks.md"),
     "vs_official_epyc_1204.json": ("vs_official.py", "benchmarks.md"),
+    "vs_official_epyc_1204_fused.json": ("vs_official.py", "benchmarks.md"),
     "demo_times.json": ("demo_times.py", "performance.md"),
     "demo_times_bf16.json": ("demo_times.py", "performance.md"),
     "cpu_bf16.json": ("cpu_bf16.py", "performance.md"),
