@@ -91,6 +91,7 @@ OTHER_TABLES = {
     "cpu_cnn_steps.json": ("cpu_cnn_steps.py", "performance.md"),
     "demo_times_l2c_auto.json": ("demo_times.py", "performance.md"),
     "demo_times_auto_epyc.json": ("demo_times.py", "performance.md"),
+    "demo_times_vsrn_epyc_1204.json": ("demo_times.py", "performance.md"),
     "demo_times_bf16_vsrn_laviter_epyc.json": ("demo_times.py", "performance.md"),
     "cpu_bf16_epyc.json": ("cpu_bf16.py", "performance.md"),
     "cpu_cnn_steps_epyc.json": ("cpu_cnn_steps.py", "performance.md"),
