@@ -181,12 +181,28 @@ def write_and_print(args, command: str, measured: dict, table) -> None:
     print(table(results), end="")
 
 
-def main() -> None:
-    args = step_bench_arguments(__doc__, rounds=5, batches=4).parse_args()
+def header(results: dict, how: str) -> list[str]:
+    """A step bench table's first lines: the machine, how it was measured, the command."""
+    m = results["machine"]
+    return [
+        f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, commit {m['commit']}; {how}",
+        "",
+        f"`{results['command']}`",
+    ]
+
+
+def step_bench_main(description: str, command: str, rounds: int, batches: int, measure, table) -> None:
+    """A step bench's command line: --from prints a results file's tables; otherwise measure(rounds,
+    batches) runs and its results are written (--json) and printed."""
+    args = step_bench_arguments(description, rounds, batches).parse_args()
     if args.from_file:
         print(table(json.loads(args.from_file.read_text())), end="")
         return
-    write_and_print(args, COMMAND, {"results": measure(args.rounds, args.batches)}, table)
+    write_and_print(args, command, {"results": measure(args.rounds, args.batches)}, table)
+
+
+def main() -> None:
+    step_bench_main(__doc__, COMMAND, 5, 4, measure, table)
 
 
 if __name__ == "__main__":

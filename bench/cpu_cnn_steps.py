@@ -92,12 +92,13 @@ def measure_stage(job: str, stage: str, rounds: int, batches: int) -> dict:
 
 
 def table(results: dict) -> str:
-    m = results["machine"]
+    from cpu_bf16 import header
+
     lines = [
-        f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, commit {m['commit']}; {results['rounds']} rounds "
-        f"alternating, medians of the rounds' mean step over {results['batches']} batches",
-        "",
-        f"`{results['command']}`",
+        *header(
+            results,
+            f"{results['rounds']} rounds alternating, medians of the rounds' mean step over {results['batches']} batches",
+        ),
         "",
         "| job: stage | " + " | ".join(f"{v} ms" for v in VARIANTS) + " | best vs fp32 NCHW | first loss fp32 / bf16 |",
         "|---|" + "---|" * (len(VARIANTS) + 2),

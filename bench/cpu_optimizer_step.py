@@ -12,7 +12,6 @@ vldist's optimizers are the fused ones on CPU as on CUDA (training/optimizers.py
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cpu_bf16 import step_bench_arguments, write_and_print  # noqa: E402
+from cpu_bf16 import header, step_bench_main  # noqa: E402
 from vs_official import SIZES, VldistStep  # noqa: E402
 
 COMMAND = "python bench/cpu_optimizer_step.py"
@@ -61,12 +60,8 @@ def measure(rounds: int, steps: int) -> list[dict]:
 
 
 def table(results: dict) -> str:
-    m = results["machine"]
     lines = [
-        f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}, commit {m['commit']}; {results['rounds']} rounds "
-        f"alternating of {results['batches']} steps each, medians",
-        "",
-        f"`{results['command']}`",
+        *header(results, f"{results['rounds']} rounds alternating of {results['batches']} steps each, medians"),
         "",
         "| sizes | parameter tensors | parameters | per-parameter ms | fused ms | speed-up |",
         "|---|---|---|---|---|---|",
@@ -80,11 +75,7 @@ def table(results: dict) -> str:
 
 
 def main() -> None:
-    args = step_bench_arguments(__doc__, rounds=5, batches=5).parse_args()
-    if args.from_file:
-        print(table(json.loads(args.from_file.read_text())), end="")
-        return
-    write_and_print(args, COMMAND, {"results": measure(args.rounds, args.batches)}, table)
+    step_bench_main(__doc__, COMMAND, 5, 5, measure, table)
 
 
 if __name__ == "__main__":
