@@ -18,12 +18,13 @@ multiplied first (A = W_theta^T W_phi and M = W_g^T W_r^T, D x D each):
 Per layer that is 2 products over the rows (V A, (R'V) M) and 2 of D^3, against 4 over the rows:
 forward and backward, 6 rows D^2 + 6 D^3 multiply-adds against 12 rows D^2, fewer wherever the
 batch has more region rows than D (VSRN at the paper's sizes, 4,608 rows of 2,048: 28% fewer; the
-step 1.15x faster on a 2-core CPU, docs/performance.md). The parameters, their gradients and the
+step x1.16 faster on a 2-core CPU, docs/benchmarks.md). The parameters, their gradients and the
 output are the same up to float rounding (tests/unit/test_gcn.py); only the order of the products
 changes. `auto` folds where that count is lower, the PyTorch affinity runs (the Triton kernel takes
 theta, phi and g), the step computes in fp32 (no autocast) and nothing compiles it (its test of the
-batch size would be a shape guard); `direct` never folds, `folded` wherever the weights are whole. Weights sharded away from this process (ZeRO-3's partitions, an
-FSDP2 DTensor) are never folded: ZeRO-3 gathers a module's weights only when its own forward runs.
+batch size would be a shape guard); `direct` never folds, `folded` wherever the weights are whole.
+Weights sharded away from this process (ZeRO-3's partitions, an FSDP2 DTensor) are never folded:
+ZeRO-3 gathers a module's weights only when its own forward runs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from vldist.distributed.zero import partitioned
 from vldist.kernels import region_affinity
 from vldist.kernels.region_affinity import auto_kernel, region_affinity_torch, triton_available
 from vldist.models.global_batchnorm import masked_batch_norm
@@ -65,7 +67,8 @@ class RegionRelationReasoning(nn.Module):
 
     def folds(self, v: torch.Tensor) -> bool:
         """Whether this input takes the folded products (`products`, the module docstring)."""
-        if self.products == "direct" or not all(_whole(p) for p in (self.theta_phi_g.weight, self.w_r.weight)):
+        weights = (self.theta_phi_g.weight, self.w_r.weight)
+        if self.products == "direct" or partitioned(weights) or any(_sharded(w) for w in weights):
             return False
         if self.products == "folded":
             return True
@@ -114,7 +117,6 @@ class RegionRelationReasoning(nn.Module):
         return out
 
 
-def _whole(weight: torch.Tensor) -> bool:
-    """Whether this process holds the whole weight: not a ZeRO-3 partition (DeepSpeed marks its
-    parameters with ds_id and empties them between gathers) nor an FSDP2 shard (a DTensor)."""
-    return not hasattr(weight, "ds_id") and not hasattr(weight, "device_mesh") and weight.dim() == 2
+def _sharded(weight: torch.Tensor) -> bool:
+    """An FSDP2 shard: a DTensor (which has a device mesh), not the whole weight."""
+    return hasattr(weight, "device_mesh")

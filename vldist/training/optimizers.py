@@ -2,11 +2,11 @@
 schedules.
 
 Under the Accelerate engine Adam/AdamW are torch's fused ones (one kernel per step for all
-parameters, instead of several per parameter list; bench/cuda_switches.py measures it on CUDA), on
-CUDA and, from torch 2.4, which has the kernel there, on CPU (bench/cpu_optimizer_step.py: VSRN's
-Adam step x3 faster fused at the demo's sizes, x9 at the paper's; docs/performance.md). DeepSpeed wraps the torch optimizer in its own ZeRO optimizer, which
-re-partitions the parameters into flat buffers, and FSDP2's parameters are DTensors: there vldist
-keeps torch's default implementation.
+parameters, instead of several per parameter list), on CUDA (bench/cuda_switches.py) and, from
+torch 2.4, which has the kernel there, on CPU (bench/cpu_optimizer_step.py: VSRN's Adam step x3
+faster fused at the demo's sizes, x9 at the paper's). DeepSpeed wraps the torch optimizer in its own
+ZeRO optimizer, which re-partitions the parameters into flat buffers, and FSDP2's parameters are
+DTensors: there vldist keeps torch's default implementation.
 """
 
 from __future__ import annotations
