@@ -107,3 +107,21 @@ def test_a_stop_signal_to_the_driver_is_posted_on_the_board_and_the_handler_rest
     with ray_train.relay_stop_signals(["SIGUSR1"], board):
         pass  # no signal: nothing posted, and the relay thread ends with the block
     assert posted == ["SIGUSR1"]
+
+
+def test_the_controller_polls_the_workers_every_half_second_unless_the_user_chose():
+    """Ray Train reads the poll interval under that name and carries it from the driver to its
+    controller; vldist's 0.5 s replaces Ray's 2 s only where the environment has none."""
+    pytest.importorskip("ray")
+    from ray.train.v2._internal import constants
+
+    name = constants.HEALTH_CHECK_INTERVAL_S_ENV_VAR
+    assert name == "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S" and name in constants.ENV_VARS_TO_PROPAGATE
+    assert constants.DEFAULT_HEALTH_CHECK_INTERVAL_S > 0.5  # what the setting shortens
+    environ = {}
+    ray_train.set_ray_train_environment(environ)
+    assert environ == {"RAY_CHDIR_TO_TRIAL_DIR": "0", name: "0.5"}
+    chosen = {name: "3", "RAY_CHDIR_TO_TRIAL_DIR": "1"}
+    ray_train.set_ray_train_environment(chosen)
+    # the user's interval kept; the workers stay in the job's directory whatever the environment said
+    assert chosen == {name: "3", "RAY_CHDIR_TO_TRIAL_DIR": "0"}

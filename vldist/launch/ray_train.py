@@ -31,7 +31,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -181,6 +181,20 @@ def relay_stop_signals(names, board):
         poster.join(timeout=10)
 
 
+def set_ray_train_environment(environ: MutableMapping[str, str]) -> None:
+    """What Ray Train reads from the driver's environment (and propagates to its controller)."""
+    # Ray Train moves each worker into a directory of its own; vldist's workers stay where Ray
+    # starts them, the job's working directory on their node, where relative names resolve alike
+    # on every node (an embedded set, a job file). Read by TorchTrainer.fit in this process.
+    environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    # The controller learns that the workers finished, failed or reported a checkpoint by polling
+    # them, every 2 s by default: each job and each restart went on up to 2 s late
+    # (docs/benchmarks.md, "Ray job latency"). A poll is a small remote call; one that a busy
+    # worker does not answer in time is awaited in the next round (a worker is declared dead only
+    # after Ray's 10 minutes). A value the user set stays.
+    environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
+
+
 def launch(config: JobConfig, train: TrainFunction) -> dict:
     """Run the job on Ray, `train` on every worker; returns rank 0's results (raises if the run
     failed)."""
@@ -208,10 +222,7 @@ def launch(config: JobConfig, train: TrainFunction) -> dict:
         out,
     )
     board = open_board()
-    # Ray Train moves each worker into a directory of its own; vldist's workers stay where Ray
-    # starts them, the job's working directory on their node, where relative names resolve alike
-    # on every node (an embedded set, a job file). Read by TorchTrainer.fit in this process.
-    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"
+    set_ray_train_environment(os.environ)
     trainer = TorchTrainer(
         functools.partial(_train_worker, train, board),
         train_loop_config=config.model_dump(mode="json"),
