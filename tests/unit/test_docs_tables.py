@@ -41,8 +41,8 @@ def _from(script: str, results: Path) -> str:
     try:
         with contextlib.chdir(REPO), contextlib.redirect_stdout(printed):
             runpy.run_path(str(BENCH / script), run_name="__main__")
-    except SystemExit as exit:
-        assert not exit.code, f"bench/{script} --from {results.name} exited with {exit.code}"
+    except SystemExit as stopped:
+        assert not stopped.code, f"bench/{script} --from {results.name} exited with {stopped.code}"
     finally:
         sys.argv, sys.path[:] = argv, path
     return printed.getvalue()
