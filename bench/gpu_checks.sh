@@ -1,53 +1,81 @@
 #!/usr/bin/env bash
-# The GPU checks of one lent-GPU session, in one go: the step throughput of VSRN (paper sizes and
-# the demo) eager and compiled, the CUDA tests, the region-affinity kernel
-# against eager and torch.compile, and the VSRN demo on CUDA (with its MFU read from the metrics
-# endpoint). Logs go to $OUT (or ./gpu-out). Each step has its own time limit so one slow step
-# leaves the others their time.
-#   bash bench/gpu_checks.sh
-# A GPU image without vldist's pure-Python needs (pydantic, webdataset, pycocoevalcap's Python
-# files) takes them as wheels carried beside the tree, installed with
-# `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` and PYTHONPATH=/tmp/site.
+# The GPU checks of one lent-GPU session, in one go, most wanted first: the embedded shards (the
+# CUDA tests run beside their build: they time nothing), the VSRN demo on CUDA (data wait per
+# window, MFU), the step throughput of VSRN at the paper's sizes and the demo's, eager and compiled
+# (plain, then CUDA graphs), a profile of the paper-size step, every other recipe's eager step
+# (MFU), then the smaller benchmarks while time is left.
+#   bash bench/gpu_checks.sh                  # GPU_CHECKS_BUDGET_S=580 by default
+# Every step has its own time limit, cut to what is left of the budget, so one slow step leaves the
+# others their time, and the whole script ends inside the budget. The logs and results come back as
+# one archive, $OUT/gpu_checks.tgz (a lease returns at most 8 files); the steps' exits and tails
+# are printed as they end.
+# A GPU image without vldist's pure-Python needs (pydantic, webdataset, braceexpand, pycocoevalcap's
+# Python files) takes them unpacked beside the tree: `unzip` their wheels into .whl/site here,
+# carry .whl/site, and export PYTHONPATH=$PWD/.whl/site there.
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+LOGS=$(mktemp -d)
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+deadline=$(( $(date +%s) + ${GPU_CHECKS_BUDGET_S:-580} ))
 
-start=$(date +%s)
-timeout 90 python3 -m vldist.shards synth --out shards/synth > "$OUT/demo.txt" 2>&1
-echo "shards built in $(( $(date +%s) - start )) s" | tee -a "$OUT/demo.txt"
+step() {  # step LIMIT_S NAME COMMAND...: at most LIMIT_S seconds, and never past the deadline
+  local limit=$1 name=$2; shift 2
+  local left=$(( deadline - $(date +%s) ))
+  (( left < limit )) && limit=$left
+  if (( limit < 20 )); then echo "== $name: skipped, ${left} s left" | tee -a "$LOGS/steps.txt"; return; fi
+  local start=$(date +%s)
+  timeout -k 5 "$limit" "$@" > "$LOGS/$name.txt" 2>&1
+  echo "== $name: exit $? in $(( $(date +%s) - start )) s (limit $limit s)" | tee -a "$LOGS/steps.txt"
+  tail -n "${TAIL:-12}" "$LOGS/$name.txt"
+}
 
-# First, so that even a short session fills the CUDA rows of docs/benchmarks.md ("Step throughput").
-timeout 330 python3 bench/step_throughput.py --machine "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" \
-  --cases vsrn-paper vsrn --modes none model step --window 10 --timeout 100 --json "$OUT/step_throughput.json" \
-  > "$OUT/step_throughput.txt" 2>&1; tail -12 "$OUT/step_throughput.txt"
+finish() { cp -r runs/gpu-demo/metrics.jsonl "$LOGS/demo_metrics.jsonl" 2>/dev/null
+  tar czf "$OUT/gpu_checks.tgz" -C "$LOGS" . && cp "$LOGS/steps.txt" "$OUT/" 2>/dev/null; }
+trap finish EXIT
 
-timeout 180 python3 -m pytest -n 0 -p no:cacheprovider -q -o addopts="" -ra \
-  tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py \
-  tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py \
-  tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py \
-  tests/integration/test_checkpoint_cuda.py tests/integration/test_profile_cuda.py \
-  tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py tests/unit/test_decoder_loops.py tests/unit/test_device_prefetch.py 2>&1 | tee "$OUT/cuda_tests.txt" | tail -25
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOGS/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$LOGS/gpu.txt"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 
-# Kernel launches per training step of each decoder, per-token reference against the loops as built.
-timeout 150 python3 bench/decoder_launches.py --device cuda --json "$OUT/decoder_launches_cuda.json" \
-  > "$OUT/decoder_launches.txt" 2>&1; tail -20 "$OUT/decoder_launches.txt"
+# The CUDA tests time nothing: they run while the shards are built.
+TESTS=(tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py
+  tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py
+  tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py
+  tests/integration/test_checkpoint_cuda.py tests/integration/test_profile_cuda.py
+  tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py
+  tests/unit/test_decoder_loops.py tests/unit/test_device_prefetch.py tests/unit/test_compiling.py tests/unit/test_flops.py
+  "tests/integration/test_compile_equivalence.py::test_vsrn_compiled_into_cuda_graphs_takes_the_eager_step_on_cuda")
+( TAIL=30 step 130 cuda_tests python3 -m pytest -n 6 -p no:cacheprovider -q -o addopts="" -ra "${TESTS[@]}" ) &
+tests=$!
+step 100 shards python3 -m vldist.shards synth --out shards/synth
+wait $tests
 
-# Fused Adam, TF32 and channels-last, each off and on (docs/results/cuda_switches_<card>.json).
-timeout 240 python3 bench/cuda_switches.py --json "$OUT" > "$OUT/cuda_switches.txt" 2>&1; tail -14 "$OUT/cuda_switches.txt"
-
-(timeout 80 python3 bench/gcn_kernel.py --repeats 20 && timeout 60 python3 bench/gcn_kernel.py --dtype bf16 --repeats 20) \
-  > "$OUT/gcn_kernel.txt" 2>&1; tail -5 "$OUT/gcn_kernel.txt"
-
-( while sleep 15; do curl -s 127.0.0.1:9400/metrics | grep -E "^vldist_(model_flops|samples_per_second|cuda_memory)" ; done ) >> "$OUT/mfu.txt" 2>&1 &
+# The demo as a user runs it on a GPU, with the MFU its metrics endpoint serves.
+( while sleep 10; do curl -s 127.0.0.1:9400/metrics | grep -E "^vldist_(model_flops|samples_per_second|data_wait)"; done ) \
+  > "$LOGS/demo_mfu.txt" 2>&1 &
 poll=$!
-start=$(date +%s)
-timeout 150 python3 -m vldist.train vsrn train.device=cuda engine.mixed_precision=bf16 output.dir=runs/gpu-demo >> "$OUT/demo.txt" 2>&1; rc=$?
-echo "trained in $(( $(date +%s) - start )) s, exit $rc" | tee -a "$OUT/demo.txt"
+TAIL=16 step 110 demo python3 -m vldist.train vsrn train.device=cuda engine.mixed_precision=bf16 output.dir=runs/gpu-demo
 kill $poll
-tail -15 "$OUT/demo.txt"; sort -u "$OUT/mfu.txt" | tail -8
+# The 20-step windows' throughput and data wait, as metrics.jsonl recorded them.
+python3 - <<'EOF' 2>&1 | tee -a "$LOGS/steps.txt"
+import json
+rows = [r for r in map(json.loads, open("runs/gpu-demo/metrics.jsonl")) if r.get("event") == "train"]
+print("demo windows: samples/s", [round(r["samples_per_second"]) for r in rows])
+print("demo windows: data wait %", [round(100 * r["data_wait_share"], 1) for r in rows])
+EOF
 
-# What checkpoints cost the steps on one GPU: synchronous vs asynchronous, plain vs sharded.
-timeout 300 python3 bench/checkpoint_overhead.py --ranks 1 --steps 120 --every 40 --repeats 2 \
-  --json "$OUT/checkpoint_overhead.json" > "$OUT/checkpoint_overhead.txt" 2>&1; tail -8 "$OUT/checkpoint_overhead.txt"
+# Step throughput: VSRN at the paper's sizes and the demo's, eager and compiled, then CUDA graphs.
+ST=(python3 bench/step_throughput.py --machine "$card" --window 20 --timeout 150 --json "$LOGS/step_throughput.json")
+TAIL=8 step 260 throughput "${ST[@]}" --cases vsrn-paper vsrn --modes none step
+TAIL=8 step 200 throughput_cuda_graphs "${ST[@]}" --append --cases vsrn-paper vsrn --modes step \
+  --set train.compile_mode=reduce-overhead
+TAIL=10 step 200 throughput_recipes "${ST[@]}" --append --modes none \
+  --cases captioner two_branch_embed two_branch_sim laviter cl_caption l2c
+# Where the paper-size step goes: two steps after warm-up, top operators by device time.
+TAIL=16 step 60 profile python3 -m vldist.train vsrn model.embed_size=2048 data.max_regions=36 data.batch_size=128 \
+  train.device=cuda engine.mixed_precision=bf16 output.dir=runs/gpu-profile train.max_steps=12 \
+  train.profile_steps=10:11 train.validate_every=0 eval.baseline=false
+TAIL=8 step 120 throughput_model "${ST[@]}" --append --cases vsrn-paper vsrn --modes model
+step 60 decoder_launches python3 bench/decoder_launches.py --device cuda --json "$LOGS/decoder_launches_cuda.json"
+step 120 cuda_switches python3 bench/cuda_switches.py --json "$LOGS"
+step 60 gcn_kernel python3 bench/gcn_kernel.py --dtype bf16 --repeats 20

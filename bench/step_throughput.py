@@ -5,6 +5,7 @@ each `train.compile` mode.
     python bench/step_throughput.py --cases vsrn vsrn-paper --modes none model --window 10
     python bench/step_throughput.py --json docs/results/step_throughput_cpu2.json [--append]
     python bench/step_throughput.py --from docs/results/step_throughput_cpu2.json   # the table, no training
+    python bench/step_throughput.py --cases vsrn-paper --modes step --set train.compile_mode=reduce-overhead --append ...
 
 Each (case, mode) is one `python -m vldist.train <job>` as a user runs it (the job's own data,
 workers and threads; no validation or untrained baseline), ended once its first stage has taken
@@ -171,7 +172,8 @@ def device_label(device: str) -> str:
     return f"{names[0] if names else platform.machine()}, {os.cpu_count()} cores"
 
 
-def measure(args) -> dict:
+def measure(args, save=lambda results: None) -> dict:
+    """Every (case, mode) run; `save` gets the results after each row (a run cut short keeps its rows)."""
     from vldist.distributed.precision import effective_precision
     from vldist.telemetry.flops import peak_flops
 
@@ -179,7 +181,7 @@ def measure(args) -> dict:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
-            overrides = run_args(case, args.device)
+            overrides = run_args(case, args.device) + args.set
             counted, batch = counted_flops(case)
             job, _, stage = CASES[case]
             # a job's auto: bf16 on a CPU with AMX or AVX512-BF16
@@ -196,6 +198,8 @@ def measure(args) -> dict:
                     "flops_per_sample": counted,
                     "precision": precision,
                 }
+                if args.set:
+                    row["settings"] = args.set
                 try:
                     row |= timed_run(case, overrides, mode, window, batch, Path(tmp) / f"{case}-{mode}", args.timeout)
                 except RuntimeError as err:
@@ -205,6 +209,11 @@ def measure(args) -> dict:
                     row["mfu"] = counted * row["samples_per_s"] / peak
                 rows.append(row)
                 print(format_row(row), flush=True)
+                save(results(args, rows))
+    return results(args, rows)
+
+
+def results(args, rows: list[dict]) -> dict:
     return {
         "machine": args.machine,
         "device": device_label(args.device),
@@ -224,8 +233,9 @@ HEADER = (
 def format_row(row: dict, eager: dict | None = None) -> str:
     # the case, with its precision where that is not fp32 (rows from before it was recorded: fp32 on CPU)
     case = row["case"] if row.get("precision", "no") == "no" else f"{row['case']} ({row['precision']})"
+    mode = row["mode"] + (f" ({', '.join(row['settings'])})" if row.get("settings") else "")
     if "error" in row:
-        return f"| {case} | {row['mode']} | failed: {row['error']} |||||||"
+        return f"| {case} | {mode} | failed: {row['error']} |||||||"
 
     def num(key, fmt):
         value = row.get(key)
@@ -237,7 +247,7 @@ def format_row(row: dict, eager: dict | None = None) -> str:
     gflops = "n/a" if flops is None else f"{flops / 1e9:.2f}" if flops >= 1e8 else f"{flops / 1e9:.4f}"
     wait = "n/a" if row.get("data_wait_share") is None else f"{100 * row['data_wait_share']:.0f}%"
     return (
-        f"| {case} | {row['mode']} | {num('samples_per_s', '.1f' if row.get('samples_per_s', 100) < 100 else '.0f')} | {speedup} | {wait} | "
+        f"| {case} | {mode} | {num('samples_per_s', '.1f' if row.get('samples_per_s', 100) < 100 else '.0f')} | {speedup} | {wait} | "
         f"{num('warmup_s', '.1f')} | {gflops} | {mfu} | {num('peak_memory_mb', '.0f')} | {num('recompilations', 'd')} |"
     )
 
@@ -253,8 +263,8 @@ def table(results: dict) -> str:
         "",
         HEADER,
     ]
-    eager = {r["case"]: r for r in results["rows"] if r["mode"] == "none"}
-    lines += [format_row(r, eager.get(r["case"]) if r["mode"] != "none" else None) for r in results["rows"]]
+    eager = {r["case"]: r for r in results["rows"] if r["mode"] == "none" and not r.get("settings")}
+    lines += [format_row(r, eager.get(r["case"]) if r is not eager.get(r["case"]) else None) for r in results["rows"]]
     return "\n".join(lines)
 
 
@@ -263,6 +273,9 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--set", nargs="+", default=[], metavar="KEY=VALUE", help="overrides for every run, recorded in each row"
+    )
     parser.add_argument("--window", type=int, default=20, help="steps per progress window (two are run)")
     parser.add_argument("--paper-window-cpu", type=int, default=3, help="vsrn-paper's window on CPU")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take to its second window")
@@ -276,15 +289,19 @@ def main() -> None:
     if args.source:
         print(table(json.loads(args.source.read_text())))
         return
-    results = measure(args)
-    if args.json:
-        if args.append and args.json.exists():  # more cases measured on the same machine
-            earlier = json.loads(args.json.read_text())
-            results["rows"] = earlier["rows"] + results["rows"]
-            results["commands"] = earlier["commands"] + results["commands"]
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    # more cases measured on the same machine: added to the rows already there
+    earlier = json.loads(args.json.read_text()) if args.json and args.append and args.json.exists() else None
+
+    def save(measured: dict) -> dict:
+        if earlier:
+            measured = {**measured, "rows": earlier["rows"] + measured["rows"]}
+            measured["commands"] = earlier["commands"] + measured["commands"]
+        if args.json:
+            args.json.write_text(json.dumps(measured, indent=1) + "\n")
+        return measured
+
     print()
-    print(table(results))
+    print(table(save(measure(args, save))))
 
 
 if __name__ == "__main__":

@@ -193,6 +193,11 @@ class TrainConfig(Section):
     compile_backend: str = Field(
         "inductor", description="torch.compile's backend: inductor (generated kernels), aot_eager (no codegen), ..."
     )
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default",
+        description="torch.compile's mode (inductor only): reduce-overhead replays each compiled graph as a CUDA "
+        "graph (one launch on CUDA; no effect on CPU), max-autotune also times GEMM and kernel choices",
+    )
     compile_dynamic: bool = Field(
         True,
         description="compile with dynamic shapes, so that a ragged last batch does not recompile; false: static "

@@ -48,10 +48,12 @@ def sets(planted_shards, small_synth, pair_shards, scene_images, scene_splits):
     return [planted_shards, small_synth, pair_shards, scene_images, scene_splits]
 
 
-def first_steps(out: Path, backend: str, modes: dict[str, list[str]], sets: list[Path], ranks: int) -> None:
+def first_steps(
+    out: Path, backend: str, modes: dict[str, list[str]], sets: list[Path], ranks: int, extra: tuple[str, ...] = ()
+) -> None:
     launcher = TORCHRUN if ranks == 2 else [sys.executable]
     spec = ";".join(f"{mode}={','.join(jobs)}" for mode, jobs in modes.items())
-    command = [*launcher, str(WORKER), str(out), backend, spec, *map(str, sets)]
+    command = [*launcher, str(WORKER), str(out), backend, spec, *map(str, sets), *extra]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
@@ -97,6 +99,16 @@ def test_every_recipe_with_cross_rank_negatives_compiled_takes_the_eager_step_on
 def test_vsrn_compiled_with_inductor_takes_the_eager_step(sets, tmp_path):
     first_steps(tmp_path, "inductor", {"model": ["vsrn"]}, sets, ranks=1)
     assert_same_first_steps(tmp_path, "model", 1, ["vsrn"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_vsrn_compiled_into_cuda_graphs_takes_the_eager_step_on_cuda(sets, tmp_path):
+    """Inductor's Triton kernels replayed as CUDA graphs (train.compile_mode=reduce-overhead), the
+    model and the whole step, in fp32 without TF32 against eager on the same GPU."""
+    cuda = ("train.device=cuda", "train.compile_mode=reduce-overhead", "engine.tf32=false")
+    first_steps(tmp_path, "inductor", {"model": ["vsrn"], "step": ["vsrn"]}, sets, ranks=1, extra=cuda)
+    assert_same_first_steps(tmp_path, "model", 1, ["vsrn"])
+    assert_same_first_steps(tmp_path, "step", 1, ["vsrn"])
 
 
 # ---------------------------------------------------------------- recompilations and resuming

@@ -10,6 +10,7 @@ import torch
 from vldist.errors import ConfigError
 from vldist.recipes.jobs import load_config
 from vldist.recipes.vsrn import VSRNRecipe
+from vldist.telemetry.flops import FlopCounter
 from vldist.telemetry.progress import TrainingProgress
 from vldist.training.compiling import StepCompiler, check_compile
 
@@ -57,6 +58,18 @@ def test_an_unknown_mode_is_refused_by_the_config():
         _config("everything")
 
 
+class Scorer(torch.nn.Module):
+    """A module of the test's own: torch 2.11's dynamo skips a bare torch.nn layer compiled in place
+    (its frame is torch.nn's own code), where a model of layers compiles as vldist's do."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
 def _compiler(dynamic: bool) -> StepCompiler:
     from vldist.data.vocab import Vocab
 
@@ -65,17 +78,21 @@ def _compiler(dynamic: bool) -> StepCompiler:
 
 
 def test_a_first_step_that_ran_eager_is_not_the_warm_up():
-    """On CUDA the first step runs under the FLOP counter, where dynamo compiles nothing: the
-    step after it is the warm-up, not a recompilation."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """On CUDA the first step runs under the FLOP counter, eager: the step after it is the warm-up
+    (it compiles: on torch 2.11 it did not, before the counter forced that step eager), and no
+    recompilation."""
+    from vldist.training.compiling import compiled_graphs
 
     compiler = _compiler(True)
-    layer = compiler.compile_model(torch.nn.Linear(3, 2))
-    with compiler.watch(("a",)), FlopCounterMode(display=False):
+    layer = compiler.compile_model(Scorer())
+    before = compiled_graphs()
+    with compiler.watch(("a",)), FlopCounter(peak=1e12).measure():
         layer(torch.randn(8, 3)).sum().backward()
+    assert compiled_graphs() == before
     for _ in range(2):
         with compiler.watch(("a",)):
             layer(torch.randn(8, 3)).sum().backward()
+    assert compiled_graphs() > before
     assert compiler.recompilations == 0 and compiler._seen == {("a",)}
 
 
@@ -84,7 +101,7 @@ def test_graphs_compiled_after_warm_up_are_counted_as_recompilations(dynamic, ca
     """Static shapes (compile_dynamic=false): the ragged batch recompiles once, and that is counted;
     dynamic: it does not. A key's first step (another stream's) would be its own warm-up."""
     compiler = _compiler(dynamic)
-    layer = compiler.compile_model(torch.nn.Linear(3, 2))
+    layer = compiler.compile_model(Scorer())
     with caplog.at_level(logging.INFO, logger="vldist.train"):
         for rows, key in [(8, "a"), (8, "a"), (5, "a"), (8, "a"), (5, "b")]:
             with compiler.watch((key,)):
@@ -105,3 +122,24 @@ def test_the_progress_records_carry_the_count(tmp_path):
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("recompilations") for r in records] == [0, None] and "recompilations" not in records[1]
+
+
+def test_a_compile_mode_needs_inductor_and_reaches_torch_compile():
+    """train.compile_mode is inductor's; on CPU reduce-overhead (CUDA graphs) leaves the kernels as
+    default's, and the compiled model computes what the eager one does."""
+    with pytest.raises(ConfigError, match="compile_mode=reduce-overhead.*inductor.*compile_backend=inductor"):
+        check_compile(
+            _config("model", "train.compile_backend=aot_eager", "train.compile_mode=reduce-overhead"),
+            VSRNRecipe,
+            Engine(),
+        )
+    from vldist.data.vocab import Vocab
+
+    config = _config("model", "train.compile_mode=reduce-overhead", "train.compile_dynamic=false")
+    compiler = StepCompiler(config, VSRNRecipe(config, Vocab(["a"]), feature_dim=4), Engine())
+    eager = Scorer()
+    compiled = compiler.compile_model(Scorer())
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(8, 3)
+    torch.testing.assert_close(compiled(x), eager(x))
+    assert compiler.options["mode"] == "reduce-overhead"

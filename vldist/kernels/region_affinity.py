@@ -55,8 +55,13 @@ def region_affinity_torch(
 Kernel = Literal["auto", "triton", "torch"]
 
 
+# Looked up once: inside a compiled model dynamo reads a constant, where torch 2.11's dynamo breaks
+# the graph at importlib's lookup (every GCN layer, measured on CPU)
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 # Where kernel=auto takes the Triton kernel, measured on an H100 (docs/benchmarks.md, `python

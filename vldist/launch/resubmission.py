@@ -62,6 +62,7 @@ HOW_IT_RUNS = {
     # compiled and eager runs take the same steps and write the same checkpoints (docs/performance.md)
     "train.compile",
     "train.compile_backend",
+    "train.compile_mode",
     "train.compile_dynamic",
     "train.profile_steps",
     "engine.tf32",

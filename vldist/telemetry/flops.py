@@ -45,11 +45,18 @@ class FlopCounter:
         self.peak = peak
         self.flops_per_sample: float | None = None
 
+    @contextlib.contextmanager
     def measure(self):
-        """A context for the step to count (only the first: counting slows a step down)."""
+        """A context for the step to count (only the first: counting slows a step down). A compiled
+        model runs that step eager: under the counter's dispatch mode dynamo compiles nothing, and
+        torch 2.11's dynamo, asked to, marks the model's frame as never to compile again (the run
+        stayed eager throughout); a stance of force_eager keeps dynamo out of that step."""
         if self.flops_per_sample is not None or self.peak is None:
-            return contextlib.nullcontext(None)
-        return FlopCounterMode(display=False, custom_mapping=rnn_flop_formulas())
+            yield None
+            return
+        eager = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else None
+        with eager or contextlib.nullcontext(), FlopCounterMode(display=False, custom_mapping=rnn_flop_formulas()) as counter:
+            yield counter
 
     def counted(self, counter, samples: int) -> None:
         if counter is not None and samples:

@@ -61,6 +61,12 @@ def check_compile(config: JobConfig, recipe, engine) -> None:
             "compiling each sharded unit's forward stalled in dynamo's tracing of VSRN's units on 2 gloo ranks "
             "(torch 2.14, measured). Use train.compile=none, or engine.backend=accelerate to compile"
         )
+    if config.train.compile_mode != "default" and config.train.compile_backend != "inductor":
+        raise ConfigError(
+            f"train.compile_mode={config.train.compile_mode} is a mode of the inductor backend, and "
+            f"train.compile_backend={config.train.compile_backend}. Use train.compile_backend=inductor or "
+            "train.compile_mode=default"
+        )
     if mode == "step" and not recipe.compile_step:
         raise ConfigError(
             f"train.compile=step: recipe '{recipe.name}' does not allow its losses to be compiled "
@@ -77,6 +83,8 @@ class StepCompiler:
         check_compile(config, recipe, engine)
         self.mode, self.recipe = t.compile, recipe
         self.options = {"backend": t.compile_backend, "dynamic": True if t.compile_dynamic else None}
+        if t.compile_mode != "default":
+            self.options["mode"] = t.compile_mode
         self.recompilations = 0  # graphs compiled after warm-up, this process
         self._seen: set[tuple] = set()
         self._losses = recipe.training_losses
@@ -90,9 +98,10 @@ class StepCompiler:
         if self.mode == "step":
             self._losses = torch.compile(recipe.training_losses, **self.options)
         log.info(
-            "train.compile=%s (backend %s, dynamic shapes %s): %s",
+            "train.compile=%s (backend %s, mode %s, dynamic shapes %s): %s",
             self.mode,
             t.compile_backend,
+            t.compile_mode,
             "on" if t.compile_dynamic else "off",
             f"captions padded to data.max_caption_len={config.data.max_caption_len}"
             if recipe.uniform_shapes
@@ -121,6 +130,9 @@ class StepCompiler:
         if not self.enabled:
             yield
             return
+        if self.options.get("mode") in ("reduce-overhead", "max-autotune"):
+            # CUDA graphs: a new step may overwrite the last step's graph outputs (all read by now)
+            torch.compiler.cudagraph_mark_step_begin()
         before, breaks, start = compiled_graphs(), graph_breaks(), time.perf_counter()
         yield
         new = compiled_graphs() - before

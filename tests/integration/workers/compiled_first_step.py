@@ -1,6 +1,7 @@
 """Each built-in recipe's first training step (every stage of its job), eager and under
 train.compile: `compiled_first_step.py OUT BACKEND MODE=JOB,JOB[;MODE=JOB...] PLANTED SYNTH PAIRS
-SINGLES SCENES` (e.g. `model=vsrn,laviter;step=vsrn`).
+SINGLES SCENES [KEY=VALUE ...]` (e.g. `model=vsrn,laviter;step=vsrn`; the overrides after the sets
+go to every run, e.g. `train.device=cuda`).
 
 Run in one process or under torchrun (2 gloo ranks, cross-rank negatives). Each stage runs as
 `python -m vldist.train` builds it (run_stages, on_each_rank.run, the Trainer); instead of
@@ -37,6 +38,7 @@ from helpers import TINY_LAVITER_MODEL  # noqa: E402
 out, backend = Path(sys.argv[1]), sys.argv[2]
 modes = {mode: jobs.split(",") for mode, jobs in (part.split("=") for part in sys.argv[3].split(";"))}
 planted, synth, pairs, singles, scenes = sys.argv[4:9]
+extra = sys.argv[9:]
 # Compiled, the caption decoders unroll their loop over data.max_caption_len (captions padded to
 # it), and tracing that loop was most of VSRN's and the captioners' time at the default 32: 6 on the
 # planted sets, whose captions are 5 tokens (3 words, <start>, <end>), so that compiled batches are
@@ -115,6 +117,7 @@ COMMON = [
     "metrics.enabled=false",
     "train.replica_check_every=0",
     "engine.mixed_precision=no",
+    *extra,
 ]
 fit = loop.Trainer.fit
 stage_is_last, tag = True, "eager"
