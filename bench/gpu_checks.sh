@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# The GPU checks of one lent-GPU session, in one go, most wanted first: the embedded shards (the
-# CUDA tests run beside their build: they time nothing), the VSRN demo on CUDA (data wait per
-# window, MFU), the step throughput of VSRN at the paper's sizes and the demo's, eager and compiled
-# (plain, then CUDA graphs), a profile of the paper-size step, every other recipe's eager step
-# (MFU), then the smaller benchmarks while time is left.
+# The GPU checks of one lent-GPU session, in one go, most wanted first: the embedded shards, the
+# step throughput of VSRN at the paper's sizes and the demo's (eager, compiled, compiled into CUDA
+# graphs), every other recipe's eager step (MFU), a profile of the paper-size step, the CUDA tests,
+# the VSRN demo on CUDA (data wait per 20-step window, MFU), then the smaller benchmarks while time
+# is left.
 #   bash bench/gpu_checks.sh                  # GPU_CHECKS_BUDGET_S=580 by default
 # Every step has its own time limit, cut to what is left of the budget, so one slow step leaves the
 # others their time, and the whole script ends inside the budget. The logs and results come back as
 # one archive, $OUT/gpu_checks.tgz (a lease returns at most 8 files); the steps' exits and tails
-# are printed as they end.
+# are printed as they end. On 2026-12-04 (H200, 16 cores) the shards took 100 s with the CUDA tests
+# beside them (so they now run alone), a compiled paper-size warm-up 111 s.
 # A GPU image without vldist's pure-Python needs (pydantic, webdataset, braceexpand, pycocoevalcap's
 # Python files) takes them unpacked beside the tree: `unzip` their wheels into .whl/site here,
-# carry .whl/site, and export PYTHONPATH=$PWD/.whl/site there.
+# carry .whl/site, and export PYTHONPATH=$PWD/.whl/site there. The captioning recipes (captioner,
+# CL, L2C, LAViTeR) also need Java and METEOR's 62 MB paraphrase table, which do not fit a lease's
+# 64 MiB: on an image without Java their rows fail at the start ("pycocoevalcap needs Java").
 set -u
 OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)
@@ -37,7 +40,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$LOG
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$LOGS/gpu.txt"
 card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 
-# The CUDA tests time nothing: they run while the shards are built.
+step 100 shards python3 -m vldist.shards synth --out shards/synth
+
+# Step throughput: VSRN at the paper's sizes and the demo's, eager and compiled, then CUDA graphs.
+ST=(python3 bench/step_throughput.py --machine "$card" --window 20 --timeout 150 --json "$LOGS/step_throughput.json")
+TAIL=8 step 320 throughput "${ST[@]}" --cases vsrn-paper vsrn --modes none step
+TAIL=8 step 200 throughput_cuda_graphs "${ST[@]}" --append --cases vsrn-paper vsrn --modes step \
+  --set train.compile_mode=reduce-overhead
+TAIL=10 step 200 throughput_recipes "${ST[@]}" --append --modes none \
+  --cases two_branch_embed two_branch_sim captioner laviter cl_caption l2c
+# Where the paper-size step goes: two steps after warm-up, top operators by device time.
+TAIL=16 step 60 profile python3 -m vldist.train vsrn model.embed_size=2048 data.max_regions=36 data.batch_size=128 \
+  train.device=cuda engine.mixed_precision=bf16 output.dir=runs/gpu-profile train.max_steps=12 \
+  train.profile_steps=10:11 train.validate_every=0 eval.baseline=false
+# The CUDA tests, each test's outcome on its own line as it ends (a cut-short run still names them).
 TESTS=(tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py tests/unit/test_generation.py
   tests/integration/test_two_branch_cuda.py tests/integration/test_laviter_cuda.py
   tests/integration/test_l2c_cuda.py tests/integration/test_captioning_cuda.py
@@ -45,10 +61,7 @@ TESTS=(tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py
   tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py
   tests/unit/test_decoder_loops.py tests/unit/test_device_prefetch.py tests/unit/test_compiling.py tests/unit/test_flops.py
   "tests/integration/test_compile_equivalence.py::test_vsrn_compiled_into_cuda_graphs_takes_the_eager_step_on_cuda")
-( TAIL=30 step 130 cuda_tests python3 -m pytest -n 6 -p no:cacheprovider -q -o addopts="" -ra "${TESTS[@]}" ) &
-tests=$!
-step 100 shards python3 -m vldist.shards synth --out shards/synth
-wait $tests
+TAIL=40 step 200 cuda_tests python3 -m pytest -n 6 -p no:cacheprovider -v --tb=short --timeout 150 -o addopts="" -ra "${TESTS[@]}"
 
 # The demo as a user runs it on a GPU, with the MFU its metrics endpoint serves.
 ( while sleep 10; do curl -s 127.0.0.1:9400/metrics | grep -E "^vldist_(model_flops|samples_per_second|data_wait)"; done ) \
@@ -64,17 +77,6 @@ print("demo windows: samples/s", [round(r["samples_per_second"]) for r in rows])
 print("demo windows: data wait %", [round(100 * r["data_wait_share"], 1) for r in rows])
 EOF
 
-# Step throughput: VSRN at the paper's sizes and the demo's, eager and compiled, then CUDA graphs.
-ST=(python3 bench/step_throughput.py --machine "$card" --window 20 --timeout 150 --json "$LOGS/step_throughput.json")
-TAIL=8 step 260 throughput "${ST[@]}" --cases vsrn-paper vsrn --modes none step
-TAIL=8 step 200 throughput_cuda_graphs "${ST[@]}" --append --cases vsrn-paper vsrn --modes step \
-  --set train.compile_mode=reduce-overhead
-TAIL=10 step 200 throughput_recipes "${ST[@]}" --append --modes none \
-  --cases captioner two_branch_embed two_branch_sim laviter cl_caption l2c
-# Where the paper-size step goes: two steps after warm-up, top operators by device time.
-TAIL=16 step 60 profile python3 -m vldist.train vsrn model.embed_size=2048 data.max_regions=36 data.batch_size=128 \
-  train.device=cuda engine.mixed_precision=bf16 output.dir=runs/gpu-profile train.max_steps=12 \
-  train.profile_steps=10:11 train.validate_every=0 eval.baseline=false
 TAIL=8 step 120 throughput_model "${ST[@]}" --append --cases vsrn-paper vsrn --modes model
 step 60 decoder_launches python3 bench/decoder_launches.py --device cuda --json "$LOGS/decoder_launches_cuda.json"
 step 120 cuda_switches python3 bench/cuda_switches.py --json "$LOGS"

@@ -105,20 +105,24 @@ def timed_run(case: str, overrides: list[str], mode: str, window: int, batch: in
     log = (out.parent / f"{out.name}.log").open("w")
     # its own process group: ending the run ends its loader workers and METEOR's JVM with it
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline, records = time.monotonic() + timeout, []
-    while time.monotonic() < deadline and proc.poll() is None:
-        records = train_records(records_file)
-        if len(records) >= 2:
-            break
-        time.sleep(1.0)
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not what is measured
-    _, status, usage = os.wait4(proc.pid, 0)
-    log.close()
+    deadline, reaped, status = time.monotonic() + timeout, 0, 0
+    try:
+        while time.monotonic() < deadline and not reaped:
+            # reaped here, not by Popen.poll, so that its resource usage (peak memory) is read
+            reaped, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if len(train_records(records_file)) >= 2:
+                break
+            time.sleep(1.0)
+    finally:  # also when this bench is ended (SIGTERM): the run is in a session of its own
+        if not reaped:
+            os.killpg(proc.pid, signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not what is measured
+            _, _, usage = os.wait4(proc.pid, 0)
+        log.close()
     records = train_records(records_file)
     if len(records) < 2:
         tail = (out.parent / f"{out.name}.log").read_text()[-1500:]
-        raise RuntimeError(f"{job} train.compile={mode}: no second window within {timeout:.0f} s:\n{tail}")
+        ended = f"exited with {os.waitstatus_to_exitcode(status)}" if reaped else f"ran {timeout:.0f} s"
+        raise RuntimeError(f"{job} train.compile={mode}: {ended} before its second window:\n{tail}")
     warm, measured = records[0], records[1]
     peak_cuda = measured.get("cuda_peak_memory_bytes")
     return {
@@ -265,6 +269,9 @@ def table(results: dict) -> str:
     ]
     eager = {r["case"]: r for r in results["rows"] if r["mode"] == "none" and not r.get("settings")}
     lines += [format_row(r, eager.get(r["case"]) if r is not eager.get(r["case"]) else None) for r in results["rows"]]
+    # a GPU's rows from before the progress records carried the CUDA peak (cpu labels end in "N cores")
+    if not results["device"].endswith("cores") and any(r.get("peak_memory_kind") == "rss" for r in results["rows"]):
+        lines += ["", "peak MB: the run's peak resident size on the host; no CUDA peak was recorded then"]
     return "\n".join(lines)
 
 
@@ -286,6 +293,8 @@ def main() -> None:
     parser.add_argument("--append", action="store_true", help="add the rows to those already in --json")
     parser.add_argument("--from", dest="source", type=Path, help="print the table of committed results; no runs")
     args = parser.parse_args()
+    # ended by `timeout` (bench/gpu_checks.sh): unwind, so that the run in progress is ended too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.source:
         print(table(json.loads(args.source.read_text())))
         return

@@ -22,3 +22,7 @@ def test_a_cuda_window_writes_kernels_and_a_memory_snapshot(planted_shards, tmp_
     snapshot = pickle.loads((profile / "rank0-steps-2-2-memory.pickle").read_bytes())
     assert snapshot["segments"] and snapshot["device_traces"][0]
     assert "profile: top operators by self device time" in said
+    # the progress records carry the CUDA peak (what bench/step_throughput.py reports on a GPU)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    peaks = [r["cuda_peak_memory_bytes"] for r in records if r.get("event") == "train"]
+    assert peaks and all(p > 0 for p in peaks)

@@ -112,16 +112,17 @@ def test_graphs_compiled_after_warm_up_are_counted_as_recompilations(dynamic, ca
     assert ("recompiled after warm-up" in caplog.text) is not dynamic
 
 
-def test_the_progress_records_carry_the_count(tmp_path):
+def test_the_progress_records_carry_the_count_and_the_cuda_peak(tmp_path):
     progress = TrainingProgress(True, 2, 0, 1, tmp_path / "metrics.jsonl")
     common = {"epoch": 0, "samples": 8, "wait": 0.0, "losses": {"loss": 1.0, "grad_norm": 1.0}, "lr": 0.1}
-    progress.step(step=1, recompilations=0, **common)
-    progress.step(step=2, **common)  # an eager run: no field
+    progress.step(step=1, recompilations=0, cuda_peak_memory_bytes=3 << 30, **common)
+    progress.step(step=2, **common)  # an eager run on CPU: neither field
     progress.close()
     import json
 
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("recompilations") for r in records] == [0, None] and "recompilations" not in records[1]
+    assert records[0]["cuda_peak_memory_bytes"] == 3 << 30 and "cuda_peak_memory_bytes" not in records[1]
 
 
 def test_a_compile_mode_needs_inductor_and_reaches_torch_compile():

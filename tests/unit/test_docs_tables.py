@@ -84,6 +84,7 @@ OTHER_TABLES = {
     "decoder_launches.json": ("decoder_launches.py", "benchmarks.md"),
     "step_throughput_cpu2.json": ("step_throughput.py", "benchmarks.md"),
     "step_throughput_cpu2_xeon.json": ("step_throughput.py", "benchmarks.md"),
+    "step_throughput_h200.json": ("step_throughput.py", "benchmarks.md"),
     "loader_cpu.json": ("loader_cpu.py", "performance.md"),
     "vs_official.json": ("vs_official.py", "benchmarks.md"),
     "vs_official_xeon.json": ("vs_official.py", "benchmarks.md"),

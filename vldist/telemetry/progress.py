@@ -52,11 +52,13 @@ class TrainingProgress:
         note: str | None = None,
         recompilations: int | None = None,
         sources: dict[str, int] | None = None,
+        cuda_peak_memory_bytes: int | None = None,
     ) -> None:
         """After each optimizer step; `samples` counts every rank's rows; `note` ends the progress
         line (the straggler the watchdog names); `recompilations`: under train.compile, the graphs
         compiled after warm-up so far (training/compiling.py), else None; `sources`: with data.sources,
-        the samples trained on from each source so far in the run."""
+        the samples trained on from each source so far in the run; `cuda_peak_memory_bytes`: on CUDA,
+        the most this rank has had allocated so far."""
         self.samples, self.steps, self.wait = self.samples + samples, self.steps + 1, self.wait + wait
         if not self.enabled:
             return
@@ -85,6 +87,7 @@ class TrainingProgress:
                 "data_wait_share": self.wait / elapsed,
                 "eta_seconds": eta,
                 **({"recompilations": recompilations} if recompilations is not None else {}),
+                **({"cuda_peak_memory_bytes": cuda_peak_memory_bytes} if cuda_peak_memory_bytes is not None else {}),
                 **({"samples_by_source": dict(sources)} if sources else {}),
                 **({"straggler": note} if note else {}),
             }

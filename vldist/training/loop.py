@@ -196,6 +196,9 @@ class Trainer:
                     note=self.watchdog.straggler,
                     recompilations=self.compiler.recompilations if self.compiler.enabled else None,
                     sources=self.state.samples_by_source or None,
+                    cuda_peak_memory_bytes=torch.cuda.max_memory_allocated(self.engine.device)
+                    if self.engine.device.type == "cuda"
+                    else None,
                 )
                 if self.replicas.due(self.state.step):  # before a checkpoint could keep a diverged copy
                     with heartbeat.collective("all_gather (replica check)"):
