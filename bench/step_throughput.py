@@ -17,7 +17,8 @@ window): the first window holds the warm-up and any compilation, the second is m
 - FLOPs/sample: counted with torch's FlopCounterMode over one training step of the same model on
   one batch of the job's data, in this process, on CPU (matmuls, convolutions, attention: the usual
   MFU convention); MFU = FLOPs/sample x samples/s / the device's peak (CUDA cards vldist knows);
-- peak memory: the run's peak CUDA allocation where it records one, else its peak resident size;
+- peak memory: the run's peak CUDA allocation where it records one, else its peak resident size
+  (VmHWM; each table says which);
 - recompilations after warm-up: what the run records (compiled modes).
 
 On CUDA the runs take `train.device=cuda engine.mixed_precision=bf16`; on CPU each job's own setting
@@ -31,9 +32,11 @@ takes many seconds, its windows are of at most `--paper-window-cpu` steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
+import shlex
 import signal
 import subprocess
 import sys
@@ -103,25 +106,25 @@ def timed_run(case: str, overrides: list[str], mode: str, window: int, batch: in
     if mode != "none":  # eager runs need no compile key: the same command measures commits from before it
         cmd.append(f"train.compile={mode}")
     log = (out.parent / f"{out.name}.log").open("w")
-    # its own process group: ending the run ends its loader workers and METEOR's JVM with it
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline, reaped, status = time.monotonic() + timeout, 0, 0
+    deadline, proc, peak_kib = time.monotonic() + timeout, None, 0
     try:
-        while time.monotonic() < deadline and not reaped:
-            # reaped here, not by Popen.poll, so that its resource usage (peak memory) is read
-            reaped, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if len(train_records(records_file)) >= 2:
+        # its own session: ending it ends its loader workers and METEOR's JVM with it
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        while time.monotonic() < deadline:
+            peak_kib = max(peak_kib, resident_peak_kib(proc.pid))
+            if proc.poll() is not None or len(train_records(records_file)) >= 2:
                 break
             time.sleep(1.0)
-    finally:  # also when this bench is ended (SIGTERM): the run is in a session of its own
-        if not reaped:
-            os.killpg(proc.pid, signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not what is measured
-            _, _, usage = os.wait4(proc.pid, 0)
+    finally:  # also when this bench is ended (SIGTERM), and after an early exit (its workers)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the rest (checkpoint, test evaluation) is not measured
+            proc.wait()
         log.close()
     records = train_records(records_file)
     if len(records) < 2:
         tail = (out.parent / f"{out.name}.log").read_text()[-1500:]
-        ended = f"exited with {os.waitstatus_to_exitcode(status)}" if reaped else f"ran {timeout:.0f} s"
+        ended = f"ran {timeout:.0f} s" if proc.returncode == -signal.SIGKILL else f"exited with {proc.returncode}"
         raise RuntimeError(f"{job} train.compile={mode}: {ended} before its second window:\n{tail}")
     warm, measured = records[0], records[1]
     peak_cuda = measured.get("cuda_peak_memory_bytes")
@@ -130,13 +133,22 @@ def timed_run(case: str, overrides: list[str], mode: str, window: int, batch: in
         "data_wait_share": measured["data_wait_share"],
         "warmup_s": window * batch / warm["samples_per_second"],
         "recompilations": measured.get("recompilations"),
-        # ru_maxrss is in KiB on Linux
-        "peak_memory_mb": (peak_cuda / 2**20) if peak_cuda else usage.ru_maxrss / 1024,
-        "peak_memory_kind": "cuda" if peak_cuda else "rss",
+        "peak_memory_mb": (peak_cuda / 2**20) if peak_cuda else peak_kib / 1024,
+        "peak_memory_kind": "cuda" if peak_cuda else "hwm",
     }
 
 
-def counted_flops(case: str) -> tuple[float, int]:
+def resident_peak_kib(pid: int) -> int:
+    """The process's peak resident size so far (VmHWM), 0 once it has gone. (Not the ru_maxrss of
+    wait4: Linux starts a child's from its parent's peak, so it held this bench's own.)"""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def counted_flops(case: str, extra: list[str]) -> tuple[float, int]:
     """FLOPs of one training step (every update the recipe takes) over its samples, counted on CPU;
     and the step's samples. The weights are the initial ones (FLOPs do not depend on them)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -146,7 +158,7 @@ def counted_flops(case: str) -> tuple[float, int]:
     from vldist.recipes import get_recipe
 
     job, overrides, stage = CASES[case]
-    config, _ = stage_config(job, [*overrides, "data.workers=0", "train.device=cpu"], stage)
+    config, _ = stage_config(job, [*overrides, *extra, "data.workers=0", "train.device=cpu"], stage)
     recipe_cls = get_recipe(config.recipe)
     build_missing(config, recipe_cls)
     shards = open_job_shards(config, recipe_cls)
@@ -181,15 +193,19 @@ def measure(args, save=lambda results: None) -> dict:
     from vldist.distributed.precision import effective_precision
     from vldist.telemetry.flops import peak_flops
 
-    peak = peak_flops(device_label(args.device), "bf16", False) if args.device == "cuda" else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
             overrides = run_args(case, args.device) + args.set
-            counted, batch = counted_flops(case)
+            counted, batch = counted_flops(case, args.set)
             job, _, stage = CASES[case]
             # a job's auto: bf16 on a CPU with AMX or AVX512-BF16
-            precision = effective_precision(stage_config(job, overrides, stage)[0].engine.mixed_precision, args.device)
+            config = stage_config(job, overrides, stage)[0]
+            precision = effective_precision(config.engine.mixed_precision, args.device)
+            # the card's peak for what the step computes in (TF32 where fp32 matmuls may use it)
+            peak = (
+                peak_flops(device_label(args.device), precision, config.engine.tf32) if args.device == "cuda" else None
+            )
             for mode in args.modes:
                 print(f"{case} train.compile={mode} ...", flush=True)
                 window = args.window
@@ -222,12 +238,18 @@ def results(args, rows: list[dict]) -> dict:
         "machine": args.machine,
         "device": device_label(args.device),
         "torch": torch.__version__,
-        "commands": [" ".join(["python", "bench/step_throughput.py", *sys.argv[1:]])],
+        "commands": [shlex.join(["python", "bench/step_throughput.py", *sys.argv[1:]])],
         "window": args.window,
         "rows": rows,
     }
 
 
+PEAK_KINDS = {
+    "cuda": "cuda: the run's peak CUDA allocation",
+    "hwm": "hwm: the run's peak resident size on the host (VmHWM, read each second)",
+    "rss": "rss (rows of an earlier bench): the run's ru_maxrss, which Linux starts from the bench's own "
+    "peak, so an upper bound",
+}
 HEADER = (
     "| case | train.compile | samples/s | vs eager | data wait | warm-up s | GFLOP/sample | MFU | peak MB | recompiles |\n"
     "|---|---|---|---|---|---|---|---|---|---|"
@@ -267,11 +289,14 @@ def table(results: dict) -> str:
         "",
         HEADER,
     ]
-    eager = {r["case"]: r for r in results["rows"] if r["mode"] == "none" and not r.get("settings")}
+    eager = {}  # each case's first plain eager row (files appended to may hold more)
+    for row in results["rows"]:
+        if row["mode"] == "none" and not row.get("settings"):
+            eager.setdefault(row["case"], row)
     lines += [format_row(r, eager.get(r["case"]) if r is not eager.get(r["case"]) else None) for r in results["rows"]]
-    # a GPU's rows from before the progress records carried the CUDA peak (cpu labels end in "N cores")
-    if not results["device"].endswith("cores") and any(r.get("peak_memory_kind") == "rss" for r in results["rows"]):
-        lines += ["", "peak MB: the run's peak resident size on the host; no CUDA peak was recorded then"]
+    kinds = {r.get("peak_memory_kind") for r in results["rows"] if "peak_memory_mb" in r}
+    lines += [""] if kinds else []
+    lines += [f"peak MB, {PEAK_KINDS[kind]}" for kind in sorted(kinds)]
     return "\n".join(lines)
 
 
@@ -305,8 +330,10 @@ def main() -> None:
         if earlier:
             measured = {**measured, "rows": earlier["rows"] + measured["rows"]}
             measured["commands"] = earlier["commands"] + measured["commands"]
-        if args.json:
-            args.json.write_text(json.dumps(measured, indent=1) + "\n")
+        if args.json:  # whole or not at all: a bench ended mid-write leaves the last complete file
+            partial = args.json.with_name(args.json.name + ".partial")
+            partial.write_text(json.dumps(measured, indent=1) + "\n")
+            os.replace(partial, args.json)
         return measured
 
     print()

@@ -195,8 +195,9 @@ class TrainConfig(Section):
     )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "default",
-        description="torch.compile's mode (inductor only): reduce-overhead replays each compiled graph as a CUDA "
-        "graph (one launch on CUDA; no effect on CPU), max-autotune also times GEMM and kernel choices",
+        description="torch.compile's mode (inductor only): reduce-overhead replays compiled graphs as CUDA graphs "
+        "where inductor can capture them (one launch each; no effect on CPU), max-autotune also times GEMM and "
+        "kernel choices",
     )
     compile_dynamic: bool = Field(
         True,

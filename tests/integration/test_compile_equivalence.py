@@ -103,8 +103,9 @@ def test_vsrn_compiled_with_inductor_takes_the_eager_step(sets, tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_vsrn_compiled_into_cuda_graphs_takes_the_eager_step_on_cuda(sets, tmp_path):
-    """Inductor's Triton kernels replayed as CUDA graphs (train.compile_mode=reduce-overhead), the
-    model and the whole step, in fp32 without TF32 against eager on the same GPU."""
+    """Inductor's Triton kernels in CUDA graphs (train.compile_mode=reduce-overhead), the model and
+    the whole step, in fp32 without TF32, against eager on the same GPU: the compiled step is taken
+    three times on the same batch and the third, a graph's replay, is compared."""
     cuda = ("train.device=cuda", "train.compile_mode=reduce-overhead", "engine.tf32=false")
     first_steps(tmp_path, "inductor", {"model": ["vsrn"], "step": ["vsrn"]}, sets, ranks=1, extra=cuda)
     assert_same_first_steps(tmp_path, "model", 1, ["vsrn"])

@@ -125,22 +125,22 @@ def test_the_progress_records_carry_the_count_and_the_cuda_peak(tmp_path):
     assert records[0]["cuda_peak_memory_bytes"] == 3 << 30 and "cuda_peak_memory_bytes" not in records[1]
 
 
-def test_a_compile_mode_needs_inductor_and_reaches_torch_compile():
-    """train.compile_mode is inductor's; on CPU reduce-overhead (CUDA graphs) leaves the kernels as
-    default's, and the compiled model computes what the eager one does."""
+def test_a_compile_mode_needs_inductor_and_reaches_torch_compile(monkeypatch):
+    """train.compile_mode is inductor's: refused with another backend; with inductor it reaches
+    torch.compile for the model (model) and for the losses (step). (What torch.compile then does
+    with it is torch's: on a GPU, test_compile_equivalence.py's CUDA-graph test.)"""
     with pytest.raises(ConfigError, match="compile_mode=reduce-overhead.*inductor.*compile_backend=inductor"):
         check_compile(
             _config("model", "train.compile_backend=aot_eager", "train.compile_mode=reduce-overhead"),
             VSRNRecipe,
             Engine(),
         )
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: asked.append(options) or fn)
     from vldist.data.vocab import Vocab
 
-    config = _config("model", "train.compile_mode=reduce-overhead", "train.compile_dynamic=false")
-    compiler = StepCompiler(config, VSRNRecipe(config, Vocab(["a"]), feature_dim=4), Engine())
-    eager = Scorer()
-    compiled = compiler.compile_model(Scorer())
-    compiled.load_state_dict(eager.state_dict())
-    x = torch.randn(8, 3)
-    torch.testing.assert_close(compiled(x), eager(x))
-    assert compiler.options["mode"] == "reduce-overhead"
+    for mode in ("model", "step"):
+        config = _config(mode, "train.compile_mode=reduce-overhead")
+        StepCompiler(config, VSRNRecipe(config, Vocab(["a"]), feature_dim=4), Engine()).compile_model(Scorer())
+    assert [options["mode"] for options in asked] == ["reduce-overhead"] * 2
+    assert all(options["backend"] == "inductor" for options in asked)

@@ -20,6 +20,19 @@ def test_a_counted_step_gives_flops_per_sample_and_mfu():
         assert again is None  # counted once; later steps are not slowed down
 
 
+def test_the_counted_step_runs_with_dynamo_forced_eager_and_the_stance_comes_back():
+    """Under the counter's dispatch mode torch 2.11's dynamo would mark a compiled model as never
+    to compile; the counted step keeps dynamo out, and the stance is restored, also on an error."""
+    from torch._dynamo import eval_frame  # its _stance is replaced at each change: read it there
+
+    with FlopCounter(peak=1e12).measure() as mode:
+        assert mode is not None and eval_frame._stance.stance == "force_eager"
+    assert eval_frame._stance.stance == "default"
+    with pytest.raises(RuntimeError, match="a failing step"), FlopCounter(peak=1e12).measure():
+        raise RuntimeError("a failing step")
+    assert eval_frame._stance.stance == "default"
+
+
 def test_peaks_by_gpu_name_and_precision_and_none_when_unknown():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", tf32=False) == 989e12
     assert peak_flops("NVIDIA A100-SXM4-80GB", "no", tf32=True) == 156e12

@@ -49,13 +49,16 @@ class FlopCounter:
     def measure(self):
         """A context for the step to count (only the first: counting slows a step down). A compiled
         model runs that step eager: under the counter's dispatch mode dynamo compiles nothing, and
-        torch 2.11's dynamo, asked to, marks the model's frame as never to compile again (the run
-        stayed eager throughout); a stance of force_eager keeps dynamo out of that step."""
+        torch 2.11's dynamo, asked to, marks the model's frame as never to compile again (so the run
+        stays eager throughout: reproduced on CPU); a stance of force_eager keeps dynamo out of that step."""
         if self.flops_per_sample is not None or self.peak is None:
             yield None
             return
         eager = torch.compiler.set_stance("force_eager") if hasattr(torch.compiler, "set_stance") else None
-        with eager or contextlib.nullcontext(), FlopCounterMode(display=False, custom_mapping=rnn_flop_formulas()) as counter:
+        with (
+            eager or contextlib.nullcontext(),
+            FlopCounterMode(display=False, custom_mapping=rnn_flop_formulas()) as counter,
+        ):
             yield counter
 
     def counted(self, counter, samples: int) -> None:

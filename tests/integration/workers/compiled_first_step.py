@@ -119,6 +119,7 @@ COMMON = [
     "engine.mixed_precision=no",
     *extra,
 ]
+CUDA_GRAPH_CALLS = 3
 fit = loop.Trainer.fit
 stage_is_last, tag = True, "eager"
 
@@ -134,11 +135,16 @@ def first_step_then_fit(self):
     batch = to_device(batch, engine.device)
     recipe.start_step(0)
     update = recipe.updates(0)[0]
-    self.model.zero_grad(set_to_none=True)
     without_dropout(engine.unwrap())
-    with engine.micro_batch(last=True):
-        losses = self.compiler.training_losses(self.model, batch, update)
-        engine.backward(losses["loss"], 1)
+    # Under CUDA graphs a compiled function's first call runs eager (warm-up), the second records
+    # the graph and the third replays it: the step compared is the third, from the same random state
+    devices = [engine.device] if engine.device.type == "cuda" else []
+    for _ in range(CUDA_GRAPH_CALLS if tag != "eager" and self.config.train.compile_mode == "reduce-overhead" else 1):
+        self.model.zero_grad(set_to_none=True)
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.random.fork_rng(devices=devices), engine.micro_batch(last=True):
+            losses = self.compiler.training_losses(self.model, batch, update)
+            engine.backward(losses["loss"], 1)
     grads = {n: p.grad.detach().clone() for n, p in engine.unwrap().named_parameters() if p.grad is not None}
     name = f"{self.config.recipe}.{self.config.output_dir.name}.{tag}.rank{engine.rank}.pt"
     torch.save({"losses": {k: v.detach() for k, v in losses.items()}, "grads": grads, "update": update}, out / name)
