@@ -85,6 +85,8 @@ class StepCompiler:
         self.options = {"backend": t.compile_backend, "dynamic": True if t.compile_dynamic else None}
         if t.compile_mode != "default":
             self.options["mode"] = t.compile_mode
+        # inductor's modes that replay graphs as CUDA graphs
+        self.cuda_graphs = self.enabled and t.compile_mode in ("reduce-overhead", "max-autotune")
         self.recompilations = 0  # graphs compiled after warm-up, this process
         self._seen: set[tuple] = set()
         self._losses = recipe.training_losses
@@ -130,8 +132,7 @@ class StepCompiler:
         if not self.enabled:
             yield
             return
-        if self.options.get("mode") in ("reduce-overhead", "max-autotune"):
-            # CUDA graphs: a new step may overwrite the last step's graph outputs (all read by now)
+        if self.cuda_graphs:  # a new step may overwrite the last step's graph outputs (all read by now)
             torch.compiler.cudagraph_mark_step_begin()
         before, breaks, start = compiled_graphs(), graph_breaks(), time.perf_counter()
         yield

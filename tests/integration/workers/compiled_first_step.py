@@ -139,7 +139,7 @@ def first_step_then_fit(self):
     # Under CUDA graphs a compiled function's first call runs eager (warm-up), the second records
     # the graph and the third replays it: the step compared is the third, from the same random state
     devices = [engine.device] if engine.device.type == "cuda" else []
-    for _ in range(CUDA_GRAPH_CALLS if tag != "eager" and self.config.train.compile_mode == "reduce-overhead" else 1):
+    for _ in range(CUDA_GRAPH_CALLS if self.compiler.cuda_graphs else 1):
         self.model.zero_grad(set_to_none=True)
         torch.compiler.cudagraph_mark_step_begin()
         with torch.random.fork_rng(devices=devices), engine.micro_batch(last=True):
