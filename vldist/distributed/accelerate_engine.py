@@ -135,10 +135,11 @@ class AccelerateEngine(DcpCheckpoints, Engine):
     def close(self, keep_process_group: bool = False, peers_lost: bool = False) -> None:
         # DDP reducers must go before their process group: one freed after destroy_process_group
         # (at interpreter exit, or a second model prepared by the same engine) can abort the
-        # process with "terminate called without an active exception".
+        # process with "terminate called without an active exception". (No group, nothing to order.)
         self.model = None
         self.accelerator.free_memory()
-        gc.collect()
+        if dist.is_available() and dist.is_initialized():
+            gc.collect()
         together = dist.is_available() and dist.is_initialized() and not peers_lost
         if keep_process_group:  # end_training() would destroy it
             if together:

@@ -128,7 +128,7 @@ class FSDPEngine(DcpCheckpoints, Engine):
         )
         self.optimizers = {}
         self._params: dict[str, list[nn.Parameter]] = {}
-        release_process_groups_at_exit()
+        release_process_groups_at_exit(meshes=True)
 
     def setup(
         self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
