@@ -48,7 +48,8 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         self.optimizers = {}
         self._prepared: dict[str, torch.optim.Optimizer] = {}
         self._params: dict[str, list[nn.Parameter]] = {}  # each optimizer's parameters, for clipping
-        release_process_groups_at_exit()
+        # a device mesh where Accelerate's parallelism config (ACCELERATE_USE_PARALLELISM_CONFIG) made one
+        release_process_groups_at_exit(meshes=getattr(state, "device_mesh", None) is not None)
 
     def setup(
         self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False

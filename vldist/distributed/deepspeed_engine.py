@@ -106,7 +106,9 @@ class DeepSpeedEngine(Engine):
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
         self.uniform_shapes = self.stage == 3
         self.optimizers = {}
-        release_process_groups_at_exit()
+        # meshes: DeepSpeed builds device meshes for some of its parallelism settings (sequence and
+        # tensor parallelism in a user's engine.deepspeed_config)
+        release_process_groups_at_exit(meshes=True)
 
     def setup(
         self, model: nn.Module, optimizers: dict[str, torch.optim.Optimizer], dynamic_graph: bool = False
