@@ -139,9 +139,10 @@ class AccelerateEngine(DcpCheckpoints, Engine):
         # process with "terminate called without an active exception". (No group, nothing to order.)
         self.model = None
         self.accelerator.free_memory()
-        if dist.is_available() and dist.is_initialized():
+        grouped = dist.is_available() and dist.is_initialized()
+        if grouped:
             gc.collect()
-        together = dist.is_available() and dist.is_initialized() and not peers_lost
+        together = grouped and not peers_lost
         if keep_process_group:  # end_training() would destroy it
             if together:
                 dist.barrier()

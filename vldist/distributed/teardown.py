@@ -128,9 +128,10 @@ def _release_mesh_groups() -> None:
 _at_exit = False
 # What release_process_groups() may have to free, noted by each engine when made: whether this
 # process has had a process group (a one-process run of Accelerate has none), and whether it made
-# device meshes (FSDP2's; DeepSpeed's and Accelerate's where their parallelism settings make them). Without them it skips its collection and its scan of every object for
-# meshes, 0.18 s and 0.15 s of CPU a call on this project's 2-core host once torch._dynamo is
-# loaded (some 300,000 objects), at each close and again at exit.
+# device meshes (FSDP2's; DeepSpeed's and Accelerate's where their parallelism settings make
+# them). Without them it skips its collection and its scan of every object for meshes, 0.18 s and
+# 0.15 s of CPU a call on this project's 2-core host once torch._dynamo is loaded (some 300,000
+# objects), at each close and again at exit.
 _groups_made = False
 _meshes = False
 
