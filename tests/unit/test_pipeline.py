@@ -1,5 +1,6 @@
 """The streaming pipeline over real tar shards: read-back, equal step counts, corrupt samples."""
 
+import gc
 import io
 import json
 import shutil
@@ -76,6 +77,25 @@ def test_every_rank_yields_the_same_number_of_batches(planted_shards, workers):
         assert all(len(b["keys"]) == 8 for b in batches)
         counts.append(len(batches))
     assert counts == [steps, steps]
+
+
+def _with_frozen_count(raw, rng):
+    return {"key": raw["__key__"], "frozen": gc.get_freeze_count()}
+
+
+def test_loader_workers_freeze_what_they_inherit_and_the_trainer_does_not(planted_shards):
+    """A worker's collections go through the objects it makes, not the ~200,000 it inherits (torch,
+    the trainer's): those are frozen as it starts; the process that made the loader is left as it was."""
+    urls = ShardSet.open(planted_shards).urls("train")
+    spec = StreamSpec(urls=urls, keep=("json",), sample_fn=_with_frozen_count, collate_fn=_collate, batch_size=8)
+    before = gc.get_freeze_count()
+    inherited = len(gc.get_objects())
+    samples = [s for b in make_loader(EvalStream(spec), 1) for s in b["samples"]]
+    assert len(samples) == 200
+    assert all(s["frozen"] >= inherited // 2 for s in samples), (samples[0], inherited)
+    assert gc.get_freeze_count() == before
+    in_process = [s for b in make_loader(EvalStream(spec), 0) for s in b["samples"]]
+    assert all(s["frozen"] == before for s in in_process)
 
 
 def test_the_shuffle_buffer_holds_raw_bytes_and_only_yielded_samples_are_decoded(planted_shards):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import gc
 import math
 import multiprocessing
 import multiprocessing.util  # its exit handler registered before this module's (_close_open_loaders)
@@ -348,6 +349,12 @@ def _data_loader(stream: IterableDataset, workers: int, shielded_signals: tuple,
 
 
 def _init_worker(signals: tuple, environment: dict | None, worker_id: int) -> None:
+    # What the worker inherited (torch, the recipe, the trainer's objects: some 200,000) is never
+    # garbage it made: frozen, the collections its samples' JSON and lists set off go through the
+    # worker's own objects only (a quarter of a VSRN batch's CPU went to them: docs/performance.md,
+    # "The loader's workers and the garbage collector"), and they no longer write to the inherited
+    # pages that fork shares copy-on-write.
+    gc.freeze()
     if environment is not None:  # the store's credentials among them
         os.environ.clear()
         os.environ.update(environment)

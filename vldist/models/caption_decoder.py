@@ -20,6 +20,7 @@ from vldist.distributed.zero import partitioned
 from vldist.models import generation
 from vldist.models.attention_gru_loop import attention_gru_hidden, takes_written_out_path
 from vldist.models.common import checkpointed_step, masked_mean
+from vldist.models.dropout import Dropout
 from vldist.models.generation import State
 from vldist.models.running_captions import RunningCaptions, running_captions
 
@@ -37,7 +38,7 @@ class AttentionCaptionDecoder(nn.Module):
         self.att_hidden = nn.Linear(hidden, hidden)
         self.att_score = nn.Linear(hidden, 1)
         self.cell = nn.GRUCell(word_dim + feature_dim, hidden)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(hidden, vocab_size)
 
     def _attend(
@@ -116,7 +117,8 @@ class AttentionCaptionDecoder(nn.Module):
     def _readout(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits (B, T-1, V) of the hidden states (T-1, B, H)."""
         # Time-major under dropout: on the CPU one draw over (T, B, H) takes the same masks as
-        # `step`'s T draws over (B, H), so a seeded run matches the per-token reference.
+        # `step`'s T draws over (B, H) (models/dropout.py), so a seeded run matches the per-token
+        # reference.
         return self.out(self.dropout(hidden).transpose(0, 1))
 
     def generate(

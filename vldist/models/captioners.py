@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from vldist.models.common import masked_mean
+from vldist.models.dropout import Dropout
 from vldist.models.generation import State
 
 
@@ -39,7 +40,7 @@ class AdaptiveAttentionDecoder(nn.Module):
         self.att_sentinel = nn.Linear(hidden, hidden, bias=False)  # W_s
         self.att_query = nn.Linear(hidden, hidden, bias=False)  # W_g
         self.att_score = nn.Linear(hidden, 1, bias=False)  # w_h
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(hidden, vocab_size)  # W_p
 
     def init_state(self, features: torch.Tensor, mask: torch.Tensor) -> State:
@@ -151,7 +152,7 @@ class ShowTellDecoder(nn.Module):
         self.embed = nn.Embedding(vocab_size, embed, padding_idx=0)
         self.image = nn.Linear(feature_dim, embed)
         self.lstm = nn.LSTM(embed, hidden, batch_first=True)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.out = nn.Linear(hidden, vocab_size)
 
     def _run(self, inputs: torch.Tensor, hc: tuple[torch.Tensor, torch.Tensor] | None):

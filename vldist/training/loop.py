@@ -27,6 +27,7 @@ from vldist.distributed.heartbeat import heartbeat
 from vldist.distributed.replicas import ReplicaCheck
 from vldist.distributed.watchdog import Watchdog, watchdog_store
 from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, TrainingStopped, UnreadableBatch
+from vldist.models.dropout import use_uniform_dropout_masks
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe, StartingWeights
 from vldist.telemetry.flops import FlopCounter, device_peak
@@ -88,6 +89,7 @@ class Trainer:
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         model = recipe.build_model()
         recipe.initialize(model, start, shards)  # a resumed run's checkpoint then replaces these weights
+        use_uniform_dropout_masks(model)  # CPU masks from one uniform draw, not bernoulli_: models/dropout.py
         if config.engine.sync_batchnorm and engine.world_size > 1:
             convert_global_batchnorm(model)
         self.optimizers = build_optimizers(config, recipe.optimizer_groups(model))
