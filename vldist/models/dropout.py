@@ -26,10 +26,15 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return F.dropout(x, p, training)
     if p == 1.0:
         return x * 0.0
-    keep = torch.rand(x.shape, device=x.device) >= p
-    # as F.dropout on the CPU: the mask in x's dtype, divided by 1 - p, times x (autograd keeps the
-    # scaled mask for the backward, and the gradient is the same product)
-    return x * keep.to(x.dtype).div_(1.0 - p)
+    draw = torch.rand(x.shape, device=x.device)
+    # As F.dropout on the CPU: the mask in x's dtype, divided by 1 - p, times x (autograd keeps the
+    # scaled mask for the backward, and the gradient is the same product). In fp32 the draw becomes
+    # the mask in place: one buffer, not three, each a fresh allocation's page faults at these sizes.
+    if x.dtype == torch.float32:
+        mask = draw.ge_(p).div_(1.0 - p)
+    else:
+        mask = (draw >= p).to(x.dtype).div_(1.0 - p)
+    return x * mask
 
 
 class Dropout(nn.Dropout):
