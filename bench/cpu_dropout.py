@@ -12,8 +12,9 @@ Two tables, each implementation alternating with the other round by round, media
   (caption tokens x batch x hidden; the demo's captions run up to about 27 tokens), the captioners
   their readout (images x captions, tokens, hidden), the two-branch retrieval stage its branches'
   hidden layers (images and sentences, hidden);
-- whole training steps (the recipe's losses and backward, fp32, no optimizer) on 5 real batches of a demo job's stage, read first without loader workers, with every dropout module of
-  the model torch's `nn.Dropout` and then vldist's `Dropout` (what the trainer swaps in).
+- whole training steps (the recipe's losses and backward, fp32, no optimizer) on 5 real batches of
+  a demo job's stage, read first without loader workers, with every dropout module of the model
+  torch's `nn.Dropout` and then vldist's `Dropout` (what the trainer swaps in).
 """
 
 from __future__ import annotations
@@ -21,19 +22,19 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cpu_bf16 import header, step_bench_main  # noqa: E402
-
 from loader_cpu import stage_batches  # noqa: E402
-from torch import nn  # noqa: E402
 
 from vldist.models.dropout import Dropout, dropout  # noqa: E402
 
@@ -108,33 +109,49 @@ def measure_calls(rounds: int, calls: int) -> list[dict]:
         for _ in range(rounds):
             for impl, function in IMPLEMENTATIONS.items():
                 times[impl] += [_call(function, x, p) for _ in range(calls)]
-        rows.append({"case": name, "shape": list(shape), "p": p, "ms": {k: 1e3 * statistics.median(v) for k, v in times.items()}})
+        rows.append(
+            {
+                "case": name,
+                "shape": list(shape),
+                "p": p,
+                "ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+            }
+        )
         print(f"{name}: " + ", ".join(f"{k} {v:.2f} ms" for k, v in rows[-1]["ms"].items()), file=sys.stderr)
     return rows
 
 
+def _speed_rows(rows: list[dict], first: Callable[[dict], tuple], digits: int) -> list[str]:
+    """Table rows: `first(row)`'s columns, then torch's and vldist's ms and the speed-up."""
+    lines = []
+    for row in rows:
+        torch_ms, ours = row["ms"]["F.dropout"], row["ms"]["vldist"]
+        cells = [*first(row), f"{torch_ms:.{digits}f}", f"{ours:.{digits}f}", f"x{torch_ms / ours:.2f}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
 def table(results: dict) -> str:
-    lines = [
-        *header(results, f"{results['rounds']} rounds alternating of {results['batches']} calls / {STEP_BATCHES} steps each, medians"),
-        "",
-        "| case | shape | p | F.dropout ms | vldist ms | speed-up |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in results["results"]["calls"]:
-        torch_ms, ours = row["ms"]["F.dropout"], row["ms"]["vldist"]
-        shape = " x ".join(map(str, row["shape"]))
-        lines.append(f"| {row['case']} | {shape} | {row['p']} | {torch_ms:.2f} | {ours:.2f} | x{torch_ms / ours:.2f} |")
-    lines += [
-        "",
-        "| job | stage | dropout modules | step ms, nn.Dropout | step ms, vldist | speed-up |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in results["results"]["steps"]:
-        torch_ms, ours = row["ms"]["F.dropout"], row["ms"]["vldist"]
-        lines.append(
-            f"| {row['job']} | {row['stage'] or '-'} | {row['dropout_modules']} | {torch_ms:.1f} | {ours:.1f} | x{torch_ms / ours:.2f} |"
+    measured = results["results"]
+    return (
+        "\n".join(
+            [
+                *header(
+                    results,
+                    f"{results['rounds']} rounds alternating of {results['batches']} calls / {STEP_BATCHES} steps each, medians",
+                ),
+                "",
+                "| case | shape | p | F.dropout ms | vldist ms | speed-up |",
+                "|---|---|---|---|---|---|",
+                *_speed_rows(measured["calls"], lambda r: (r["case"], " x ".join(map(str, r["shape"])), r["p"]), 2),
+                "",
+                "| job | stage | dropout modules | step ms, nn.Dropout | step ms, vldist | speed-up |",
+                "|---|---|---|---|---|---|",
+                *_speed_rows(measured["steps"], lambda r: (r["job"], r["stage"] or "-", r["dropout_modules"]), 1),
+            ]
         )
-    return "\n".join(lines) + "\n"
+        + "\n"
+    )
 
 
 def main() -> None:
