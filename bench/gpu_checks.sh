@@ -52,6 +52,7 @@ TESTS=(tests/unit/test_region_affinity_kernel.py tests/unit/test_cl_negatives.py
   tests/integration/test_checkpoint_cuda.py tests/integration/test_profile_cuda.py
   tests/unit/test_rnn_flops.py tests/unit/test_optimizer_implementation.py tests/unit/test_channels_last.py
   tests/unit/test_decoder_loops.py tests/unit/test_device_prefetch.py tests/unit/test_compiling.py tests/unit/test_flops.py
+  tests/unit/test_dropout.py
   "tests/integration/test_compile_equivalence.py::test_vsrn_compiled_into_cuda_graphs_takes_the_eager_step_on_cuda")
 TAIL=40 step 240 cuda_tests python3 -m pytest -n 6 -p no:cacheprovider -v --tb=short --timeout 150 -o addopts="" -ra "${TESTS[@]}"
 
