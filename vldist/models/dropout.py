@@ -1,12 +1,13 @@
 """Dropout whose CPU masks come from one uniform draw instead of `bernoulli_`.
 
 On the CPU, torch's `bernoulli_(p)` (what `F.dropout` draws its mask with) takes MKL's vectorised
-generator only on Intel processors; elsewhere it samples element by element, and on the project's
-AMD EPYC host a mask of 25 x 128 x 256 took 9.6 ms against 2.9 ms for `rand(...) >= p`
-(docs/performance.md, "Dropout on the CPU"). The mask is the same distribution: an element is kept
-with probability 1 - p (a uniform draw in [0, 1) at or above p) and scaled by 1 / (1 - p).
+generator only on Intel processors; elsewhere it samples element by element: on the project's
+AMD EPYC host the dropout of VSRN's decoder states (25 x 128 x 256, p 0.1, forward and backward)
+took 6.2 ms against 3.6 ms with this mask (`python bench/cpu_dropout.py`; docs/performance.md,
+"Dropout on the CPU"). The mask is the same distribution: an element is kept with probability
+1 - p (a uniform draw in [0, 1) at or above p) and scaled by 1 / (1 - p).
 
-`uniform_` fills a CPU tensor serially from the generator, in the tensor's logical order, so a
+`uniform_` fills a CPU tensor serially from the generator, in order (the draw is contiguous), so a
 draw over (T, B, H) takes exactly the masks of T draws over (B, H): a decoder that drops out all of
 its steps' hidden states at once keeps the masks of its per-token reference, on every CPU and with
 any number of threads. On other devices (CUDA's fused dropout kernel) and in evaluation this is
