@@ -80,19 +80,22 @@ def test_every_rank_yields_the_same_number_of_batches(planted_shards, workers):
 
 
 def _with_frozen_count(raw, rng):
-    return {"key": raw["__key__"], "frozen": gc.get_freeze_count()}
+    # gc.get_objects() lists the objects the collector still tracks, not the frozen ones
+    return {"key": raw["__key__"], "frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}
 
 
 def test_loader_workers_freeze_what_they_inherit_and_the_trainer_does_not(planted_shards):
-    """A worker's collections go through the objects it makes, not the ~200,000 it inherits (torch,
-    the trainer's): those are frozen as it starts; the process that made the loader is left as it was."""
+    """A worker's collections go through the objects it makes, not the ~200,000 it starts with (torch
+    and what it inherits: the trainer's when forked, the preloads when from the fork server, which an
+    earlier test's store may have chosen): those are frozen as it starts; the process that made the
+    loader is left as it was."""
     urls = ShardSet.open(planted_shards).urls("train")
     spec = StreamSpec(urls=urls, keep=("json",), sample_fn=_with_frozen_count, collate_fn=_collate, batch_size=8)
     before = gc.get_freeze_count()
-    inherited = len(gc.get_objects())
     samples = [s for b in make_loader(EvalStream(spec), 1) for s in b["samples"]]
     assert len(samples) == 200
-    assert all(s["frozen"] >= inherited // 2 for s in samples), (samples[0], inherited)
+    # torch alone makes over 100,000 objects; what the worker made since is a small part of them
+    assert all(s["frozen"] > 100_000 and s["frozen"] > 5 * s["tracked"] for s in samples), samples[0]
     assert gc.get_freeze_count() == before
     in_process = [s for b in make_loader(EvalStream(spec), 0) for s in b["samples"]]
     assert all(s["frozen"] == before for s in in_process)
