@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cpu_bf16 import header, step_bench_main  # noqa: E402
 from loader_cpu import stage_batches  # noqa: E402
 
-from vldist.models.dropout import Dropout, dropout  # noqa: E402
+from vldist.models.dropout import Dropout, dropout, replace_dropout  # noqa: E402
 
 COMMAND = "python bench/cpu_dropout.py"
 CASES = {
@@ -56,17 +56,6 @@ def _call(function, x: torch.Tensor, p: float) -> float:
     return time.perf_counter() - start
 
 
-def _use(model: nn.Module, kind: type) -> int:
-    """Every dropout module of `model` made a `kind` of the same p; returns how many."""
-    count = 0
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, nn.Dropout):
-                setattr(parent, name, kind(child.p).train(child.training))
-                count += 1
-    return count
-
-
 def _step(recipe, model: nn.Module, batch: dict) -> float:
     start = time.perf_counter()
     losses = recipe.training_losses(model, batch)
@@ -83,11 +72,11 @@ def measure_steps(rounds: int, batches: int) -> list[dict]:
         model = recipe.build_model().train()
         times = {impl: [] for impl in MODULES}
         for kind in MODULES.values():
-            modules = _use(model, kind)
+            modules = replace_dropout(model, lambda m, kind=kind: kind(m.p))
             _step(recipe, model, taken[0])  # warm-up
         for _ in range(rounds):
             for impl, kind in MODULES.items():
-                _use(model, kind)
+                replace_dropout(model, lambda m, kind=kind: kind(m.p))
                 times[impl] += [_step(recipe, model, batch) for batch in taken]
         ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
         rows.append({"job": job, "stage": stage, "dropout_modules": modules, "ms": ms})

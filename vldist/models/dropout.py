@@ -16,6 +16,8 @@ any number of threads. On other devices (CUDA's fused dropout kernel) and in eva
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -51,10 +53,21 @@ def use_uniform_dropout_masks(model: nn.Module) -> int:
     """Replace, in place, every `nn.Dropout` of `model` (also those inside torch's own layers, such
     as nn.TransformerEncoderLayer's) with `Dropout` of the same p; returns how many. Dropout has no
     parameters or buffers: state_dict keys and checkpoints are unchanged."""
+    # exactly nn.Dropout: a subclass may draw its masks its own way
+    return replace_dropout(model, lambda m: Dropout(m.p, m.inplace), only=lambda m: type(m) is nn.Dropout)
+
+
+def replace_dropout(
+    model: nn.Module,
+    make: Callable[[nn.Dropout], nn.Module],
+    only: Callable[[nn.Dropout], bool] = lambda m: True,
+) -> int:
+    """Replace, in place, each `nn.Dropout` (subclasses included) that `only` accepts with `make(it)`,
+    in the mode it was in; returns how many."""
     replaced = 0
     for parent in list(model.modules()):
         for name, child in parent.named_children():
-            if type(child) is nn.Dropout:  # exactly: a subclass may draw its masks its own way
-                setattr(parent, name, Dropout(child.p, child.inplace).train(child.training))
+            if isinstance(child, nn.Dropout) and only(child):
+                setattr(parent, name, make(child).train(child.training))
                 replaced += 1
     return replaced
