@@ -1,6 +1,6 @@
 """The captioner evaluation's faster paths give what the straightforward computation gives.
 
-caption_image_logprobs (captions sorted by length and grouped, per-image and per-token input
+caption_image_logprobs (captions stepped once per distinct prefix, per-image and per-token input
 projections, logsumexp) against each pair stepped alone through `step` with a full log-softmax.
 """
 
@@ -89,6 +89,41 @@ def test_the_step_fallback_equals_each_pair_stepped_alone(decoder_class):
     assert isinstance(pair_scorer(decoder), StepsOverPairs)
     matrix = caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=9)
     torch.testing.assert_close(matrix, _pair_by_pair(decoder, features, mask, tokens), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
+@pytest.mark.parametrize("pairs_per_chunk", [1, 7, 10_000])  # an image a block, 2 a block, all in one
+def test_captions_that_begin_alike_are_stepped_once_per_image_and_score_as_alone(decoder_class, pairs_per_chunk):
+    """Beam search repeats itself: shared prefixes, a caption twice, one that ends where another
+    goes on, one of <start> alone. Each image steps each distinct prefix that predicts a word once."""
+    decoder = _decoder(decoder_class)
+    features, mask, _ = _inputs(seed=4)
+    tokens = torch.tensor(
+        [
+            [1, 4, 5, 6, 2, 0],
+            [1, 4, 5, 7, 8, 2],
+            [1, 4, 5, 6, 2, 0],  # the first again
+            [1, 4, 5, 2, 0, 0],  # ends where the others go on
+            [1, 9, 2, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0],
+            [1, 4, 5, 6, 3, 2],
+        ]
+    )
+    rows = []
+    step = decoder.pair_step
+
+    def counted(words, images, carry):
+        logits, state = step(words, images, carry)
+        rows.append(logits.shape[0] * logits.shape[1])  # images x prefixes this step
+        return logits, state
+
+    decoder.pair_step = counted
+    matrix = caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=pairs_per_chunk)
+    torch.testing.assert_close(matrix, _pair_by_pair(decoder, features, mask, tokens), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(matrix[2], matrix[0], atol=0, rtol=0)
+    prefixes = {tuple(row[: t + 1]) for row in tokens.tolist() for t in range(len(row) - 1) if row[t + 1] != 0}
+    assert len(prefixes) == 8  # against 23 steps caption by caption
+    assert sum(rows) == len(prefixes) * features.shape[0]
 
 
 @pytest.mark.parametrize("decoder_class", DECODERS)
