@@ -92,7 +92,7 @@ def test_the_step_fallback_equals_each_pair_stepped_alone(decoder_class):
 
 
 @pytest.mark.parametrize("decoder_class", DECODERS)
-@pytest.mark.parametrize("pairs_per_chunk", [1, 7, 10_000])  # an image a block, 2 a block, all in one
+@pytest.mark.parametrize("pairs_per_chunk", [1, 7, 10_000])  # an image a block (widest depth: 2), 3 a block, all
 def test_captions_that_begin_alike_are_stepped_once_per_image_and_score_as_alone(decoder_class, pairs_per_chunk):
     """Beam search repeats itself: shared prefixes, a caption twice, one that ends where another
     goes on, one of <start> alone. Each image steps each distinct prefix that predicts a word once."""
