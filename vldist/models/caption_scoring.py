@@ -76,8 +76,8 @@ class PrefixTree:
     """The distinct prefixes of padded token rows (C, T), depth by depth: at depth t, the prefixes
     tokens[c, : t + 1] of the captions that have a word to predict after them (tokens[c, t + 1] is
     not padding). Per depth: `parents` (nodes,) the parent's index at depth t - 1 (0 at depth 0,
-    where the nodes' carry is the start state), `words` (nodes,) the node's input token, `rows`
-    (nodes,) a caption that has the node (to read its word state), and the captions predicting
+    where the nodes' carry is the start state), `rows` (nodes,) a caption that has the node (whose
+    word state at t is the node's input), and the captions predicting
     there: `captions` (k,), their node `nodes` (k,) and the `targets` (k,) they predict."""
 
     def __init__(self, tokens: Tensor, pad_id: int):
@@ -95,7 +95,6 @@ class PrefixTree:
             self.depths.append(
                 {
                     "parents": distinct // base,
-                    "words": distinct % base,
                     "rows": rows,
                     "captions": captions,
                     "nodes": nodes,
@@ -131,10 +130,10 @@ def caption_image_logprobs(
     words = scorer.pair_words(tokens)
     block = max(1, pairs_per_chunk // tree.widest)
     for first in range(0, n_images, block):
-        these = slice(first, first + block)
+        these = slice(first, min(first + block, n_images))
         block_images = {name: value[these] for name, value in images.items()}
         carry = {name: value[these] for name, value in start.items()}
-        total = torch.zeros(len(range(n_images)[these]), n_captions, dtype=torch.float32, device=tokens.device)
+        total = torch.zeros(these.stop - first, n_captions, dtype=torch.float32, device=tokens.device)
         for t, depth in enumerate(tree.depths):
             node_words = {name: value[depth["rows"], t] for name, value in words.items()}
             node_carry = {name: value.index_select(1, depth["parents"]) for name, value in carry.items()}
