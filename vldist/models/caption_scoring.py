@@ -77,8 +77,8 @@ class PrefixTree:
     tokens[c, : t + 1] of the captions that have a word to predict after them (tokens[c, t + 1] is
     not padding). Per depth: `parents` (nodes,) the parent's index at depth t - 1 (0 at depth 0,
     where the nodes' carry is the start state), `rows` (nodes,) a caption that has the node (whose
-    word state at t is the node's input), and the captions predicting
-    there: `captions` (k,), their node `nodes` (k,) and the `targets` (k,) they predict."""
+    word state at t is the node's input), and the captions predicting there: `captions` (k,), their
+    node `nodes` (k,) and the `targets` (k,) they predict."""
 
     def __init__(self, tokens: Tensor, pad_id: int):
         self.depths: list[dict[str, Tensor]] = []
@@ -107,11 +107,6 @@ class PrefixTree:
     def widest(self) -> int:
         return max((len(depth["parents"]) for depth in self.depths), default=0)
 
-    @property
-    def steps(self) -> int:
-        """Nodes in all: the steps each image takes."""
-        return sum(len(depth["parents"]) for depth in self.depths)
-
 
 @torch.no_grad()
 def caption_image_logprobs(
@@ -125,7 +120,7 @@ def caption_image_logprobs(
     n_captions, n_images = tokens.shape[0], features.shape[0]
     out = torch.zeros(n_captions, n_images, dtype=torch.float32)
     tree = PrefixTree(tokens, pad_id)
-    if n_captions == 0 or not tree.depths:
+    if not tree.depths:  # no captions, or none with a word after <start>
         return out  # nothing to predict: ln p of no words is 0
     words = scorer.pair_words(tokens)
     block = max(1, pairs_per_chunk // tree.widest)
