@@ -12,7 +12,8 @@ evaluation runs), or a trained one from --checkpoint (a run directory or checkpo
 
 The vldist on PYTHONPATH is measured, so the same script times main's code and a branch's.
 --save writes the captions and the score matrix; --compare checks two saved files agree (the same
-captions, metrics; the scores within float tolerance).
+captions, metrics; the scores within float tolerance, where both sides scored the pair: self-retrieval
+scoring leaves -inf where a pair cannot outscore its caption's own image).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def timed(fn):
 def run(args) -> dict:
     from vldist.data.collate import pad_tokens
     from vldist.metrics import caption_scores, self_retrieval_recall
-    from vldist.models.caption_scoring import caption_image_logprobs
+    from vldist.models import caption_scoring
     from vldist.models.generation import generate
     from vldist.recipes.captioner import _trim
     from vldist.training.split_evaluation import eval_loader
@@ -86,7 +87,9 @@ def run(args) -> dict:
     regions = torch.cat([b["regions"] for b in batches])[:pool]
     mask = torch.cat([b["mask"] for b in batches])[:pool]
     tokens, _ = pad_tokens([[vocab.start_id, *row] for i in ids for row in _trim(i)][:pool], vocab.pad_id)
-    logp, seconds_scoring = timed(lambda: caption_image_logprobs(decoder, regions, mask, tokens, vocab.pad_id))
+    # what CaptionerRecipe.evaluate runs; a checkout from before self_retrieval_logprobs scores every pair
+    score = getattr(caption_scoring, "self_retrieval_logprobs", caption_scoring.caption_image_logprobs)
+    logp, seconds_scoring = timed(lambda: score(decoder, regions, mask, tokens, vocab.pad_id))
     ks = [k for k in (1, 5, 50, 500) if k < logp.shape[0]]
     recall, seconds_recall = timed(lambda: self_retrieval_recall(logp, ks))
     scores, seconds_metrics = timed(lambda: caption_scores(references, generated))
@@ -108,10 +111,21 @@ def run(args) -> dict:
     }
 
 
+def logp_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest |a - b| over the entries both score; inf if one side dropped (-inf) an entry that
+    the other scores at or above its caption's own image (self-retrieval drops only those below)."""
+    both = torch.isfinite(a) & torch.isfinite(b)
+    for dropped, other in ((~torch.isfinite(a), b), (~torch.isfinite(b), a)):
+        own = other.diag()[:, None].expand_as(other)
+        if (dropped & torch.isfinite(other) & (other >= own)).any():
+            return float("inf")
+    return float((a[both] - b[both]).abs().max()) if both.any() else 0.0
+
+
 def compare(a_path: str, b_path: str, atol: float) -> None:
     a, b = torch.load(a_path), torch.load(b_path)
     same_captions = a["_generated"] == b["_generated"]
-    diff = (a["_logp"] - b["_logp"]).abs().max().item()
+    diff = logp_difference(a["_logp"], b["_logp"])
     print(f"same captions: {same_captions}; same caption metrics: {a['captions'] == b['captions']}")
     print(f"same self-retrieval: {a['self_retrieval'] == b['self_retrieval']}; max |logp diff| {diff:.3g}")
     if not (same_captions and a["captions"] == b["captions"] and a["self_retrieval"] == b["self_retrieval"]):

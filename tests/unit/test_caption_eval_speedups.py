@@ -4,12 +4,24 @@ caption_image_logprobs (captions stepped once per distinct prefix, per-image and
 projections, logsumexp) against each pair stepped alone through `step` with a full log-softmax.
 """
 
+import copy
+import functools
+
 import pytest
 import torch
 from torch import nn
 
-from vldist.models.caption_scoring import StepsOverPairs, caption_image_logprobs, pair_scorer
+from vldist.metrics import self_retrieval_recall
+from vldist.metrics.self_retrieval import self_retrieval_ranks
+from vldist.models.caption_scoring import (
+    StepsOverPairs,
+    caption_image_logprobs,
+    own_image_logprobs,
+    pair_scorer,
+    self_retrieval_logprobs,
+)
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder, lstm_update
+from vldist.models.generation import generate
 
 DECODERS = [AdaptiveAttentionDecoder, ShowTellDecoder]
 
@@ -124,6 +136,94 @@ def test_captions_that_begin_alike_are_stepped_once_per_image_and_score_as_alone
     prefixes = {tuple(row[: t + 1]) for row in tokens.tolist() for t in range(len(row) - 1) if row[t + 1] != 0}
     assert len(prefixes) == 8  # against 23 steps caption by caption
     assert sum(rows) == len(prefixes) * features.shape[0]
+
+
+def _counting_rows(decoder) -> list[int]:
+    """Patch the decoder's pair_step to record images x prefixes of each step."""
+    rows, step = [], decoder.pair_step
+
+    def counted(words, images, carry):
+        logits, state = step(words, images, carry)
+        rows.append(logits.shape[0] * logits.shape[1])
+        return logits, state
+
+    decoder.pair_step = counted
+    return rows
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
+@pytest.mark.parametrize("pairs_per_chunk", [1, 10_000])  # an image a block, all in one
+def test_a_floor_drops_only_pairs_that_end_below_it(decoder_class, pairs_per_chunk):
+    decoder = _decoder(decoder_class)
+    features, mask, tokens = _inputs(seed=5)
+    exact = _pair_by_pair(decoder, features, mask, tokens)
+    # a word costs about ln 12 here: a floor 3 above the median final is passed before the last word by half the images
+    floor = exact.median(dim=1).values + 3
+    rows = _counting_rows(decoder)
+    matrix = caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=pairs_per_chunk, floor=floor)
+    dropped = matrix == float("-inf")
+    assert dropped.any()
+    assert (exact[dropped] < floor[:, None].expand_as(exact)[dropped]).all()
+    torch.testing.assert_close(matrix[~dropped], exact[~dropped], atol=1e-5, rtol=1e-5)
+    pruned_rows = sum(rows)
+    rows.clear()
+    caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=pairs_per_chunk)
+    assert pruned_rows < sum(rows)  # dropped prefixes were not stepped
+    # no floor reached: nothing dropped
+    low = caption_image_logprobs(
+        decoder, features, mask, tokens, pairs_per_chunk=pairs_per_chunk, floor=exact.min(1).values - 1
+    )
+    torch.testing.assert_close(low, exact, atol=1e-5, rtol=1e-5)
+
+
+@functools.cache
+def _trained_decoder(decoder_class, n_images: int):
+    """A tiny decoder taught one caption per image (a few hundred Adam steps of teacher forcing), so
+    that, as after training, a caption scores far higher on its own image than on the others."""
+    torch.manual_seed(7)
+    decoder = decoder_class(vocab_size=12, feature_dim=6, hidden=16, embed=8, dropout=0.0)
+    features = torch.randn(n_images, 3, 6)
+    mask = torch.ones(n_images, 3, dtype=torch.bool)
+    mask[::3, 2] = False
+    taught = torch.cat([torch.ones(n_images, 1, dtype=torch.long), torch.randint(3, 12, (n_images, 4))], dim=1)
+    taught = torch.cat([taught, torch.full((n_images, 1), 2)], dim=1)  # <start> 4 words <end>
+    optimizer = torch.optim.Adam(decoder.parameters(), lr=0.02)
+    for _ in range(300):
+        logits = decoder(features, mask, taught)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 12), taught[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return decoder.eval(), features, mask
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_self_retrieval_scoring_keeps_every_rank_and_steps_less(decoder_class, beam_size):
+    """Captions generated from their images, as the captioner's evaluation does: the matrix with
+    the pairs that cannot outscore a caption's own image dropped gives every caption the rank the
+    whole matrix gives it, and steps fewer prefixes."""
+    n = 10
+    decoder, features, mask = _trained_decoder(decoder_class, n)
+    decoder = copy.deepcopy(decoder)  # the cached one stays unpatched
+    ids = generate(decoder, features, mask, start_id=1, end_id=2, max_len=6, beam_size=beam_size)
+    tokens = torch.cat([torch.ones(n, 1, dtype=torch.long), ids], dim=1)
+    after_end = (tokens == 2).long().cumsum(1) - (tokens == 2).long()
+    tokens = tokens.masked_fill(after_end > 0, 0)  # padding after each caption's end, as the evaluation trims
+    exact = _pair_by_pair(decoder, features, mask, tokens)
+    torch.testing.assert_close(own_image_logprobs(decoder, features, mask, tokens), exact.diag(), atol=1e-5, rtol=1e-5)
+    rows = _counting_rows(decoder)
+    matrix = self_retrieval_logprobs(decoder, features, mask, tokens, pairs_per_chunk=30)
+    dropped = matrix == float("-inf")
+    assert dropped.any() and not dropped.diag().any()
+    assert (exact[dropped] < exact.diag()[:, None].expand_as(exact)[dropped]).all()
+    torch.testing.assert_close(matrix[~dropped], exact[~dropped], atol=1e-5, rtol=1e-5)
+    assert (self_retrieval_ranks(matrix) == self_retrieval_ranks(exact)).all()
+    assert self_retrieval_recall(matrix, (1, 5)) == self_retrieval_recall(exact, (1, 5))
+    pruned_rows = sum(rows)
+    rows.clear()
+    caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=30)
+    assert pruned_rows < sum(rows)
 
 
 @pytest.mark.parametrize("decoder_class", DECODERS)

@@ -17,6 +17,12 @@ each pair's step does only the work that depends on both its caption and its ima
 - Images are taken a block at a time, of ~2048 pairs at the tree's widest depth: the attention's
   (pairs, regions, hidden) temporaries stay in the cache (on the captioner demo's untrained
   captions, 1024, 4096 and 8192 pairs were each slower).
+- Self-retrieval needs each caption's rank only, so a pair that can no longer outscore the
+  caption's own image is dropped (`self_retrieval_logprobs`): a sentence's log-probability only
+  falls as its words are added, so once a prefix's running sum on an image is below what the
+  caption scores on its own image, the caption ends below it there too. A prefix is stepped for a
+  block of images while any of them is still above, and what is dropped comes back as -inf: the
+  ranks, and so the recalls, are those of the whole matrix.
 """
 
 from __future__ import annotations
@@ -110,11 +116,21 @@ class PrefixTree:
 
 @torch.no_grad()
 def caption_image_logprobs(
-    decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0, pairs_per_chunk: int = 2048
+    decoder,
+    features: Tensor,
+    mask: Tensor,
+    tokens: Tensor,
+    pad_id: int = 0,
+    pairs_per_chunk: int = 2048,
+    floor: Tensor | None = None,
 ) -> Tensor:
     """(C, N) float32 matrix of sentence log-probabilities (end token included): entry [c, n] is
     ln p(tokens[c] | image n). `tokens` (C, T) start with <start> and are padded with `pad_id`
-    (after their end only). A step holds about `pairs_per_chunk` pairs (at least one image)."""
+    (after their end only). A step holds about `pairs_per_chunk` pairs (at least one image).
+
+    floor (C,), optional: entry [c, n] is -inf instead where ln p(tokens[c] | image n) < floor[c]
+    is known before its last word; a prefix is no longer stepped for a block of images once its
+    running sum is below every floor of the captions that share it, on every image of the block."""
     scorer = pair_scorer(decoder)
     images, start = scorer.pair_state(features, mask)
     n_captions, n_images = tokens.shape[0], features.shape[0]
@@ -123,19 +139,88 @@ def caption_image_logprobs(
     if not tree.depths:  # no captions, or none with a word after <start>
         return out  # nothing to predict: ln p of no words is 0
     words = scorer.pair_words(tokens)
+    # each node's floor: the lowest of its captions', so a node is dropped only when all of them may drop it
+    node_floors = [None if floor is None else _lowest_per_node(floor.to(tokens.device), depth) for depth in tree.depths]
     block = max(1, pairs_per_chunk // tree.widest)
     for first in range(0, n_images, block):
         these = slice(first, min(first + block, n_images))
         block_images = {name: value[these] for name, value in images.items()}
         carry = {name: value[these] for name, value in start.items()}
         total = torch.zeros(these.stop - first, n_captions, dtype=torch.float32, device=tokens.device)
-        for t, depth in enumerate(tree.depths):
-            node_words = {name: value[depth["rows"], t] for name, value in words.items()}
-            node_carry = {name: value.index_select(1, depth["parents"]) for name, value in carry.items()}
-            logits, carry = scorer.pair_step(node_words, block_images, node_carry)
+        carried = None  # depth t - 1's nodes: their column in `carry`, -1 where not stepped; None: all stepped
+        for t, (depth, node_floor) in enumerate(zip(tree.depths, node_floors, strict=True)):
+            stepped = _stepped_nodes(depth, total, node_floor, carried)  # None: every node
+            if stepped is not None and not len(stepped):  # every prefix dropped: so is every caption still running
+                total[:, depth["captions"]] = float("-inf")
+                break
+            parents, rows = (
+                (depth["parents"], depth["rows"])
+                if stepped is None
+                else (depth["parents"][stepped], depth["rows"][stepped])
+            )
+            columns = parents if carried is None else carried[parents]  # at depth 0: the start state's one column
+            carry = {name: value.index_select(1, columns) for name, value in carry.items()}
+            logits, carry = scorer.pair_step(
+                {name: value[rows, t] for name, value in words.items()}, block_images, carry
+            )
             logits = logits.float()
-            nodes = depth["nodes"]
-            picked = logits[:, nodes, depth["targets"]]
-            total[:, depth["captions"]] += picked - logits.logsumexp(dim=-1)[:, nodes]
+            captions, column, targets = depth["captions"], depth["nodes"], depth["targets"]
+            carried = None
+            if stepped is not None:  # the captions of dropped nodes are dropped; the others read their node's column
+                carried = torch.full_like(depth["parents"], -1)
+                carried[stepped] = torch.arange(len(stepped), device=stepped.device)
+                column = carried[column]
+                live = column >= 0
+                total[:, captions[~live]] = float("-inf")
+                captions, column, targets = captions[live], column[live], targets[live]
+            total[:, captions] += logits[:, column, targets] - logits.logsumexp(dim=-1)[:, column]
         out[:, these] = total.T.cpu()
     return out
+
+
+def _lowest_per_node(floor: Tensor, depth: dict[str, Tensor]) -> Tensor:
+    lowest = torch.full(depth["parents"].shape, float("inf"), device=floor.device)
+    return lowest.scatter_reduce(0, depth["nodes"], floor[depth["captions"]], "amin")
+
+
+def _stepped_nodes(depth: dict[str, Tensor], total: Tensor, node_floor: Tensor | None, carried) -> Tensor | None:
+    """The depth's nodes to step for this block of images, None for all of them (no floors, or
+    none reached): those whose running sum (shared by their captions: `total` at the node's row)
+    is at or above the node's floor on some image of the block, and whose parent was stepped."""
+    if node_floor is None:
+        return None
+    keep = (total[:, depth["rows"]] >= node_floor).any(dim=0)
+    if carried is not None:
+        keep &= carried[depth["parents"]] >= 0
+    return None if bool(keep.all()) else keep.nonzero().squeeze(1)
+
+
+@torch.no_grad()
+def own_image_logprobs(decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0) -> Tensor:
+    """(C,) ln p(tokens[c] | image c), C = N: each caption against its own image, through the
+    decoder's generation `step` (every StepDecoder has one)."""
+    state = decoder.init_state(features, mask)
+    total = torch.zeros(tokens.shape[0], dtype=torch.float32, device=tokens.device)
+    for t in range(tokens.shape[1] - 1):
+        targets = tokens[:, t + 1]
+        live = targets != pad_id
+        if not live.any():
+            break
+        logits, state = decoder.step(tokens[:, t], state)
+        logits = logits.float()
+        word = logits.gather(1, targets[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
+        total += torch.where(live, word, torch.zeros_like(word))
+    return total.cpu()
+
+
+def self_retrieval_logprobs(
+    decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0, pairs_per_chunk: int = 2048
+) -> Tensor:
+    """`caption_image_logprobs` for self-retrieval, where caption c was generated from image c:
+    an entry known before its caption's last word to end below the caption's own image is -inf,
+    so each caption's rank among the images (and every recall@K) is that of the whole matrix. The
+    floors are the own images' scores less a slack for the two computations' rounding (1e-3 of
+    the score, and 1e-3); a NaN score sets none, so the matrix shows it."""
+    own = own_image_logprobs(decoder, features, mask, tokens, pad_id)
+    floor = torch.nan_to_num(own - 1e-3 * (1 + own.abs()), nan=float("-inf"))
+    return caption_image_logprobs(decoder, features, mask, tokens, pad_id, pairs_per_chunk, floor)

@@ -26,7 +26,7 @@ from vldist.metrics import caption_scores, self_retrieval_recall
 from vldist.metrics.captions import require_java
 from vldist.metrics.report import caption_report
 from vldist.metrics.self_retrieval import SELF_RETRIEVAL_KS
-from vldist.models.caption_scoring import caption_image_logprobs
+from vldist.models.caption_scoring import self_retrieval_logprobs
 from vldist.models.captioners import AdaptiveAttentionDecoder, ShowTellDecoder
 from vldist.models.common import all_real
 from vldist.models.generation import generate
@@ -224,7 +224,7 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         result = {"captions": self.caption_metrics(references, generated)}
         if pool_captions:
             tokens, _ = pad_tokens(pool_captions, self.vocab.pad_id)
-            logp = caption_image_logprobs(
+            logp = self_retrieval_logprobs(
                 decoder,
                 torch.cat(pool_regions).to(device),
                 torch.cat(pool_masks).to(device),
