@@ -81,6 +81,19 @@ def _decoder(decoder_class, seed=1):
     return decoder_class(vocab_size=12, feature_dim=6, hidden=16, embed=8, dropout=0.5).eval()
 
 
+def _counting_rows(decoder) -> list[int]:
+    """Patch the decoder's pair_step to record images x prefixes of each step."""
+    rows, step = [], decoder.pair_step
+
+    def counted(words, images, carry):
+        logits, state = step(words, images, carry)
+        rows.append(logits.shape[0] * logits.shape[1])
+        return logits, state
+
+    decoder.pair_step = counted
+    return rows
+
+
 @pytest.mark.parametrize("decoder_class", DECODERS)
 @pytest.mark.parametrize("pairs_per_chunk", [1, 9, 10_000])  # a caption per group, 2 per group, all in one
 def test_pair_scoring_equals_each_pair_stepped_alone(decoder_class, pairs_per_chunk):
@@ -121,34 +134,13 @@ def test_captions_that_begin_alike_are_stepped_once_per_image_and_score_as_alone
             [1, 4, 5, 6, 3, 2],
         ]
     )
-    rows = []
-    step = decoder.pair_step
-
-    def counted(words, images, carry):
-        logits, state = step(words, images, carry)
-        rows.append(logits.shape[0] * logits.shape[1])  # images x prefixes this step
-        return logits, state
-
-    decoder.pair_step = counted
+    rows = _counting_rows(decoder)
     matrix = caption_image_logprobs(decoder, features, mask, tokens, pairs_per_chunk=pairs_per_chunk)
     torch.testing.assert_close(matrix, _pair_by_pair(decoder, features, mask, tokens), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(matrix[2], matrix[0], atol=0, rtol=0)
     prefixes = {tuple(row[: t + 1]) for row in tokens.tolist() for t in range(len(row) - 1) if row[t + 1] != 0}
     assert len(prefixes) == 8  # against 23 steps caption by caption
     assert sum(rows) == len(prefixes) * features.shape[0]
-
-
-def _counting_rows(decoder) -> list[int]:
-    """Patch the decoder's pair_step to record images x prefixes of each step."""
-    rows, step = [], decoder.pair_step
-
-    def counted(words, images, carry):
-        logits, state = step(words, images, carry)
-        rows.append(logits.shape[0] * logits.shape[1])
-        return logits, state
-
-    decoder.pair_step = counted
-    return rows
 
 
 @pytest.mark.parametrize("decoder_class", DECODERS)
