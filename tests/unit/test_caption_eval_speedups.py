@@ -219,6 +219,21 @@ def test_self_retrieval_scoring_keeps_every_rank_and_steps_less(decoder_class, b
 
 
 @pytest.mark.parametrize("decoder_class", DECODERS)
+def test_a_nan_score_is_not_dropped_but_shown(decoder_class):
+    """An image whose features are NaN: its scores stay NaN in the matrix (so the recall's check
+    refuses them) rather than being dropped as below the floors."""
+    decoder, features, mask = _trained_decoder(decoder_class, 10)
+    features = features.clone()
+    features[0] = float("nan")
+    ids = generate(decoder, features, mask, start_id=1, end_id=2, max_len=6, beam_size=1)
+    tokens = torch.cat([torch.ones(10, 1, dtype=torch.long), ids], dim=1)
+    matrix = self_retrieval_logprobs(decoder, features, mask, tokens)
+    assert torch.isnan(matrix[:, 0]).all() and not torch.isnan(matrix[:, 1:]).any()
+    with pytest.raises(ValueError, match="NaN"):
+        self_retrieval_recall(matrix, (1, 5))
+
+
+@pytest.mark.parametrize("decoder_class", DECODERS)
 def test_no_captions_or_no_images(decoder_class):
     decoder = _decoder(decoder_class)
     features, mask, tokens = _inputs()

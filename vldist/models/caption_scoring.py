@@ -186,10 +186,10 @@ def _lowest_per_node(floor: Tensor, depth: dict[str, Tensor]) -> Tensor:
 def _stepped_nodes(depth: dict[str, Tensor], total: Tensor, node_floor: Tensor | None, carried) -> Tensor | None:
     """The depth's nodes to step for this block of images, None for all of them (no floors, or
     none reached): those whose running sum (shared by their captions: `total` at the node's row)
-    is at or above the node's floor on some image of the block, and whose parent was stepped."""
+    is not below the node's floor on some image of the block, and whose parent was stepped."""
     if node_floor is None:
         return None
-    keep = (total[:, depth["rows"]] >= node_floor).any(dim=0)
+    keep = ~(total[:, depth["rows"]] < node_floor).all(dim=0)  # a NaN sum is never below: it stays to be seen
     if carried is not None:
         keep &= carried[depth["parents"]] >= 0
     return None if bool(keep.all()) else keep.nonzero().squeeze(1)
