@@ -32,7 +32,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from vldist.models.generation import State, StepDecoder
+from vldist.models.generation import State, StepDecoder, sequence_logprob
 
 
 class PairScorer(Protocol):
@@ -198,18 +198,16 @@ def _stepped_nodes(depth: dict[str, Tensor], total: Tensor, node_floor: Tensor |
 @torch.no_grad()
 def own_image_logprobs(decoder, features: Tensor, mask: Tensor, tokens: Tensor, pad_id: int = 0) -> Tensor:
     """(C,) ln p(tokens[c] | image c), C = N: each caption against its own image, through the
-    decoder's generation `step` (every StepDecoder has one)."""
+    decoder's generation `step` (every StepDecoder has one), a word at a time so that no
+    (C, T, V) logits are held."""
     state = decoder.init_state(features, mask)
     total = torch.zeros(tokens.shape[0], dtype=torch.float32, device=tokens.device)
     for t in range(tokens.shape[1] - 1):
-        targets = tokens[:, t + 1]
-        live = targets != pad_id
-        if not live.any():
+        targets = tokens[:, t + 1 : t + 2]
+        if (targets == pad_id).all():
             break
         logits, state = decoder.step(tokens[:, t], state)
-        logits = logits.float()
-        word = logits.gather(1, targets[:, None]).squeeze(1) - logits.logsumexp(dim=-1)
-        total += torch.where(live, word, torch.zeros_like(word))
+        total += sequence_logprob(logits[:, None], targets, pad_id)
     return total.cpu()
 
 
@@ -220,7 +218,7 @@ def self_retrieval_logprobs(
     an entry known before its caption's last word to end below the caption's own image is -inf,
     so each caption's rank among the images (and every recall@K) is that of the whole matrix. The
     floors are the own images' scores less a slack for the two computations' rounding (1e-3 of
-    the score, and 1e-3); a NaN score sets none, so the matrix shows it."""
+    the score, and 1e-3); a NaN score is a floor no sum is below, so the matrix shows the NaN."""
     own = own_image_logprobs(decoder, features, mask, tokens, pad_id)
-    floor = torch.nan_to_num(own - 1e-3 * (1 + own.abs()), nan=float("-inf"))
+    floor = own - 1e-3 * (1 + own.abs())
     return caption_image_logprobs(decoder, features, mask, tokens, pad_id, pairs_per_chunk, floor)
