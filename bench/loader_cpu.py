@@ -65,7 +65,7 @@ def stage_batches(job: str, stage: str, count: int, overrides: list[str] = ()):
     finally:
         streams.close()
     for batch in taken:
-        batch.pop("skipped", None), batch.pop("skip_reasons", None)
+        batch.pop("skipped", None), batch.pop("skip_reasons", None), batch.pop("skipped_by_shard", None)
     return recipe, taken
 
 

@@ -69,6 +69,31 @@ def write_planted_shards(
     return out
 
 
+CUT_SHARD = "train-000001.tar"  # the shard cut_shard_copy cuts short
+
+
+def sample_ends(path: Path) -> list[int]:
+    """The byte where each sample of a tar shard ends (its last member's data padded to 512), in order."""
+    ends: dict[str, int] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            ends[member.name.split(".", 1)[0]] = member.offset_data + -(-member.size // 512) * 512
+    return list(ends.values())
+
+
+def cut_shard_copy(planted: Path, out: Path, at) -> tuple[Path, int]:
+    """A copy of a planted set with CUT_SHARD cut at byte `at(shard, sample_ends)` and without sample
+    indexes (as a set written before them, or with them deleted); (the copy, whole samples the cut shard keeps)."""
+    import shutil
+
+    shutil.copytree(planted, out, ignore=shutil.ignore_patterns("*.idx.json"))
+    shard = out / CUT_SHARD
+    ends = sample_ends(shard)
+    cut = at(shard, ends)
+    shard.write_bytes(shard.read_bytes()[:cut])
+    return out, sum(end <= cut for end in ends)
+
+
 def write_scene_images(out: Path, counts=None, seed: int = 0, image_size: int = 64) -> Path:
     """A single-image set of rendered scenes (JPEG, five captions and the objects each, no
     features): the second stream of L2C and LAViTeR's images, in miniature."""

@@ -91,6 +91,13 @@ class DataConfig(Section):
         True,
         description="draw shards with replacement (scales; epoch = a sample count); False: each sample once per epoch",
     )
+    max_skipped_fraction: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="training stops, naming the shards, once more than this share of an epoch's samples were "
+        "unreadable and skipped (1: never); fewer are skipped, counted and warned about (docs/bad-input.md)",
+    )
     max_regions: int = Field(5, ge=1, description="regions per image after padding/truncation (K)")
     max_caption_len: int = Field(32, ge=3, description="tokens per caption incl. <start>/<end>")
     vocab_min_count: int = Field(
@@ -576,7 +583,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override '{item}' is not of the form key.path=value (e.g. train.batch_size=64)")
+            raise ConfigError(f"override '{item}' is not of the form section.key=value (e.g. data.batch_size=64)")
         try:
             value = load_yaml(raw) if raw != "" else ""
         except yaml.YAMLError:

@@ -33,6 +33,15 @@ class IncompatibleCheckpoint(ValueError):
     """The checkpoint holds another model than the job builds; the message says what differs."""
 
 
+class OutputNotWritable(OSError):
+    """A path the command writes to (output.dir, a checkpoint directory, an export target, a shard
+    set's output) cannot be written: a read-only filesystem, no permission, a file where a directory
+    should be. The message names the path and the cause, and what to do."""
+
+    def __str__(self) -> str:  # the message alone, not OSError's "[Errno n] ..." form
+        return str(self.args[0])
+
+
 class OutputDirInUse(RuntimeError):
     """Another live run holds the output directory; the message names it (host, pid, command)."""
 
@@ -75,6 +84,11 @@ class CheckpointWriteError(RuntimeError):
 
 class EmptySplitError(RuntimeError):
     """Every sample of an evaluation split was skipped; the message gives the first reasons."""
+
+
+class TooManySkipped(RuntimeError):
+    """More of the training samples were unreadable than data.max_skipped_fraction allows; the
+    message names the shards they came from and what to do."""
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -127,3 +141,8 @@ class TrainingStopped(Exception):
 
 class RunStopped(RuntimeError):
     """The workers stopped on request after a checkpoint; submitting the job again resumes."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C in a part of the command that is not training (building the embedded data set):
+    the message says what was interrupted and what the next run does about it."""

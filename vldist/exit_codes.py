@@ -11,9 +11,11 @@ from vldist.errors import (
     ConfigError,
     EmptySplitError,
     IncompatibleCheckpoint,
+    Interrupted,
     JavaNotFoundError,
     NonFiniteLossError,
     OutputDirInUse,
+    OutputNotWritable,
     PeerLost,
     ReplicasDiverged,
     RunDirectoryTaken,
@@ -24,6 +26,7 @@ from vldist.errors import (
     StoreLost,
     StoreSupportMissing,
     StoreUnreachable,
+    TooManySkipped,
     TrainingStopped,
 )
 
@@ -49,6 +52,7 @@ EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
             CheckpointError,
             IncompatibleCheckpoint,
             OutputDirInUse,
+            OutputNotWritable,
             RunDirectoryTaken,
             JavaNotFoundError,
             StoreSupportMissing,
@@ -65,6 +69,7 @@ EXIT_CODES: tuple[tuple[int, tuple[type[BaseException], ...]], ...] = (
             CaptionMetricsError,
             NonFiniteLossError,
             StoreLost,
+            TooManySkipped,
         ),
     ),
     (DIVERGED, (ReplicasDiverged,)),
@@ -90,7 +95,7 @@ def exit_status(error: BaseException) -> tuple[int, str]:
         if isinstance(error, errors):
             if code == STOPPED:
                 return code, str(error)  # it says itself what was saved and how to carry on
-            if code == INTERRUPTED:
-                return code, INTERRUPTED_MESSAGE
+            if code == INTERRUPTED:  # what was interrupted, where it says so itself (Interrupted)
+                return code, f"interrupted: {error}" if isinstance(error, Interrupted) else INTERRUPTED_MESSAGE
             return code, f"error: {error}"
     raise TypeError(f"{type(error).__name__} has no exit code (vldist.exit_codes.EXIT_CODES): {error}")

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from vldist.config import parse_overrides
@@ -52,8 +54,10 @@ def test_bad_type_and_range_are_reported():
 
 
 def test_malformed_override_and_missing_job():
-    with pytest.raises(ConfigError, match="key.path=value"):
+    with pytest.raises(ConfigError, match="section.key=value") as err:
         parse_overrides(["data.batch_size"])
+    example = re.search(r"\(e\.g\. (\S+)\)", str(err.value)).group(1)
+    assert load_config("vsrn", [example]).data.batch_size == 64  # the example is a key that exists
     with pytest.raises(ConfigError, match="no job file for 'nosuchjob'"):
         load_config("nosuchjob", [])
 

@@ -167,7 +167,7 @@ class IndexedStream(_EpochStream):
                 try:
                     out = _prepared(self.spec, raw, rng)
                 except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
-                    skipped(exn)
+                    skipped(exn, shard=raw.get("__url__"))
             rows.append(None if out is None else (out, source))
         return rows
 
@@ -203,6 +203,7 @@ class IndexedStream(_EpochStream):
             return read_shards([request])[0]
         except Exception as exn:  # noqa: BLE001 - the handler decides (count and skip, or stop)
             exn.args = exn.args + (request[0],)
+            exn.shard = request[0]
             handler(exn)
             return None
 
@@ -236,7 +237,7 @@ def _one_sample(data: bytes, url: str, key: str, wanted: tuple[str, ...]) -> dic
                 "`python -m vldist.shards index <the set>`"
             )
     except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
-        skipped(exn)
+        skipped(exn, shard=url)
         return None
     return {k: v for k, v in found[0].items() if k.startswith("__") or ("." + k).endswith(wanted)}
 

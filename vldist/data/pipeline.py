@@ -38,7 +38,8 @@ from vldist.data.batch_handoff import packed, unpacked
 from vldist.data.epoch_order import rank_rows
 from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
-from vldist.data.skips import skipped
+from vldist.data.skips import MissingSamples, skipped
+from vldist.errors import StoreLost, UnreadableBatch
 from vldist.store.access import StoreAccess
 from vldist.store.location import is_url
 from vldist.store.retry import ShardLostInExactEpoch, ShardUnavailable
@@ -60,6 +61,9 @@ class StreamSpec:
     world_size: int = 1
     optional: tuple[str, ...] = ()  # members read when present (L2C: masks, which only some sets store)
     access: StoreAccess = field(default_factory=StoreAccess)  # how URLs are read: data.storage_options, data.retries
+    # the samples each shard's manifest lists (shard_stream.listed_counts): a shard cut short is
+    # found by its count, and the samples it lacks are counted as skipped
+    listed: dict[str, int] = field(default_factory=dict)
 
 
 def _seed(*parts: int) -> int:
@@ -122,7 +126,7 @@ class _EpochStream(IterableDataset):
 def _raw(spec: StreamSpec, urls, handler=skipped) -> Iterator[dict]:
     """Undecoded samples of the given shards, holding only the members the recipe keeps."""
     wanted = member_suffixes(spec)
-    return shard_samples(urls, handler, lambda n: n.endswith(wanted), spec.access)
+    return shard_samples(urls, handler, lambda n: n.endswith(wanted), spec.access, spec.listed)
 
 
 def member_suffixes(spec: StreamSpec) -> tuple[str, ...]:
@@ -133,6 +137,15 @@ def member_suffixes(spec: StreamSpec) -> tuple[str, ...]:
 def _skipped_unless_a_shard_is_lost(exn: BaseException) -> bool:
     """The exact epoch's handler: a corrupt sample is skipped and counted as anywhere, a shard lost
     after its retries ends the run (ShardLostInExactEpoch says why and what to do)."""
+    _unless_a_shard_is_lost(exn)
+    return skipped(exn)
+
+
+def _unless_a_shard_is_lost(exn: BaseException) -> bool:
+    """The same, counting nothing: for the readers of an exact epoch's shards other than the one
+    that counts what the shards lack (every rank and worker reads the same bytes)."""
+    if isinstance(exn, StoreLost):
+        raise exn
     if isinstance(exn, ShardUnavailable):
         raise ShardLostInExactEpoch(
             f"{exn.args[0]}. An exact epoch (data.resampled=false) reads every shard on every rank in one order, "
@@ -140,7 +153,7 @@ def _skipped_unless_a_shard_is_lost(exn: BaseException) -> bool:
             "written before are whole. Check the store, then carry on with train.resume=latest, or train with "
             "data.resampled=true, which skips a lost shard and goes on"
         ) from None
-    return skipped(exn)
+    return True
 
 
 def _prepared(spec: StreamSpec, sample: dict, rng: random.Random) -> dict | None:
@@ -166,7 +179,7 @@ def _decode_each(spec: StreamSpec, raw: Iterator[dict], rng: random.Random) -> I
                 raise KeyError(f"sample {sample.get('__key__')} in {sample.get('__url__')} lacks {missing}")
             out = _prepared(spec, sample, rng)
         except Exception as exn:  # noqa: BLE001 - any decode failure means a corrupt sample
-            skipped(exn)
+            skipped(exn, shard=sample.get("__url__"))
             continue
         if out is not None:
             yield out
@@ -185,8 +198,13 @@ def _batches(spec: StreamSpec, samples: Iterator[dict], limit: int | None, parti
     if buf and partial:
         yield _collate(spec, buf)
     if partial and skipped.pending:  # skips after the last batch (or a shard with no good sample)
-        count, reasons = skipped.take()
-        yield {"skipped": count, "skip_reasons": reasons, "only_skips": True}
+        yield _skips_alone()
+
+
+def _skips_alone() -> dict:
+    """A report of the skips since the last batch, with no samples."""
+    count, reasons, by_shard = skipped.take()
+    return {"skipped": count, "skip_reasons": reasons, "skipped_by_shard": by_shard, "only_skips": True}
 
 
 def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
@@ -194,7 +212,7 @@ def _collate(spec: StreamSpec, samples: list[dict]) -> dict:
     # One identity per sample, in sample order: the losses never take two rows of one image as
     # each other's negatives (data/identity.py).
     batch["identity"] = torch.tensor([s["identity"] for s in samples], dtype=torch.long)
-    batch["skipped"], batch["skip_reasons"] = skipped.take()
+    batch["skipped"], batch["skip_reasons"], batch["skipped_by_shard"] = skipped.take()
     return packed(batch) if get_worker_info() is not None else batch  # small tensors in the pickle
 
 
@@ -262,16 +280,28 @@ class ExactEpochStream(_EpochStream):
     The last, partial global batch is dealt out as evenly as possible (ranks may then hold one row
     more or less). If it has fewer rows than ranks it is skipped and counted. Every rank reads
     every shard (only its own samples are decoded): the price of exactness; use resampling at scale.
+
+    Samples the shards lack (a shard cut short) are missing on every rank alike, since every rank
+    reads the same bytes: the epoch then ends early, at the same batch everywhere. A rank hands
+    over a batch only once the global batch's last row has gone by, so that a shard that ends
+    within a batch ends it on every rank; a global batch cut short is kept if every rank holds a
+    row of it, else skipped and counted (its rows are not re-dealt: the ranks decoded only their
+    own). A rank none of whose rows of a batch could be decoded ends the run (UnreadableBatch):
+    without a batch it would take one step fewer than the others.
     """
 
     def __init__(self, spec: StreamSpec, samples: int, shuffle_buffer: int):
         super().__init__()
         self.spec, self.samples, self.shuffle_buffer = spec, samples, shuffle_buffer
 
+    def _planned(self, batch: int) -> int:
+        """The rows of global batch `batch`, by the manifest's count."""
+        global_batch = self.spec.batch_size * self.spec.world_size
+        return min(global_batch, self.samples - batch * global_batch)
+
     def _my_rows(self, batch: int) -> range:
         """This rank's positions within global batch `batch`."""
-        world, b = self.spec.world_size, self.spec.batch_size
-        return rank_rows(min(b * world, self.samples - batch * b * world), world, self.spec.rank)
+        return rank_rows(self._planned(batch), self.spec.world_size, self.spec.rank)
 
     def __iter__(self) -> Iterator[dict]:
         worker, workers = _worker()
@@ -279,27 +309,56 @@ class ExactEpochStream(_EpochStream):
         steps = exact_epoch_steps(self.samples, b * world, world)
         epoch = self.epoch  # read once, as the pass begins
         rng = random.Random(_seed(self.spec.seed, epoch))  # the same on every rank and worker
-        raw = _raw(self.spec, rng.sample(self.spec.urls, len(self.spec.urls)), _skipped_unless_a_shard_is_lost)
+        # what the shards lack is missing on every rank and worker alike: counted by one of them
+        counts = self.spec.rank == 0 and worker == 0
+        handler = _skipped_unless_a_shard_is_lost if counts else _unless_a_shard_is_lost
+        raw = _raw(self.spec, rng.sample(self.spec.urls, len(self.spec.urls)), handler)
         if self.shuffle_buffer > 1:
             raw = wds.filters._shuffle(raw, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
         sample_rng = random.Random(_seed(self.spec.seed, epoch, self.spec.rank))
         pending: list[dict] = []
+        batch = row = -1
         for index, sample in enumerate(raw):
             batch, row = divmod(index, b * world)
             if batch >= steps:
-                break
-            if batch % workers != worker or row not in self._my_rows(batch):
-                continue
-            try:
-                prepared = _prepared(self.spec, sample, sample_rng)
-                if prepared is not None:
-                    pending.append(prepared)
-            except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
-                skipped(exn)
-            if row == self._my_rows(batch)[-1]:
-                if pending:
-                    yield _collate(self.spec, pending)
+                return
+            mine = batch % workers == worker
+            if mine and row in self._my_rows(batch):
+                try:
+                    prepared = _prepared(self.spec, sample, sample_rng)
+                    if prepared is not None:
+                        pending.append(prepared)
+                except Exception as exn:  # noqa: BLE001 - a corrupt sample: skipped and counted
+                    skipped(exn, shard=sample.get("__url__"))
+            if row == self._planned(batch) - 1:  # the global batch is complete, on every rank alike
+                if mine:
+                    yield self._handed_over(pending, batch)
                 pending = []
+        cut_short = batch >= 0 and row != self._planned(batch) - 1 and batch % workers == worker
+        # The shards ran out within global batch `batch` (they lack samples): it holds rows [0, row]
+        if cut_short and row >= rank_rows(self._planned(batch), world, world - 1).start:  # each rank has a row
+            yield self._handed_over(pending, batch)
+        elif cut_short and pending:
+            skipped(
+                MissingSamples(
+                    f"{len(pending)} samples of the epoch's last global batch, cut short to {row + 1} rows by the "
+                    f"samples the shards lack: fewer rows than the {world} ranks",
+                    len(pending),
+                )
+            )
+        if skipped.pending:  # skips after this worker's last batch (a shard found short at its end)
+            yield _skips_alone()
+
+    def _handed_over(self, pending: list[dict], batch: int) -> dict:
+        if pending:
+            return _collate(self.spec, pending)
+        if self.spec.world_size == 1:  # no other rank to keep in step with: the batch is left out
+            return _skips_alone()
+        raise UnreadableBatch(
+            f"none of rank {self.spec.rank}'s samples of batch {batch + 1} could be read (the warnings above say "
+            "why), and a rank without a batch would put the ranks out of step; the checkpoints written before are "
+            "whole. Check the set with `python -m vldist.shards verify`, then carry on with train.resume=latest"
+        )
 
 
 class EvalStream(IterableDataset):

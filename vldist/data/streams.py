@@ -23,7 +23,7 @@ import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vldist.data.indexed_stream import IndexedSource, IndexedStream
 from vldist.data.pipeline import (
@@ -35,6 +35,7 @@ from vldist.data.pipeline import (
     exact_epoch_steps,
     make_loader,
 )
+from vldist.data.shard_stream import listed_counts
 from vldist.store.location import redact
 
 log = logging.getLogger("vldist.data")
@@ -70,14 +71,21 @@ class TrainingStreams:
     def __init__(self, config, recipe, shards, rank: int, world_size: int, accumulation: int = 1, shielded_signals=()):
         self.config, self.accumulation, self.shielded = config, accumulation, tuple(shielded_signals)
         self.global_micro: dict[str, int] = {}  # each stream's micro-batch across all ranks
+        self.exact_samples: int | None = None  # an exact epoch's samples (data.resampled=false)
         self.streams, self.counts = self._build(recipe, shards, rank, world_size)
         self.micro_per_epoch = sum(self.counts.values())  # micro-batches per epoch, by stream
         self.loaders: dict[str, Loader] = {}  # built at the first epoch, kept until close()
         self.begun: int | None = None  # the epoch whose pass the loaders have begun ahead of batches()
+        # the last pass: whether its streams ran out before the epoch's planned batches (samples the
+        # shards lack, in an exact epoch), and the skips they reported after their last batch
+        self.ran_out = False
+        self.trailing_skips = SkipReport()
         # the run's length in optimizer steps and epochs (the trainer's too): no pass is begun beyond the last
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / accumulation)
         self.total_steps = config.train.max_steps or config.train.epochs * self.steps_per_epoch
         self.epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+        # the samples an epoch takes, every rank's: what data.max_skipped_fraction is a share of
+        self.planned_samples = self.exact_samples or sum(self.counts[n] * self.global_micro[n] for n in self.counts)
 
     def _build(self, recipe, shards, rank: int, world_size: int) -> tuple[dict, int]:
         config, t = self.config, self.config.train
@@ -117,8 +125,10 @@ class TrainingStreams:
                 world_size=world_size,
                 optional=recipe.optional_keys,
                 access=shard_set.access,
+                listed={} if indexed else listed_counts(shard_set.manifest, src.split, shard_set.urls(src.split)),
             )
             if not config.data.resampled:  # one stream; the last step of an exact epoch may take fewer micro-batches
+                self.exact_samples = samples
                 if indexed:
                     stream = IndexedStream(specs[name], indexed, config.data.shuffle_buffer, True, samples)
                     return {name: stream}, {name: stream.batches}
@@ -227,7 +237,8 @@ class TrainingStreams:
         if self.begun != (epoch, step):
             self.begin(epoch, step, loader)
         self.begun = None
-        passes = {name: iter(self.loaders[name]) for name in self.streams}
+        self.ran_out, self.trailing_skips = False, SkipReport()
+        passes = {name: _SkipsFolded(self.loaders[name]) for name in self.streams}
         reached = self.positions(step)
         for name, stream in self.streams.items():  # a set without an index: read up to the position
             if not isinstance(stream, IndexedStream):
@@ -240,7 +251,8 @@ class TrainingStreams:
                 for _ in range(micro):
                     batch = next(passes[name], None) if name in passes else None
                     if batch is None:  # a stream with no more readable samples
-                        passes.pop(name, None)
+                        self.ran_out = True
+                        self.trailing_skips.add(passes.pop(name).trailing)
                         break
                     batch["stream"] = name
                     taken += 1
@@ -278,3 +290,51 @@ class TrainingStreams:
         for each in self.loaders.values():
             each.close()
         self.loaders, self.begun = {}, None
+
+
+@dataclass
+class SkipReport:
+    """Samples skipped, with the count of each shard they came from (where known)."""
+
+    count: int = 0
+    by_shard: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: SkipReport) -> None:
+        self.count += other.count
+        for shard, n in other.by_shard.items():
+            self.by_shard[shard] = self.by_shard.get(shard, 0) + n
+
+    def add_batch(self, batch: dict) -> None:
+        """Take a batch's skip report off it (pipeline._collate) into this one."""
+        batch.pop("skip_reasons", None)  # the warnings have shown them
+        self.add(SkipReport(batch.pop("skipped", 0), batch.pop("skipped_by_shard", {})))
+
+
+class _SkipsFolded:
+    """A pass's batches, with the reports of skips alone (pipeline._skips_alone: a worker's skips
+    after its last batch, or a batch left out) folded into the next batch; those after the last
+    batch are kept in `trailing`."""
+
+    def __init__(self, batches):
+        self._batches = iter(batches)
+        self.trailing = SkipReport()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        for batch in self._batches:
+            if not batch.pop("only_skips", False):
+                batch["skipped"] = batch.get("skipped", 0) + self.trailing.count
+                by_shard = batch.setdefault("skipped_by_shard", {})
+                for shard, n in self.trailing.by_shard.items():
+                    by_shard[shard] = by_shard.get(shard, 0) + n
+                self.trailing = SkipReport()
+                return batch
+            self.trailing.add_batch(batch)
+        raise StopIteration
+
+    def close(self) -> None:
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            close()

@@ -43,6 +43,7 @@ HOW_IT_RUNS = {
     "data.retries",
     "data.cache_dir",
     "data.cache_max_gb",
+    "data.max_skipped_fraction",
     "data.build_if_missing",
     "data.workers",
     "data.eval_batch_size",

@@ -121,6 +121,7 @@ class Evaluations:
             steps=state.step,
             samples_seen=state.samples_seen,
             skipped_samples=state.skipped_samples,
+            skipped_by_shard=state.skipped_by_shard,
             best_epoch=state.best_epoch,
             restarts=state.restarts,
             history=state.history,
@@ -129,7 +130,7 @@ class Evaluations:
             evaluation_seconds=dict(self.seconds),
         )
         if state.skipped_samples and self.engine.is_main:
-            log.warning("skipped %d corrupt samples during training", state.skipped_samples)
+            log.warning("skipped %d unreadable samples during training", state.skipped_samples)
         if self.engine.is_main:
             cfg.output_dir.mkdir(parents=True, exist_ok=True)
             (cfg.output_dir / "metrics.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -21,15 +21,23 @@ from vldist.checkpoint.manager import Checkpointer
 from vldist.config import JobConfig
 from vldist.data.device_prefetch import DevicePrefetch
 from vldist.data.job_shards import JobShards
-from vldist.data.streams import TrainingStreams
+from vldist.data.streams import SkipReport, TrainingStreams
 from vldist.distributed.collectives import gather_objects, global_sum
 from vldist.distributed.heartbeat import heartbeat
 from vldist.distributed.replicas import ReplicaCheck
 from vldist.distributed.watchdog import Watchdog, watchdog_store
-from vldist.errors import ConfigError, EmptySplitError, NonFiniteLossError, TrainingStopped, UnreadableBatch
+from vldist.errors import (
+    ConfigError,
+    EmptySplitError,
+    NonFiniteLossError,
+    TooManySkipped,
+    TrainingStopped,
+    UnreadableBatch,
+)
 from vldist.models.dropout import use_uniform_dropout_masks
 from vldist.models.global_batchnorm import convert_global_batchnorm
 from vldist.recipes.base import Recipe, StartingWeights
+from vldist.store.location import redact
 from vldist.telemetry.flops import FlopCounter, device_peak
 from vldist.telemetry.profiling import StepProfiler
 from vldist.telemetry.progress import TrainingProgress
@@ -116,6 +124,7 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> float:
         """The rest of one epoch (from the data position on resume); returns its mean loss."""
+        self.ran_out = False
         if self.state.epoch_step >= self.steps_per_epoch or self.state.step >= self.total_steps:
             # resumed from a stop after this epoch's (or the run's) last step: only its end remains
             return self.state.epoch_loss_sum / self.state.epoch_step
@@ -124,19 +133,95 @@ class Trainer:
         self.model.train()
         # the data position: a resumed epoch's streams begin at the step reached (data/streams.py)
         first = sum(self.streams.positions(self.state.epoch_step).values())
+        self.epoch_skips = SkipReport()  # this rank's, by shard: named when the epoch ends or the bound is passed
         try:
             self._train_batches(epoch, first, t)
         except UnreadableBatch:
             if self.state.epoch_step == 0:  # not one batch this epoch: the split, not a batch, is unreadable
                 raise self._empty_epoch(epoch) from None
             raise
+        self._count_trailing_skips()
         if self.state.epoch_step == 0:
             raise self._empty_epoch(epoch)
+        # an exact epoch over shards that lack samples runs out early, at the same step on every rank
+        self.ran_out = self.streams.ran_out and self.state.step < self.total_steps
+        self._report_skips(epoch)
         return self.state.epoch_loss_sum / self.state.epoch_step
+
+    def _count_trailing_skips(self) -> None:
+        """The skips the loaders reported after the pass's last batch, every rank's (one all-reduce)."""
+        trailing = self.streams.trailing_skips
+        self.epoch_skips.add(trailing)
+        with heartbeat.collective("all_reduce (skipped samples)"):
+            self._count_skipped(int(global_sum(torch.tensor(trailing.count))))
+
+    def _count_skipped(self, count: int) -> None:
+        """Every rank's skipped samples: past data.max_skipped_fraction of an epoch, the run ends."""
+        self.state.skipped_samples += count
+        self.state.epoch_skipped += count
+        bound = self.config.data.max_skipped_fraction
+        if count and self.state.epoch_skipped > bound * self.streams.planned_samples:
+            raise TooManySkipped(
+                f"{self.state.epoch_skipped} of the {self.streams.planned_samples} samples of epoch "
+                f"{self.state.epoch + 1} were unreadable and skipped by step {self.state.step}, more than "
+                f"data.max_skipped_fraction={bound:g} allows. {self._where(self._skips_by_shard())}. "
+                f"`python -m vldist.shards verify {redact(self.config.data.shards)}` lists every problem: rebuild or "
+                f"convert those shards again, or raise data.max_skipped_fraction to train on the rest; then "
+                f"{self._restart_hint()}"
+            )
+
+    def _skips_by_shard(self) -> list[tuple[str, int]]:
+        """The epoch's skipped samples by shard, every rank's, most first (an all-gather: every rank
+        calls it at the same step, as the counts that lead here are global)."""
+        merged = SkipReport()
+        for each in gather_objects(self.epoch_skips.by_shard):
+            merged.add(SkipReport(0, each))
+        return sorted(merged.by_shard.items(), key=lambda kv: -kv[1])
+
+    @staticmethod
+    def _where(by_shard: list[tuple[str, int]]) -> str:
+        if not by_shard:
+            return "The warnings above give the reasons"
+        named = ", ".join(f"{shard} ({n})" for shard, n in by_shard[:3])
+        more = f" and {len(by_shard) - 3} more shards" if len(by_shard) > 3 else ""
+        return f"They came from {named}{more}; the warnings above give the reasons"
+
+    def _restart_hint(self) -> str:
+        saved = self.checkpoints.saved()
+        if saved:
+            return (
+                f"carry on from the last checkpoint, {saved[-1]}, with train.resume=latest (nothing was saved after it)"
+            )
+        return "start again (no checkpoint was written before it)"
+
+    def _report_skips(self, epoch: int) -> None:
+        """The epoch's sample accounting, when it skipped any: how many, from which shards, and
+        whether the epoch ran out before its planned steps."""
+        if not self.state.epoch_skipped and not self.ran_out:
+            return
+        by_shard = self._skips_by_shard() if self.state.epoch_skipped else []
+        for shard, n in by_shard:
+            self.state.skipped_by_shard[shard] = self.state.skipped_by_shard.get(shard, 0) + n
+        if not self.engine.is_main:
+            return
+        ended = (
+            f"; it ended after {self.state.epoch_step} of its {self.steps_per_epoch} steps, the shards holding fewer "
+            "samples than their manifest lists"
+            if self.ran_out
+            else ""
+        )
+        log.warning(
+            "epoch %d: %d of its %d samples were unreadable and skipped%s. %s",
+            epoch + 1,
+            self.state.epoch_skipped,
+            self.streams.planned_samples,
+            ended,
+            self._where(by_shard),
+        )
 
     def _train_batches(self, epoch: int, first: int, t) -> None:
         """The epoch's steps from its data position on (train_epoch)."""
-        fetch_start, pending, skipped = time.perf_counter(), [], 0
+        fetch_start, pending, step_skips = time.perf_counter(), [], SkipReport()
         sources = self.streams.source_names()
         from_sources: dict[str, int] = {}
         heartbeat.phase = "data"
@@ -144,10 +229,9 @@ class Trainer:
         with closing(self.streams.batches(epoch, self.state.epoch_step)) as batches:
             # on CUDA the next batch's copy runs on a side stream during this step (device_prefetch.py)
             for index, batch in enumerate(DevicePrefetch(batches, self.engine.device), start=first):
-                skipped += batch.pop("skipped", 0)
+                step_skips.add_batch(batch)
                 for source, n in batch.pop("source_counts", {}).items():  # data.sources: this rank's rows of each
                     from_sources[source] = from_sources.get(source, 0) + n
-                batch.pop("skip_reasons", None)  # the warnings have shown them
                 pending.append(batch)
                 if len(pending) < self.accumulation and index + 1 < self.micro_per_epoch:
                     continue
@@ -169,6 +253,7 @@ class Trainer:
                 # whether any rank was asked to stop (a signal may reach one rank only; all then stop
                 # after this same step), and with data.sources every source's rows.
                 with heartbeat.collective("all_reduce (samples, stop)"):
+                    skipped = step_skips.count
                     counts = [local, skipped, int(self.stop.requested), *(from_sources.get(s, 0) for s in sources)]
                     n, skipped_here, stopping, *by_source = (int(v) for v in global_sum(torch.tensor(counts)))
                 if self.engine.device.type == "cuda":
@@ -180,8 +265,8 @@ class Trainer:
                     self.state.samples_by_source[source] = self.state.samples_by_source.get(source, 0) + count
                 from_sources = {}
                 self.sample_log.record(epoch, self.state.step + 1, pending)
-                self.state.skipped_samples += skipped_here  # every rank's: metrics.json is rank 0's
-                pending, skipped = [], 0
+                self.epoch_skips.add(step_skips)
+                pending, step_skips = [], SkipReport()
                 self.state.step += 1
                 self.profiler.step_done(self.state.step)
                 self.state.epoch_step += 1
@@ -211,6 +296,7 @@ class Trainer:
                     and self.state.step < self.total_steps
                 ):
                     self.checkpoints.save_step(self.state.step, self.state.epoch)
+                self._count_skipped(skipped_here)  # every rank's: metrics.json is rank 0's
                 if stopping:
                     self._stop()
                 raise_if_interrupted()
@@ -301,15 +387,9 @@ class Trainer:
             summed = dict(zip(losses, totals.tolist(), strict=True))
         if not math.isfinite(summed["loss"]):
             parts = ", ".join(f"{k}={v:.4g}" for k, v in summed.items())
-            saved = self.checkpoints.saved()
-            restart = (
-                f"carry on from the last checkpoint, {saved[-1]}, with train.resume=latest (nothing was saved after it)"
-                if saved
-                else "start again (no checkpoint was written before it)"
-            )
             raise NonFiniteLossError(
                 f"non-finite loss at step {self.state.step + 1}, update '{update}' ({parts}). Lower train.lr or set "
-                f"train.grad_clip, check the shards for bad features, and {restart}."
+                f"train.grad_clip, check the shards for bad features, and {self._restart_hint()}."
             )
         return summed
 
@@ -357,7 +437,7 @@ class Trainer:
             else:
                 self.streams.begin(self.state.epoch, self.state.epoch_step)
         self.evaluations.before_training(self.state)
-        while self.state.step < self.total_steps or self._epoch_end_pending():
+        while not self._run_done() or self._epoch_end_pending():
             epoch = self.state.epoch
             train_loss = self.train_epoch(epoch)
             self._end_of_epoch(epoch, train_loss)
@@ -379,6 +459,11 @@ class Trainer:
         self.state.restarts += 1
         if self.metrics is not None:
             self.metrics.set_restarts(self.state.restarts)
+
+    def _run_done(self) -> bool:
+        """Its steps taken, or, without train.max_steps, its epochs (one may have run out early)."""
+        epochs_done = self.config.train.max_steps is None and self.state.epoch >= self.epochs
+        return self.state.step >= self.total_steps or epochs_done
 
     def _epoch_end_pending(self) -> bool:
         """A stop after an epoch's last step checkpointed before the epoch's end (validation, best
@@ -409,12 +494,15 @@ class Trainer:
         """After an epoch, or after the last step (which may fall mid-epoch: then the data position
         is kept, so that a later run with more steps carries on from the same batch)."""
         entry = {"epoch": epoch + 1, "step": self.state.step, "train_loss": train_loss}
-        finished = self.state.epoch_step >= self.steps_per_epoch
+        if self.state.epoch_skipped:
+            entry["skipped_samples"] = self.state.epoch_skipped
+        finished = self.state.epoch_step >= self.steps_per_epoch or self.ran_out
         if finished:
             self.state.epoch, self.state.epoch_step, self.state.epoch_loss_sum = epoch + 1, 0, 0.0
+            self.state.epoch_skipped = 0
             self.state.data_position = self.streams.data_position(epoch + 1, 0)
         self.state.history.append(entry)
-        last = self.state.step >= self.total_steps
+        last = self._run_done()
         self.evaluations.after_epoch(self.state, epoch, entry, finished, last)
         self.checkpoints.save_step(self.state.step, self.state.epoch, final=last)
 

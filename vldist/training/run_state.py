@@ -17,6 +17,8 @@ class RunState:
     samples_seen: int = 0
     samples_by_source: dict = field(default_factory=dict)  # data.sources: samples trained on from each
     skipped_samples: int = 0
+    epoch_skipped: int = 0  # of the epoch in progress: data.max_skipped_fraction bounds it
+    skipped_by_shard: dict = field(default_factory=dict)  # the run's skipped samples by shard, at epochs' ends
     best_score: float = -math.inf
     best_epoch: int | None = None
     history: list[dict] = field(default_factory=list)

@@ -13,14 +13,16 @@ from pathlib import Path
 
 from vldist.data.pictures import save_pictures
 from vldist.data.pipeline import EvalStream, StreamSpec, make_loader
+from vldist.data.shard_stream import listed_counts
 from vldist.errors import EmptySplitError
 from vldist.recipes.contract import check_evaluation
 
 
 def eval_loader(config, recipe, shards, split: str, shielded_signals=(), persistent: bool = False):
     """The split's loader; `persistent`: its workers stay between evaluations (pipeline.Loader)."""
+    urls = shards.urls(split)
     spec = StreamSpec(
-        urls=shards.urls(split),
+        urls=urls,
         keep=recipe.sample_keys,
         optional=recipe.optional_keys,
         sample_fn=recipe.eval_sample,
@@ -28,6 +30,7 @@ def eval_loader(config, recipe, shards, split: str, shielded_signals=(), persist
         batch_size=config.data.eval_batch_size,
         seed=config.seed,
         access=shards.access,
+        listed=listed_counts(shards.manifest, split, urls),
     )
     return make_loader(EvalStream(spec), min(config.data.workers, len(spec.urls)), shielded_signals, persistent)
 
@@ -49,6 +52,7 @@ class SkipTally:
             for batch in loaded:
                 self.count += batch.pop("skipped", 0)
                 self.reasons += batch.pop("skip_reasons", [])[: max(0, 3 - len(self.reasons))]
+                batch.pop("skipped_by_shard", None)
                 if batch.pop("only_skips", False):
                     continue
                 self.batches_seen += 1

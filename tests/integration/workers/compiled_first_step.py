@@ -131,7 +131,7 @@ def first_step_then_fit(self):
     self.model.train()
     with closing(self.streams.batches(0)) as batches:
         batch = next(iter(batches))
-    batch.pop("skipped", None), batch.pop("skip_reasons", None)
+    batch.pop("skipped", None), batch.pop("skip_reasons", None), batch.pop("skipped_by_shard", None)
     batch = to_device(batch, engine.device)
     recipe.start_step(0)
     update = recipe.updates(0)[0]
