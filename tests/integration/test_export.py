@@ -52,8 +52,10 @@ def test_a_step_checkpoint_and_latest_export_and_bad_choices_are_refused(trained
     code, printed = _export(capsys, trained_vsrn, "--checkpoint", "latest", "--out", tmp_path / "latest")
     assert code == 0 and f"exported {newest}" in printed
     step = int(newest.name.split("-")[1])
-    code, printed = _export(capsys, trained_vsrn, "--checkpoint", f"step-{step}", "--out", tmp_path / "latest")
-    assert code == 0, printed  # over an earlier export: replaced
+    code, printed = _export(
+        capsys, trained_vsrn, "--checkpoint", f"step-{step}", "--out", tmp_path / "latest", "--force"
+    )
+    assert code == 0, printed  # over an earlier export: replaced with --force
 
     code, printed = _export(capsys, trained_vsrn, "--checkpoint", "step-999", "--out", tmp_path / "x")
     assert code == 2 and "step-999" in printed and f"available: best, {newest.name}" in printed

@@ -10,6 +10,10 @@ beside it (shards/format/layout.py), written by the writer as it writes the shar
     {"format": "vldist-sample-index", "version": 1, "shard": "train-000000.tar", "bytes": 2150400,
      "keys": ["train-0000000", ...], "offsets": [0, 2560, ...], "sizes": [2560, ...]}
 
+A shard that is cut short (an interrupted copy or upload) is found by scan_tar, which says where
+it breaks; `index --partial` then indexes the whole samples before that byte, and the index says so
+with `"cut": <that byte>` (a reader that does not know the key reads the index as any other).
+
 Those bytes parsed as a tar (tar_samples) give the raw sample the shard's stream would have given.
 WebDataset's `wids` keeps a similar index (built by scanning each tar); no library here writes one
 as a shard is written or reads samples by it through vldist's retrying store reader.
@@ -40,6 +44,7 @@ class ShardIndex:
     keys: tuple[str, ...]
     offsets: tuple[int, ...]  # where each sample's first header begins
     sizes: tuple[int, ...]  # its bytes, to the end of its last member's padding
+    cut: int | None = None  # a shard cut short: its whole samples, indexed here, end at this byte
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -58,6 +63,7 @@ class ShardIndex:
                 "keys": list(self.keys),
                 "offsets": list(self.offsets),
                 "sizes": list(self.sizes),
+                **({"cut": self.cut} if self.cut is not None else {}),
             },
             separators=(",", ":"),
         )
@@ -75,6 +81,7 @@ class ShardIndex:
                 tuple(str(k) for k in data["keys"]),
                 tuple(int(o) for o in data["offsets"]),
                 tuple(int(s) for s in data["sizes"]),
+                None if data.get("cut") is None else int(data["cut"]),
             )
         except (ValueError, KeyError, TypeError, AttributeError) as err:
             raise ShardsUnfitError(
@@ -116,9 +123,85 @@ class IndexBuilder:
         self.offsets.append(start)
         self.ends.append(end)
 
-    def finish(self, size: int) -> ShardIndex:
+    def finish(self, size: int, cut: int | None = None) -> ShardIndex:
         sizes = tuple(e - o for o, e in zip(self.offsets, self.ends, strict=True))
-        return ShardIndex(self.shard, size, tuple(self.keys), tuple(self.offsets), sizes)
+        return ShardIndex(self.shard, size, tuple(self.keys), tuple(self.offsets), sizes, cut)
+
+    def drop_last(self) -> int | None:
+        """Forget the last sample (one the shard's cut may have left without all its members);
+        returns where it began, None when there was none."""
+        if not self.keys:
+            return None
+        self._seen.discard(self.keys.pop())
+        self.ends.pop()
+        return self.offsets.pop()
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a shard stops being a whole tar: `at`, the byte where its whole samples end (where
+    the first sample that is not known to be whole begins); `how`, what the bytes there are."""
+
+    at: int
+    how: str  # "it ends at byte 31332, inside member 'train-0000035.json' that begins at byte 30720"
+    what: str = "cut short"  # or "damaged" (a header that is not one), or "cut short or damaged"
+
+
+def scan_tar(fileobj, shard: str) -> tuple[ShardIndex, Cut | None]:
+    """The index of the whole samples of the tar in `fileobj` (seekable: a file, or a stream
+    through ForwardReader), and where the tar breaks, None when it is whole: a member or header
+    that runs past the end, a damaged header, or no end-of-archive block after the last member.
+    Whatever breaks it, the last sample before the break is left out too: the members it may still
+    have had are gone. The index never names a byte the shard does not hold."""
+    builder, cut, last = IndexBuilder(shard), None, None
+    try:
+        tar = tarfile.open(fileobj=fileobj, mode="r:")
+    except tarfile.ReadError as err:  # the first header: missing, cut or damaged
+        size = fileobj.seek(0, io.SEEK_END)
+        how = "it is empty" if size == 0 else f"its first header does not read ({err})"
+        return builder.finish(size, 0), Cut(0, how)
+    with tar:
+        while True:
+            try:
+                member = tar.next()
+            except tarfile.ReadError as err:
+                # tarfile reads on past a member's data only here: the last member's data (or padding)
+                # runs past the end, or an extended header's member is missing
+                if str(err) == "unexpected end of data" and last is not None:
+                    cut = ("member", last)
+                else:
+                    cut = ("header", f"the header at byte {tar.offset} does not read ({err})")
+                break
+            if member is None:
+                fileobj.seek(tar.offset)
+                block = fileobj.read(_BLOCK)
+                if len(block) < _BLOCK or block.count(0) != _BLOCK:
+                    cut = ("end", block)
+                break
+            last = member
+            if member.isfile():
+                key, _ = base_plus_ext(member.name)
+                if key is not None:
+                    builder.add(key, member.offset, member.offset_data + _padded(member.size))
+        end = tar.offset
+    size = fileobj.seek(0, io.SEEK_END)
+    if cut is None:
+        return builder.finish(size), None
+    kind, found = cut
+    what = "cut short"
+    if kind == "member":
+        how = f"it ends at byte {size}, inside member {found.name!r} that begins at byte {found.offset}"
+    elif kind == "header":  # an extended header whose member is missing: cut there, or damaged
+        how, what = found, "cut short or damaged"
+    elif not found:
+        how = f"it ends at byte {size} without tar's end-of-archive block"
+    elif len(found) < _BLOCK:
+        how = f"it ends at byte {size}, inside the header that begins at byte {end}"
+    else:
+        how, what = f"the header at byte {end} is not a tar header", "damaged"
+    dropped = builder.drop_last()
+    at = dropped if dropped is not None else 0
+    return builder.finish(size, at), Cut(at, how, what)
 
 
 def index_tar(stream, shard: str) -> ShardIndex:
@@ -143,6 +226,54 @@ def index_tar_members(tar: tarfile.TarFile, shard: str, size: int) -> ShardIndex
 
 def _padded(size: int) -> int:
     return -(-size // _BLOCK) * _BLOCK
+
+
+class ForwardReader(io.RawIOBase):
+    """A stream read front to back, seekable as scan_tar needs: a seek forward skips bytes (read
+    and dropped), a seek back goes over the last bytes read, kept (tarfile reads the block at the
+    end of the last member again); SEEK_END reads the rest. Nothing else of the stream is kept."""
+
+    KEEP = 1 << 16
+
+    def __init__(self, stream):
+        self.stream, self.pos, self.end, self.kept = stream, 0, 0, b""  # kept: the bytes [end - len(kept), end)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_CUR:
+            offset += self.pos
+        elif whence == io.SEEK_END:
+            self._fill(None)
+            offset += self.end
+        if offset < self.end - len(self.kept):
+            raise io.UnsupportedOperation(f"cannot seek back to byte {offset} of a stream read on to byte {self.end}")
+        self.pos = offset
+        return offset
+
+    def _fill(self, upto: int | None) -> None:
+        """Read on to byte `upto` (None: the end), keeping the last bytes and those from pos on."""
+        while upto is None or self.end < upto:
+            data = self.stream.read(1 << 20 if upto is None else min(1 << 20, upto - self.end))
+            if not data:
+                return
+            self.end += len(data)
+            self.kept = (self.kept + data)[-max(self.KEEP, self.end - self.pos) :]
+
+    def readinto(self, buffer) -> int:
+        self._fill(self.pos + len(buffer))
+        start = self.pos - (self.end - len(self.kept))
+        data = self.kept[start : start + len(buffer)]
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 class _Counted(io.RawIOBase):

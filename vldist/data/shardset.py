@@ -35,6 +35,22 @@ def _how_to_build(directory: str | Path) -> str:
     )
 
 
+def stale_index(where: str, indexed: int, size: int, directory: str) -> str:
+    """The refusal of an index that describes another size of its shard; the command it names
+    indexes the shard again, or, if the shard is cut short, says where and how to go on."""
+    if size < indexed:  # shorter: most likely an interrupted copy
+        return (
+            f"the sample index {where} describes a shard of {indexed} bytes, and the shard has {size}: it was cut "
+            f"short (an interrupted copy?) or rewritten after it was indexed. `python -m vldist.shards verify "
+            f"{directory}` lists every problem; `python -m vldist.shards index {directory}` indexes the shard again, "
+            "or, if it is cut short, says where and how to index its whole samples (--partial)"
+        )
+    return (
+        f"the sample index {where} describes a shard of {indexed} bytes, and the shard has {size}: the shard was "
+        f"rewritten after it was indexed. Rebuild the index with `python -m vldist.shards index {directory}`"
+    )
+
+
 @dataclass
 class ShardSet:
     directory: Path | str  # a local directory, or a URL (str) read through fsspec
@@ -157,11 +173,7 @@ class ShardSet:
                 index = ShardIndex.from_json(self._read_text(name), where)
                 size = present.get(url.rsplit("/", 1)[-1])
                 if size is not None and size != index.bytes:
-                    raise ShardsUnfitError(
-                        f"the sample index {where} describes a shard of {index.bytes} bytes, and the shard has "
-                        f"{size}: the shard was rewritten after it was indexed. Rebuild the index with "
-                        f"`python -m vldist.shards index {redact(self.directory)}`"
-                    )
+                    raise ShardsUnfitError(stale_index(where, index.bytes, size, redact(self.directory)))
                 indexes.append(index)
             self._indexes[split] = indexes
         return self._indexes[split]

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from vldist.errors import OutputNotWritable
 from vldist.shards.features.extractor_args import add_extractor_arguments
 from vldist.store.location import is_url, redact
 
@@ -157,19 +158,34 @@ def _add_index(sub) -> None:
         help="add each shard's sample index to a set written without one",
         description="Write <shard>.idx.json beside every shard that lacks one (with --force, every shard): "
         "where each sample's bytes lie, so that training reads only the samples a rank needs and resumes "
-        "without reading the epoch before its position. Rerun after an interruption; verify checks them.",
+        "without reading the epoch before its position. Rerun after an interruption; verify checks them. "
+        "A shard cut short (an interrupted copy) is refused by name with the byte where it breaks, and no "
+        "index is written, unless --partial.",
     )
     p.add_argument("dir", help="the shard set directory, or its URL (s3://..., https://...)")
     p.add_argument("--force", action="store_true", help="rebuild every index, even those that fit their shard")
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="a shard cut short (an interrupted copy): index its whole samples, leaving the rest out of training "
+        "(without it, such a shard is refused by name and no index is written)",
+    )
 
 
 def _run_index(args) -> int:
     from vldist.shards.format.indexing import index_set
 
     start = time.perf_counter()
-    done = index_set(args.dir if is_url(args.dir) else Path(args.dir), force=args.force)
+    try:
+        done = index_set(args.dir if is_url(args.dir) else Path(args.dir), force=args.force, partial=args.partial)
+    except KeyboardInterrupt:
+        print("\ninterrupted: the indexes of the shards read so far are written; rerun to go on", file=sys.stderr)
+        return 130
+    for line in done.partial:
+        print(f"partial: {line}")
+    replaced = f" ({len(done.replaced)} replacing an index that no longer fit its shard)" if done.replaced else ""
     print(
-        f"{redact(args.dir)}: indexed {len(done.written)} shards, {len(done.kept)} had an index already "
+        f"{redact(args.dir)}: indexed {len(done.written)} shards{replaced}, {len(done.kept)} had an index already "
         f"({time.perf_counter() - start:.1f} s)"
     )
     return 0
@@ -268,6 +284,15 @@ def _run_convert(args) -> int:
     return 0
 
 
+def _check_writable(out: Path, option: str) -> None:
+    """Refuse, before anything is read or computed, an output directory that cannot be written: a
+    file on its path, a read-only disk, no permission (OutputNotWritable, one line). Nothing is made:
+    the nearest directory that exists is probed, so a command refused later leaves nothing behind."""
+    from vldist.training.run_lock import check_writable
+
+    check_writable(out, option, make=False)
+
+
 def _write(args, run) -> int:
     """Run a command that writes a set: into --out, or, for a URL, into a local staging directory
     of its own (the same for the same URL: a conversion interrupted there resumes) whose shards are
@@ -275,6 +300,7 @@ def _write(args, run) -> int:
     the staging directory is then removed."""
     if not is_url(args.out):
         args.out = Path(args.out)
+        _check_writable(args.out, "--out")
         return run(args)
     import hashlib
     import shutil
@@ -286,6 +312,7 @@ def _write(args, run) -> int:
         Path(args.stage or Path.home() / ".cache" / "vldist" / "staging")
         / hashlib.sha256(redact(url).encode()).hexdigest()[:16]
     )
+    _check_writable(staging, "--stage")
     args.out, overwrite = staging, args.overwrite
     if args.command != "convert":  # a rendered set is built again whole; a conversion resumes in its staging
         args.overwrite = True
@@ -319,10 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     except (
         FileExistsError,
         FileNotFoundError,
+        OutputNotWritable,
         ValueError,
         RuntimeError,
         ConnectionError,
-    ) as err:  # not bad data: arguments, store
+    ) as err:  # not bad data: arguments, store, an output that cannot be written
         print(f"error: {err}", file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command!r}")

@@ -9,38 +9,71 @@ Ray Train workers); rank 0 returns the results.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from vldist.checkpoint.starting_weights import read_starting_weights
 from vldist.config import JobConfig
+from vldist.data.fit_to_job import warn_what_the_job_leaves_out
 from vldist.data.job_shards import build_missing, open_job_shards
 from vldist.distributed import make_engine
 from vldist.distributed.collectives import gather_objects, set_negatives_group_size
 from vldist.distributed.lost_rank import lost_rank_reported
 from vldist.distributed.shared_output import check_output_shared
-from vldist.errors import OutputDirInUse, PeerLost, ShardsNotFoundError
+from vldist.errors import OutputDirInUse, OutputNotWritable, PeerLost, ShardsNotFoundError
 from vldist.recipes import get_recipe
+from vldist.store.location import filesystem, redact
 from vldist.telemetry.prometheus import start_rank_metrics
 from vldist.training.loop import Trainer
-from vldist.training.run_lock import RunLock
+from vldist.training.run_lock import RunLock, check_writable
 from vldist.training.stopping import stop_requests
 from vldist.training.threads import set_torch_threads
 
 log = logging.getLogger("vldist.train")
 
 
-def _raise_if_any_rank_failed(failure: Exception | None, cls: type[Exception]) -> None:
+def _raise_if_any_rank_failed(failure: Exception | None, cls: type[Exception] | tuple[type[Exception], ...]) -> None:
     """Every rank raises when any rank failed, with the first failing rank's message (a set on
     some nodes' disks only names its host): rank 0 reports it, and no rank goes on alone into a
-    collective that would wait for the others."""
-    failures = [message for message in gather_objects(None if failure is None else str(failure)) if message]
+    collective that would wait for the others. `cls`: the error, or the errors a rank may fail
+    with (the others raise the failing rank's type among them)."""
+    classes = cls if isinstance(cls, tuple) else (cls,)
+    mine = None if failure is None else (type(failure).__name__, str(failure))
+    failures = [found for found in gather_objects(mine) if found]
     if failure is not None:
         raise failure
     if failures:
-        raise cls(failures[0])
+        name, message = failures[0]
+        raise next((c for c in classes if c.__name__ == name), classes[0])(message)
+
+
+def _launched_alone() -> bool:
+    """No other rank will come (read before the engine: torchrun, accelerate and Ray set
+    WORLD_SIZE; an srun step SLURM_STEP_NUM_TASKS)."""
+    return int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_STEP_NUM_TASKS") or 1) == 1
+
+
+def unwritable_outputs(config: JobConfig) -> OutputNotWritable | None:
+    """What this rank cannot write of the run's outputs, checked before the engine starts: the
+    output directory (every rank writes there: checkpoint parts, downloads, sample logs), and on
+    rank 0, which uploads, output.checkpoint_dir where it is a local directory (file://)."""
+    rank = os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or "0"
+    store = config.output.checkpoint_dir
+    try:
+        check_writable(config.output_dir, "output.dir")
+        if store and rank == "0" and urlsplit(store).scheme in ("file", "local"):
+            _, root = filesystem(store, config.output.storage_options)
+            check_writable(Path(root), "output.checkpoint_dir", redact(store))
+    except OutputNotWritable as err:
+        if _launched_alone():
+            return err
+        return OutputNotWritable(f"rank {rank} on {socket.gethostname()}: {err}")  # which node, where disks differ
+    return None
 
 
 def _opened_on_every_rank(open_sets):
@@ -62,11 +95,14 @@ def run(
     `last`: no other run follows in this process (else the process group is kept for it)."""
     recipe_cls = get_recipe(config.recipe)
     set_torch_threads(config.train.threads)
+    unwritable = unwritable_outputs(config)
+    if unwritable is not None and _launched_alone():
+        raise unwritable  # refused before any engine or process group starts
     with stop_requests(config.train.stop_signals, stop_watch) as stop:
         engine = make_engine(config)
         metrics = None
         try:
-            with output_dir_lock(engine, config.output_dir):
+            with output_dir_lock(engine, config.output_dir, unwritable):
                 if not engine.is_main:
                     logging.getLogger().setLevel(logging.WARNING)  # other ranks speak only of trouble
                 if engine.local_rank == 0:  # each node: the embedded sets are the same bytes wherever built
@@ -87,6 +123,8 @@ def run(
                     engine.world_size,
                     config.output_dir,
                 )
+                if engine.is_main:  # once a run: what of the set this job does not train on
+                    warn_what_the_job_leaves_out(config, recipe, shards.main)
                 if config.engine.mixed_precision != engine.precision:  # auto, or what a backend does on CPU
                     log.info(
                         "engine.mixed_precision=%s: %s on %s under engine.backend=%s",
@@ -108,16 +146,17 @@ def run(
 
 
 @contextmanager
-def output_dir_lock(engine, directory: Path):
-    """Rank 0 holds the output directory for the run; if another run holds it, every rank refuses."""
-    lock, error = None, None
-    if engine.is_main:
+def output_dir_lock(engine, directory: Path, unwritable: OutputNotWritable | None = None):
+    """Rank 0 holds the output directory for the run; if another run holds it, or any rank cannot
+    write its outputs (`unwritable`: found before the engine started), every rank refuses."""
+    lock, error = None, unwritable
+    if engine.is_main and error is None:
         try:
             lock = RunLock(directory).acquire()
-        except OutputDirInUse as err:
+        except (OutputDirInUse, OutputNotWritable) as err:
             error = err
-    _raise_if_any_rank_failed(error, OutputDirInUse)
     try:
+        _raise_if_any_rank_failed(error, (OutputNotWritable, OutputDirInUse))
         yield
     finally:
         if lock is not None:

@@ -355,7 +355,7 @@ def _finish(
     for task, record in zip(tasks, records, strict=True):
         listed = shards.setdefault(task.split, [])
         if record["file"]:
-            listed.append({k: record[k] for k in ("file", "samples", "sha256")})
+            listed.append({k: record[k] for k in ("file", "samples", "sha256", "caption_words") if k in record})
     extra = {
         "conversion": {
             "converter": converter.name,

@@ -4,8 +4,9 @@ Checks, against `manifest.json` when there is one: every listed shard exists, ha
 its sample count; every sample's members decode (`json` with a non-empty `captions` list,
 `regions.npy` a finite 2-D array with the manifest's feature size, `jpg`/`png` a readable image;
 the same for the named images of pair samples, `img1.jpg`, `img1.regions.npy`);
-keys are unique across the set; each shard's sample index, where it has one, fits it (the
-offsets and keys its tar headers give); the feature standardisation the manifest names
+keys are unique across the set; each shard is a whole tar (one cut short is named with the byte
+where it breaks); each shard's sample index, where it has one, fits it (the offsets and keys its
+tar headers give); the feature standardisation the manifest names
 (`features.standardization`) reads, holds finite values and has the manifest's feature size.
 Each problem names the shard and the key (or the file). A set at a URL (s3://...) is checked the
 same way, one file at a time downloaded to a temporary directory (vldist/store), so a remote set
@@ -93,29 +94,45 @@ def _read_shard(path: Path, split: str, feature_dim: int | None, keys: Counter, 
     return len(samples)
 
 
-def _check_index(files: _Files, shard: str, path: Path, report: Report) -> None:
-    """The shard's sample index, if it has one, against the index its tar headers give."""
-    from vldist.data.sample_index import ShardIndex, index_tar_members
+def _check_tar(files: _Files, shard: str, path: Path, report: Report) -> None:
+    """Whether the shard is cut short (said with the byte where it breaks), and its sample index,
+    if it has one, against the index its tar headers give."""
+    from vldist.data.sample_index import ShardIndex, scan_tar
     from vldist.errors import ShardsUnfitError
     from vldist.shards.format.layout import index_name
+    from vldist.store.location import redact
 
+    where = redact(files.where)
+    try:
+        with open(path, "rb") as f:
+            actual, cut = scan_tar(f, shard)
+    except (ShardsUnfitError, OSError) as err:
+        report.problem(shard, str(err))
+        return
+    if cut is not None:
+        report.problem(
+            shard,
+            f"{cut.what}: {cut.how}; its {len(actual)} whole samples end at byte {cut.at}. Copy or build it again, "
+            f"or index just those with `python -m vldist.shards index {where} --partial`",
+        )
     name = index_name(shard)
     if name not in files.names:
         return
     try:
         with files.local(name) as index_path:
             index = ShardIndex.from_json(index_path.read_text(), name)
-        with tarfile.open(path) as tar:
-            actual = index_tar_members(tar, shard, path.stat().st_size)
-    except (ShardsUnfitError, tarfile.TarError, OSError, EOFError) as err:
+    except (ShardsUnfitError, ValueError, OSError) as err:
         report.problem(name, str(err))
         return
     if index != actual:
-        differ = [f for f in ("shard", "bytes", "keys", "offsets", "sizes") if getattr(index, f) != getattr(actual, f)]
+        differ = [
+            f for f in ("shard", "bytes", "keys", "offsets", "sizes", "cut") if getattr(index, f) != getattr(actual, f)
+        ]
+        how = "--partial" if cut is not None else "--force"
         report.problem(
             name,
             f"does not fit {shard} (its {', '.join(differ)} differ): rebuild it with "
-            "`python -m vldist.shards index <the set> --force`",
+            f"`python -m vldist.shards index {where} {how}`",
         )
 
 
@@ -187,7 +204,7 @@ def verify(directory: str | Path, access=None) -> Report:
                     if shard.get("sha256") and sha256_file(path) != shard["sha256"]:
                         report.problem(shard["file"], "sha256 differs from manifest.json (changed or damaged)")
                     count = _read_shard(path, split, feature_dim, keys, report)
-                    _check_index(files, shard["file"], path, report)
+                    _check_tar(files, shard["file"], path, report)
                 if "samples" in shard and count != shard["samples"]:
                     report.problem(shard["file"], f"holds {count} samples, manifest.json says {shard['samples']}")
     else:
@@ -197,7 +214,7 @@ def verify(directory: str | Path, access=None) -> Report:
         for name in tars:
             with files.local(name) as path:
                 _read_shard(path, name.rsplit("-", 1)[0], None, keys, report)
-                _check_index(files, name, path, report)
+                _check_tar(files, name, path, report)
     for key, n in keys.items():
         if n > 1:
             report.problem(key, f"key appears in {n} samples; keys must be unique across the set")

@@ -15,12 +15,14 @@ import json
 import os
 import re
 import tarfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vldist.data.sample_index import IndexBuilder
+from vldist.data.vocab import tokenize
 from vldist.file_integrity import sha256_file, write_json_atomic, write_text_atomic
 from vldist.shards.format.layout import MANIFEST_NAME, index_name, shard_name
 
@@ -89,17 +91,39 @@ def sample_members(sample: dict) -> tuple[str, list[tuple[str, bytes]]]:
     return key, members
 
 
+def caption_words(members: list[tuple[str, bytes]]) -> Counter:
+    """How many captions of each length in words (vldist's tokenizer: data/vocab.py) a sample's
+    json member holds; a training job says what data.max_caption_len cuts off (data/fit_to_job.py)."""
+    for ext, data in members:
+        if ext == "json":
+            try:
+                captions = json.loads(data).get("captions")
+            except (ValueError, AttributeError):
+                return Counter()
+            if isinstance(captions, list):
+                return Counter(len(tokenize(c)) for c in captions if isinstance(c, str))
+    return Counter()
+
+
 def build_manifest(source: str, shards_by_split: dict[str, list[dict]], extra: dict | None = None) -> dict:
-    """manifest.json's content: format, version, source, the `extra` keys, then splits with counts."""
+    """manifest.json's content: format, version, source, the `extra` keys, then splits with counts.
+    A split whose every shard record has `caption_words` gets them summed (its captions by length
+    in words, {"7": 120, ...}); the shard entries keep file, samples and sha256."""
     manifest: dict[str, Any] = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "source": source}
     for name, value in (extra or {}).items():
         if name in ("format", "version", "splits"):
             raise ValueError(f"extra manifest key {name!r} would overwrite a required field")
         manifest[name] = value
-    manifest["splits"] = {
-        split: {"samples": sum(s["samples"] for s in shards), "shards": shards}
-        for split, shards in shards_by_split.items()
-    }
+    manifest["splits"] = {}
+    for split, shards in shards_by_split.items():
+        entry: dict[str, Any] = {
+            "samples": sum(s["samples"] for s in shards),
+            "shards": [{k: v for k, v in s.items() if k != "caption_words"} for s in shards],
+        }
+        if shards and all("caption_words" in s for s in shards):
+            words = sum((Counter({int(n): c for n, c in s["caption_words"].items()}) for s in shards), Counter())
+            entry["caption_words"] = {str(n): words[n] for n in sorted(words)}
+        manifest["splits"][split] = entry
     return manifest
 
 
@@ -112,12 +136,14 @@ class ShardFile:
         self.tar = tarfile.open(self.tmp, "w", format=tarfile.PAX_FORMAT)
         self.samples = 0
         self.index = IndexBuilder(self.final.name)
+        self.caption_words: Counter = Counter()  # captions by length in words (build_manifest)
 
     def add(self, key: str, members: list[tuple[str, bytes]]) -> None:
         start = self.tar.offset
         for ext, data in members:
             self.tar.addfile(_tar_info(f"{key}.{ext}", len(data)), io.BytesIO(data))
         self.index.add(key, start, self.tar.offset)
+        self.caption_words.update(caption_words(members))
         self.samples += 1
 
     def finish(self) -> dict:
@@ -125,7 +151,12 @@ class ShardFile:
         index = self.index.finish(self.tmp.stat().st_size)
         write_text_atomic(self.final.with_name(index_name(self.final.name)), index.to_json())
         os.replace(self.tmp, self.final)
-        return {"file": self.final.name, "samples": self.samples, "sha256": sha256_file(self.final)}
+        return {
+            "file": self.final.name,
+            "samples": self.samples,
+            "sha256": sha256_file(self.final),
+            "caption_words": {str(n): self.caption_words[n] for n in sorted(self.caption_words)},
+        }
 
     def abandon(self) -> None:
         self.tar.close()
