@@ -137,3 +137,38 @@ def test_skip_reports_alone_are_folded_into_the_next_batch_and_the_last_kept():
     assert [b["keys"] for b in batches] == [[1], [2]]
     assert (batches[0]["skipped"], batches[0]["skipped_by_shard"]) == (3, {"b": 1, "a": 2})
     assert (folded.trailing.count, folded.trailing.by_shard) == (5, {"a": 5})
+
+
+class _FailingOn:
+    """A sample function that cannot decode the given keys (module level: workers get it pickled)."""
+
+    def __init__(self, keys):
+        self.keys = set(keys)
+
+    def __call__(self, raw, rng):
+        if raw["__key__"] in self.keys:
+            raise ValueError(f"cannot decode {raw['__key__']}")
+        return {"key": raw["__key__"]}
+
+
+def _exact_stream(urls, sample_fn, rank, world):
+    spec = StreamSpec(
+        urls=urls, keep=("json",), sample_fn=sample_fn, collate_fn=_collate, batch_size=8, rank=rank, world_size=world
+    )
+    return ExactEpochStream(spec, 200, shuffle_buffer=20)
+
+
+def test_a_rank_that_can_decode_none_of_its_rows_ends_the_run_and_alone_the_batch_is_left_out(planted_shards):
+    from vldist.errors import UnreadableBatch
+
+    urls = ShardSet.open(planted_shards).urls("train")
+    first = next(iter(make_loader(_exact_stream(urls, _keyed, rank=1, world=2), 0)))["keys"]
+    with pytest.raises(UnreadableBatch, match="none of rank 1's samples of batch 1 could be read"):
+        list(make_loader(_exact_stream(urls, _FailingOn(first), rank=1, world=2), 0))
+    # rank 0's rows are other samples: it is not the one without a batch
+    assert len(list(make_loader(_exact_stream(urls, _FailingOn(first), rank=0, world=2), 0))) == 13
+    # one process has no rank to keep in step with: the batch is left out and its samples counted
+    alone = next(iter(make_loader(_exact_stream(urls, _keyed, rank=0, world=1), 0)))["keys"]
+    folded = _SkipsFolded(make_loader(_exact_stream(urls, _FailingOn(alone), rank=0, world=1), 0))
+    batches = list(folded)
+    assert len(batches) == 24 and batches[0]["skipped"] == 8 and batches[0]["keys"] != alone
