@@ -19,6 +19,12 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from helpers import PREEMPT_JOB, SMALL_VSRN, TORCHRUN, write_planted_shards, write_scene_images  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _data_home(tmp_path_factory):
+    """No test builds an embedded set (a shrunk one, for some) into the user's data home."""
+    os.environ["VLDIST_DATA_HOME"] = str(tmp_path_factory.mktemp("data_home"))
+
+
 @pytest.fixture(scope="session")
 def planted_shards(tmp_path_factory) -> Path:
     return write_planted_shards(tmp_path_factory.mktemp("planted") / "shards")

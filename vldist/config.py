@@ -52,7 +52,9 @@ class DataConfig(Section):
     shards: str = Field(
         "shards/synth",
         description="shard directory (manifest.json + <split>-*.tar), or its URL "
-        "(s3://bucket/prefix, gs://..., https://host/prefix: any fsspec filesystem)",
+        "(s3://bucket/prefix, gs://..., https://host/prefix: any fsspec filesystem); the default, shards/synth, "
+        "names the embedded set: a whole ./shards/synth, else $VLDIST_DATA_HOME/synth (default "
+        "~/.cache/vldist/synth), built there on first use",
     )
     storage_options: dict[str, Any] = Field(
         default_factory=dict,
@@ -72,7 +74,10 @@ class DataConfig(Section):
     )
     cache_max_gb: float = Field(100.0, gt=0, description="data.cache_dir's bound: least recently used shards go")
     build_if_missing: bool = Field(
-        True, description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent"
+        True,
+        description="build an embedded set (shards/synth, shards/synth_pairs) the job reads when it is absent, "
+        "once per machine in the data home ($VLDIST_DATA_HOME, default ~/.cache/vldist); false: the name is a "
+        "path in the working directory like any other",
     )
     sources: list[SourceConfig] = Field(
         default_factory=list,

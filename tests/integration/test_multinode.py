@@ -144,16 +144,18 @@ def test_a_shard_set_that_one_node_lacks_is_named_with_that_node(planted_shards,
 
 
 def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
-    """`python -m vldist.train vsrn` with the default data.shards (shards/synth, relative to where
-    each node starts the job), on two nodes whose working directories are not one disk (node 1's
-    is hidden: empty): each node's first rank builds the deterministic set, both train on the same
-    bytes, and node 1's copy equals node 0's file for file. The builder is shrunk for the test
-    (workers/small_embedded_set/sitecustomize.py); the path it takes is the real one.
+    """`python -m vldist.train vsrn` with the default data.shards (shards/synth), on two nodes whose
+    data homes (VLDIST_DATA_HOME, one path on both) are not one disk (node 1's is hidden: empty):
+    each node's first rank builds the deterministic set in its own data home, not in the working
+    directory, both train on the same bytes, and node 1's copy equals node 0's file for file. The
+    builder is shrunk for the test (workers/small_embedded_set/sitecustomize.py); the path it takes
+    is the real one.
     The agents allow a restart without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: rank 0 says once that
     a lost node could not rejoin, and how to fix it."""
-    work, run = tmp_path / "work", tmp_path / "run"
+    work, home, run = tmp_path / "work", tmp_path / "data-home", tmp_path / "run"
     work.mkdir()
-    env = {**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS}
+    home.mkdir()
+    env = {**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS, "VLDIST_DATA_HOME": str(home)}
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     job = [
         "-m",
@@ -166,10 +168,10 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
         "data.batch_size=16",
         "data.eval_batch_size=16",
     ]
-    # in the working directory: its filesystem, the job, then the digests of the set it built there
+    # in the working directory: the data home's filesystem, the job, then the digests of the set it built there
     script = (
-        f'cd {work} && echo "-- cwd: $(stat -f -c %T .)" && "$@" && echo "-- files:" && '
-        "cd shards/synth && sha256sum -- * | sort -k2"
+        f'cd {work} && echo "-- data home: $(stat -f -c %T {home})" && "$@" && echo "-- files:" && '
+        f"cd {home}/synth && sha256sum -- * | sort -k2"
     )
 
     def torchrun(node: int) -> list[str]:
@@ -182,7 +184,7 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
             nodes.popen(
                 i,
                 ["sh", "-c", script, "sh", *torchrun(i)],
-                hidden=(work,) if i == 1 else (),
+                hidden=(home,) if i == 1 else (),
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -191,10 +193,14 @@ def test_the_embedded_default_is_built_on_every_node_that_lacks_it(tmp_path):
             for i in range(2)
         ]
         outputs = finished(processes)
-    assert "-- cwd: tmpfs" in outputs[1] and "-- cwd: tmpfs" not in outputs[0]  # node 1 started on a disk of its own
+    # node 1's data home was a disk of its own
+    assert "-- data home: tmpfs" in outputs[1] and "-- data home: tmpfs" not in outputs[0]
     files = [out[out.rindex("-- files:") :] for out in outputs]
     assert files[0] == files[1] and "manifest.json" in files[0] and "train-000001.tar" in files[0], files
-    assert "building the embedded synthetic dataset" in outputs[0]  # rank 0 says so; node 1's rank logs warnings only
+    assert not (work / "shards").exists()  # nothing in the working directory
+    assert sorted(p.name for p in home.iterdir()) == ["synth"]  # node 0's: the set alone, no lock file
+    # rank 0 says where; node 1's rank logs warnings only
+    assert f"building the embedded synthetic dataset in {home / 'synth'} (" in outputs[0]
     metrics = json.loads((run / "metrics.json").read_text())
     assert (
         metrics["world_size"] == 2 and metrics["steps"] == 2 and metrics["config"]["data"]["shards"] == "shards/synth"

@@ -93,7 +93,7 @@ def ray_head(ray_token, ray_temp):
             "--disable-usage-stats",
         ],
         # the jobs' embedded sets, where one is built, are small ones (same code and format)
-        env={**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS},
+        env={**os.environ, "PYTHONPATH": SMALL_EMBEDDED_SETS, "VLDIST_DATA_HOME": str(temp / "data")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -262,10 +262,11 @@ def test_a_two_branch_job_localises_phrases_on_the_workers(ray_head, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="pycocoevalcap needs Java")
-def test_an_l2c_job_takes_both_embedded_sets_where_ray_unpacks_it(ray_head, ray_temp, tmp_path):
+def test_an_l2c_job_builds_both_embedded_sets_in_the_nodes_data_home(ray_head, ray_temp, tmp_path):
     """`ray job submit --working-dir . -- python -m vldist.train l2c` with its two embedded sets
-    (the pairs and the single-image captions): the workers build both in the checkout Ray unpacked
-    (small ones: the head's sitecustomize), and each stream reads its own."""
+    (the pairs and the single-image captions): the workers build both in the head's data home (the
+    VLDIST_DATA_HOME of its `ray start`), not in the checkout Ray unpacked (small ones: the head's
+    sitecustomize), and each stream reads its own."""
     proc = _submit(
         ray_head,
         f"ray.storage_path={tmp_path}",
@@ -299,12 +300,14 @@ def test_an_l2c_job_takes_both_embedded_sets_where_ray_unpacks_it(ray_head, ray_
         "shards/synth_pairs",
         "shards/synth",
     )
+    data = ray_temp / "data"  # the head's VLDIST_DATA_HOME
+    assert (data / "synth" / "manifest.json").is_file() and sorted(p.name for p in data.iterdir()) == [
+        "synth",
+        "synth_pairs",
+    ]
+    assert json.loads((data / "synth_pairs" / "manifest.json").read_text())["splits"]["train"]["samples"] == 64
     unpacked = [p.parent for p in ray_temp.glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/jobs")]
-    assert len(unpacked) == 1 and (unpacked[0] / "shards" / "synth" / "manifest.json").is_file(), unpacked
-    assert (
-        json.loads((unpacked[0] / "shards" / "synth_pairs" / "manifest.json").read_text())["splits"]["train"]["samples"]
-        == 64
-    )
+    assert len(unpacked) == 1 and not (unpacked[0] / "shards" / "synth").exists(), unpacked
     assert "ROUGE-L" in out and "16 pairs" in out
 
 

@@ -4,7 +4,8 @@ CPU each, so that a group of two workers takes one on each node. `ray job submit
 
 - The headline command, `ray job submit --working-dir . -- python -m vldist.train vsrn`, with the
   embedded default on nodes that do not share the directories Ray unpacks the job into: each node
-  builds the set in its own; submitted again once finished, the run is refused, not redone.
+  builds the set in its own data home (the VLDIST_DATA_HOME of its `ray start`), none in the
+  unpacked checkout; submitted again once finished, the run is refused, not redone.
 - A node lost mid-run and brought back ends the run with the weights of an uninterrupted one, also
   when the nodes share no disk (checkpoints in an S3 store); an elastic group carries on without it."""
 
@@ -293,10 +294,11 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
     """`ray job submit --working-dir . -- python -m vldist.train vsrn` with the embedded default,
     on a head and a worker node whose Ray directories, where Ray unpacks the shipped checkout, are
     not one disk (node 0's is hidden on node 1): the driver builds nothing; the worker on each node
-    builds shards/synth in that node's copy of the checkout (the builder shrunk for the test:
-    workers/small_embedded_set), the same bytes on both; the job SUCCEEDS with test recall above
-    chance. Submitted again, the finished run is refused in one line, before any worker starts,
-    and left as it was. (A job of other settings into a run directory is refused naming them:
+    builds shards/synth in that node's data home (VLDIST_DATA_HOME, in the environment of each
+    node's `ray start`: another directory on each), not in the checkout Ray unpacked (the builder
+    shrunk for the test: workers/small_embedded_set), the same bytes on both; the job SUCCEEDS with
+    test recall above chance. Submitted again, the finished run is refused in one line, before any
+    worker starts, and left as it was. (A job of other settings into a run directory is refused naming them:
     test_ray.py's stop-and-resubmit test, the same check on one node.)"""
     env = {
         **os.environ,
@@ -320,10 +322,13 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
         "data.workers=1",
     ]
     temps = []
+    homes = [tmp_path / "data-home-0", tmp_path / "data-home-1"]  # each node's VLDIST_DATA_HOME
+    for home in homes:
+        home.mkdir()  # node 0's: hidden on node 1
     try:
         with Nodes(2) as nodes:
-            start_ray_node(nodes, 0, env, temps)
-            start_ray_node(nodes, 1, env, temps, hidden=(temps[0],))
+            start_ray_node(nodes, 0, {**env, "VLDIST_DATA_HOME": str(homes[0])}, temps)
+            start_ray_node(nodes, 1, {**env, "VLDIST_DATA_HOME": str(homes[1])}, temps, hidden=(temps[0], homes[0]))
             wait_for_ray_nodes(nodes, 2, env)
             first = submit_on_head(nodes, job, env, options=SHIPPED)
             out = first.communicate(timeout=600)[0]
@@ -332,17 +337,19 @@ def test_the_headline_command_with_the_embedded_default_runs_on_two_nodes_and_is
             metrics_before = (run / "metrics.json").read_bytes()
             again = submit_on_head(nodes, job, env, options=SHIPPED, agent_answered=True)
             refused = again.communicate(timeout=300)[0]
-        sets = [
-            sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*/shards/synth"))
-            for temp in temps
+        unpacked = [
+            sorted(Path(temp).glob("session_2*/runtime_resources/working_dir_files/_ray_pkg_*")) for temp in temps
         ]
-        built = [set_digests(found[0]) if len(found) == 1 else found for found in sets]
+        in_checkout = [path for found in unpacked for path in found if (path / "shards" / "synth").exists()]
+        built = [set_digests(home / "synth") if (home / "synth").is_dir() else sorted(home.glob("*")) for home in homes]
+        left = [sorted(p.name for p in home.iterdir()) for home in homes]
     finally:
         for temp in temps:
             shutil.rmtree(temp, ignore_errors=True)
     placed = re.findall(r"\(ip=([\d.]+), pid=\d+\) world_rank=\d", out)
     assert sorted(placed) == sorted(nodes.addresses), placed  # one worker on each node
     assert isinstance(built[0], dict) and built[0] == built[1] and "train-000003.tar" in built[0], built
+    assert left == [["synth"], ["synth"]] and all(unpacked) and in_checkout == [], (left, unpacked, in_checkout)
     metrics = json.loads(metrics_before)
     assert (
         metrics["world_size"] == 2 and metrics["steps"] == 120 and metrics["config"]["data"]["shards"] == "shards/synth"

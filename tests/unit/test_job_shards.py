@@ -1,7 +1,8 @@
 """A job's shard sets: the sets its streams read, each opened once, and the embedded ones built
-only when missing and allowed."""
+only when missing and allowed, in the data home."""
 
 from vldist.data import job_shards
+from vldist.data.embedded_home import EmbeddedSet, ensure_built
 from vldist.data.job_shards import build_missing, open_job_shards, stream_sets
 from vldist.data.streams import StreamSource
 from vldist.recipes.jobs import load_config
@@ -44,9 +45,13 @@ def test_each_set_is_opened_once_and_found_by_directory(planted_shards, tmp_path
 
 
 def test_embedded_sets_are_built_only_when_missing_and_allowed(tmp_path, monkeypatch):
+    """In the data home ($VLDIST_DATA_HOME), not in the working directory."""
     built = []
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setitem(job_shards.EMBEDDED_SETS, "shards/synth", ("builtins", "print", "a test set"))
+    monkeypatch.setenv("VLDIST_DATA_HOME", str(tmp_path / "home"))
+    monkeypatch.setitem(
+        job_shards.EMBEDDED_SETS, "shards/synth", EmbeddedSet("builtins", "print", "a test set", "", "")
+    )
     monkeypatch.setattr("builtins.print", lambda directory: built.append(directory))
 
     class OneSet:
@@ -57,13 +62,15 @@ def test_embedded_sets_are_built_only_when_missing_and_allowed(tmp_path, monkeyp
     build_missing(load_config("vsrn", ["data.build_if_missing=false"]), OneSet)
     assert built == []
     build_missing(load_config("vsrn", []), OneSet)
-    assert built == ["shards/synth"]
-    (tmp_path / "shards" / "synth").mkdir(parents=True)
+    assert built == [tmp_path / "home" / "synth"]
+    (tmp_path / "home" / "synth").mkdir(parents=True)
+    (tmp_path / "home" / "synth" / "manifest.json").write_text("{}")
     build_missing(load_config("vsrn", []), OneSet)
-    assert built == ["shards/synth"]  # there now: not built again
+    assert built == [tmp_path / "home" / "synth"]  # there now: not built again
+    assert not (tmp_path / "shards").exists()
 
 
-def _slow_builder(directory: str) -> None:
+def _slow_builder(directory) -> None:
     """A stand-in for an embedded set's builder: it counts its calls and takes long enough that
     two processes started together overlap, writing through .partial as the real builders do."""
     import time
@@ -82,8 +89,9 @@ def _build_in_process(cwd: str) -> None:
     import os
 
     os.chdir(cwd)
-    job_shards.EMBEDDED_SETS["shards/synth"] = (__name__, "_slow_builder", "a test set")
-    job_shards.build_embedded("shards/synth")
+    os.environ["VLDIST_DATA_HOME"] = os.path.join(cwd, "home")
+    job_shards.EMBEDDED_SETS["shards/synth"] = EmbeddedSet(__name__, "_slow_builder", "a test set", "", "")
+    ensure_built("shards/synth")
 
 
 def test_two_processes_building_one_set_build_it_once(tmp_path):
@@ -96,6 +104,7 @@ def test_two_processes_building_one_set_build_it_once(tmp_path):
     for process in processes:
         process.join(60)
     assert [p.exitcode for p in processes] == [0, 0]
-    assert (tmp_path / "shards" / "synth.calls").read_text() == "built\n"
-    assert (tmp_path / "shards" / "synth" / "manifest.json").exists()
-    assert not (tmp_path / "shards" / "synth.partial").exists()
+    home = tmp_path / "home"
+    assert (home / "synth.calls").read_text() == "built\n"
+    assert (home / "synth" / "manifest.json").exists()
+    assert sorted(p.name for p in home.iterdir()) == ["synth", "synth.calls"]  # no .partial, no lock file left

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vldist.checkpoint.format import check_checkpoint_fits_job, find_checkpoint, load_model_state, read_config
 from vldist.checkpoint.object_store import local_checkpoint
+from vldist.data.embedded_home import read_location
 from vldist.data.shardset import ShardSet
 from vldist.data.vocab import Vocab
 from vldist.distributed.engine import pick_device
@@ -22,7 +23,9 @@ def load_checkpoint(path, shards: str | None = None, device: str = "auto"):
         raw["data"] = {**raw.get("data", {}), "shards": shards}
     config = validate_job(raw)
     recipe_cls = get_recipe(config.recipe)
-    shard_set = ShardSet.open(config.data.shards, StoreAccess.of(config.data))
+    shard_set = ShardSet.open(
+        read_location(config.data.shards, config.data.build_if_missing), StoreAccess.of(config.data)
+    )
     try:
         vocab = Vocab.load(ckpt / "vocab.json")
     except ValueError as err:

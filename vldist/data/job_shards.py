@@ -1,29 +1,19 @@
 """A job's shard sets, each opened once: data.shards and the sets its other training streams read
-(L2C: single-image captions), the embedded sets built on first use."""
+(L2C: single-image captions), the embedded sets built on first use (where: embedded_home.py)."""
 
 from __future__ import annotations
 
-import importlib
-import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from filelock import FileLock
 
 from vldist.config import DataConfig
+from vldist.data.embedded_home import EMBEDDED_SETS, built_where_read, ensure_built, read_location
 from vldist.data.shardset import ShardSet
 from vldist.data.streams import stream_sources
 from vldist.store.access import StoreAccess
 
-log = logging.getLogger("vldist.train")
-
-SYNTH_DIR = DataConfig.model_fields["shards"].default  # shards/synth
+SYNTH_DIR = DataConfig.model_fields["shards"].default  # shards/synth: the embedded sets by the names jobs give them
 PAIRS_DIR = "shards/synth_pairs"
-# The embedded sets vldist generates itself, by their default directory: built on first use.
-EMBEDDED_SETS = {
-    SYNTH_DIR: ("vldist.shards.synthetic.synth", "build_synth", "the embedded synthetic dataset"),
-    PAIRS_DIR: ("vldist.shards.synthetic.pairs", "build_synth_pairs", "the embedded image-pair dataset (L2C)"),
-}
+__all__ = ["EMBEDDED_SETS", "JobShards", "build_missing", "built_where_read", "open_job_shards", "stream_sets"]
 
 
 def stream_sets(config, recipe_cls) -> list[str]:
@@ -33,34 +23,18 @@ def stream_sets(config, recipe_cls) -> list[str]:
     return list(dict.fromkeys(d for d in sets if d != config.data.shards))
 
 
-def built_where_read(directory: str, build_if_missing: bool) -> bool:
-    """An embedded set's own name (shards/synth, relative) that the job builds when absent: each
-    process resolves it in its working directory, and each node's first rank builds it there."""
-    return directory in EMBEDDED_SETS and build_if_missing
-
-
 def build_missing(config, recipe_cls) -> None:
-    """Build the embedded sets the job reads that are not there yet (data.build_if_missing)."""
+    """Build the embedded sets the job reads that are not there yet (data.build_if_missing), each in
+    this machine's data home (embedded_home.py)."""
     for directory in [config.data.shards, *stream_sets(config, recipe_cls)]:
-        if built_where_read(directory, config.data.build_if_missing) and not Path(directory).exists():
-            build_embedded(directory)
-
-
-def build_embedded(directory: str) -> None:
-    """Build one embedded set unless another process has: two jobs started at once in one
-    directory (two benches, a job beside the tests) would otherwise write the same .partial files."""
-    Path(directory).parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(f"{directory}.lock"):
-        if Path(directory).exists():  # built while this process waited for the lock
-            return
-        module, builder, what = EMBEDDED_SETS[directory]
-        log.info("shards '%s' not found: building %s (once, about a minute)", directory, what)
-        getattr(importlib.import_module(module), builder)(directory)
+        if built_where_read(directory, config.data.build_if_missing):
+            ensure_built(directory)
 
 
 @dataclass
 class JobShards:
-    """The job's shard set (`main`) and the other sets its streams read, by directory."""
+    """The job's shard set (`main`) and the other sets its streams read, by the directory the job
+    names (an embedded set by its name, shards/synth, wherever it was read from)."""
 
     main: ShardSet
     others: dict[str, ShardSet] = field(default_factory=dict)
@@ -74,8 +48,8 @@ class JobShards:
 
 def open_job_shards(config, recipe_cls) -> JobShards:
     """Open the job's shard sets, once each (build the embedded ones first with build_missing)."""
-    access = StoreAccess.of(config.data)
+    access, build = StoreAccess.of(config.data), config.data.build_if_missing
     return JobShards(
-        ShardSet.open(config.data.shards, access),
-        {d: ShardSet.open(d, access) for d in stream_sets(config, recipe_cls)},
+        ShardSet.open(read_location(config.data.shards, build), access),
+        {d: ShardSet.open(read_location(d, build), access) for d in stream_sets(config, recipe_cls)},
     )

@@ -39,6 +39,7 @@ from vldist.data.epoch_order import rank_rows
 from vldist.data.identity import sample_identity
 from vldist.data.shard_stream import shard_samples
 from vldist.data.skips import MissingSamples, skipped
+from vldist.distributed.orphans import die_with_parent
 from vldist.errors import StoreLost, UnreadableBatch
 from vldist.store.access import StoreAccess
 from vldist.store.location import is_url
@@ -408,6 +409,7 @@ def _data_loader(stream: IterableDataset, workers: int, shielded_signals: tuple,
 
 
 def _init_worker(signals: tuple, environment: dict | None, worker_id: int) -> None:
+    die_with_parent()  # no worker outlives the run, even one killed outright (distributed/orphans.py)
     # What the worker inherited (torch, the recipe, the trainer's objects: some 200,000) is never
     # garbage it made: frozen, the collections its samples' JSON and lists set off go through the
     # worker's own objects only (VSRN's workers: 27 against 32 ms of CPU a batch; docs/performance.md,

@@ -33,6 +33,7 @@ import time
 from datetime import timedelta
 
 from vldist.distributed.heartbeat import COLLECTIVE, Heartbeat
+from vldist.distributed.orphans import end_descendants
 from vldist.exit_codes import HUNG  # a rank that gave up on a hung run (docs/observability.md)
 
 log = logging.getLogger("vldist.train")
@@ -270,9 +271,12 @@ def find_straggler(records: dict[int, dict], ratio: float) -> tuple[int, str] | 
 
 def _exit_hung(message: str) -> None:
     """Say it, show where this rank is, and leave now: the main thread is blocked in a collective
-    that no exception can reach."""
+    that no exception can reach. os._exit skips every cleanup (the loaders' shutdown, atexit), and
+    a loader worker inside a batch that never ends would outlive the run: this rank's processes
+    (loader workers, their fork server, helpers) are ended first (orphans.py)."""
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     sys.stderr.flush()
+    end_descendants()
     os._exit(HUNG)

@@ -5,8 +5,10 @@ The driver (this process) checks the config and the run directory (resubmission.
 a stopped one resumed, or a refusal) and starts `ray.num_workers` workers. Ray forms their process
 group (gloo on CPU, NCCL on GPU) and each worker runs the function `launch` is given
 (`vldist.training.on_each_rank.run`, what torchrun's ranks run), with the same engine, in the job's working
-directory on its node (where Ray unpacks `--working-dir`): an embedded set (shards/synth) is read
-there, and each node's first worker builds it there if missing, as torchrun's ranks do. The run directory
+directory on its node (where Ray unpacks `--working-dir`). An embedded set (shards/synth) is read
+from its node's data home (vldist/data/embedded_home.py: $VLDIST_DATA_HOME, else ~/.cache/vldist, as
+the node's `ray start` or the job's runtime_env sets them), and each node's first worker builds it
+there if missing, as torchrun's ranks do. The run directory
 (checkpoints, metrics.json) is `ray.storage_path/ray.name`: on a disk every node shares, or, with
 `output.checkpoint_dir` in object storage, a local directory on each node (a worker downloads the
 checkpoints its node lacks). Each checkpoint vldist commits is reported to Ray where it lies (no
@@ -69,8 +71,8 @@ def absolute(where: str) -> str:
 
 def worker_shards(data) -> str:
     """data.shards as the workers read it: the driver's path made absolute (the same path on every
-    node), except an embedded set's name, which each worker resolves in its own working directory
-    (the driver's directory may not exist on other nodes; the set is built where it is missing)."""
+    node), except an embedded set's name, which each worker resolves on its own node (embedded_home.py:
+    the driver's directory may not exist on other nodes; the set is built where it is missing)."""
     return data.shards if built_where_read(data.shards, data.build_if_missing) else absolute(data.shards)
 
 

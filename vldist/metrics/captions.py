@@ -26,7 +26,10 @@ What this module adds around pycocoevalcap (docs/caption-metrics.md):
   process, after any failure, or on ``release_meteor_jvm()``;
 * METEOR scoring runs under a timeout; a hung METEOR gives ``meteor = nan`` and a warning, and that
   JVM is killed before the call returns;
-* the PTB tokenizer runs from a private writable copy, so a read-only site-packages works.
+* the PTB tokenizer runs from a private writable copy, so a read-only site-packages works;
+* what the JVMs print (the JVM's "Picked up JAVA_TOOL_OPTIONS: ..." for the locale above, the
+  tokenizer's "PTBTokenizer tokenized N tokens at ...") never reaches the console: it is kept,
+  and shown in the error when the tokenizer or METEOR fails.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Hashable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from types import SimpleNamespace
 
 from pycocoevalcap.bleu.bleu import Bleu
 from pycocoevalcap.cider.cider import Cider
@@ -220,6 +225,10 @@ def _private_ptb_tokenizer():
     is used always, not only when the package is read-only: one code path, tested everywhere, and
     a run killed mid-tokenisation leaves no stray file in site-packages (the original's file is
     removed only after java returns). It costs a 3 kB copy per call.
+
+    Its java runs with stderr captured (the copy's `subprocess` is _captured_java's), so that its
+    chatter stays off the console between the training progress lines; _tokenized shows it when
+    the tokenizer fails.
     """
     spec = importlib.util.find_spec(_PTB_MODULE)
     if spec is None or spec.origin is None:
@@ -231,9 +240,42 @@ def _private_ptb_tokenizer():
         private = importlib.util.spec_from_file_location("_vldist_private_ptbtokenizer", source)
         module = importlib.util.module_from_spec(private)
         private.loader.exec_module(module)
+        module.subprocess = _captured_java()
         jar = module.STANFORD_CORENLP_3_4_1_JAR
         os.symlink(os.path.join(package_dir, jar), os.path.join(mirror, jar))
-        yield module.PTBTokenizer()
+        tokenizer = module.PTBTokenizer()
+        tokenizer.java = module.subprocess  # its runs, for _tokenized's checks
+        yield tokenizer
+
+
+def _captured_java() -> SimpleNamespace:
+    """A stand-in for the `subprocess` module of the private tokenizer: its Popen is subprocess's with
+    stderr piped, and remembers each process (`runs`) with what it printed (`said`)."""
+    runs: list[subprocess.Popen] = []
+
+    class Popen(subprocess.Popen):
+        said = b""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **{**kwargs, "stderr": subprocess.PIPE})
+            runs.append(self)
+
+        def communicate(self, *args, **kwargs):
+            out, self.said = super().communicate(*args, **kwargs)
+            return out, self.said
+
+    return SimpleNamespace(Popen=Popen, PIPE=subprocess.PIPE, runs=runs)
+
+
+def _java_said(stderr: bytes) -> str:
+    """The last lines a JVM printed on stderr, for an error message (less the JVM's own "Picked up
+    JAVA_TOOL_OPTIONS" line, which this module's locale causes)."""
+    lines = [
+        line
+        for line in stderr.decode(errors="replace").splitlines()
+        if line.strip() and not line.startswith("Picked up JAVA_TOOL_OPTIONS")
+    ]
+    return "Java said:\n" + "\n".join(lines[-15:]) if lines else "Java printed nothing."
 
 
 def _tokenized(
@@ -244,12 +286,17 @@ def _tokenized(
     both = {(side, i): texts for side, captions in enumerate((refs, cands)) for i, texts in captions.items()}
     sent = {key: [{"caption": _JAVA_LINE_BREAKS.sub(" ", c)} for c in texts] for key, texts in both.items()}
     tokenized = tokenizer.tokenize(sent)
-    # pycocoevalcap does not check java's exit status: a failed JVM shows up as missing lines.
+    java = tokenizer.java.runs[-1]  # the run tokenize() just made
+    # pycocoevalcap checks neither java's exit status nor its output: a failed JVM shows up here.
+    if java.returncode:
+        code = java.returncode
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+        raise CaptionMetricsError(f"pycocoevalcap's PTB tokenizer (java) {how}. {_java_said(java.said)}")
     short = [key[1] for key, texts in both.items() if len(tokenized.get(key, ())) != len(texts)]
     if short:
         raise CaptionMetricsError(
             f"pycocoevalcap's PTB tokenizer (java) returned the wrong number of lines for {len(short)} "
-            f"id(s) (first: {_first(short)}); java's own error, if any, is printed above"
+            f"id(s) (first: {_first(short)}). {_java_said(java.said)}"
         )
     return ({i: tokenized[(0, i)] for i in refs}, {i: tokenized[(1, i)] for i in cands})
 
@@ -369,12 +416,7 @@ def _end_meteor_jvm(meteor: Meteor, scoring: _MeteorScoring | None) -> str:
     if own_end is not None:
         how = f"was killed by {_signal_name(-own_end)}" if own_end < 0 else f"exited with status {own_end}"
         report.append(f"Its Java process {how} before it was done.")
-    lines = [
-        line
-        for line in stderr.decode(errors="replace").splitlines()
-        if line.strip() and not line.startswith("Picked up JAVA_TOOL_OPTIONS")
-    ]
-    report.append("Java said:\n" + "\n".join(lines[-15:]) if lines else "Java printed nothing.")
+    report.append(_java_said(stderr))
     return " ".join(report)
 
 

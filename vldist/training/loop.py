@@ -165,7 +165,7 @@ class Trainer:
                 f"{self.state.epoch_skipped} of the {self.streams.planned_samples} samples of epoch "
                 f"{self.state.epoch + 1} were unreadable and skipped by step {self.state.step}, more than "
                 f"data.max_skipped_fraction={bound:g} allows. {self._where(self._skips_by_shard())}. "
-                f"`python -m vldist.shards verify {redact(self.config.data.shards)}` lists every problem: rebuild or "
+                f"`python -m vldist.shards verify {redact(self.shards.directory)}` lists every problem: rebuild or "
                 f"convert those shards again, or raise data.max_skipped_fraction to train on the rest; then "
                 f"{self._restart_hint()}"
             )
@@ -308,8 +308,8 @@ class Trainer:
     def _empty_epoch(self, epoch: int) -> EmptySplitError:
         return EmptySplitError(
             f"epoch {epoch + 1} yielded no training batches: every sample of the {self.config.data.train_split} "
-            f"split of {self.config.data.shards} was skipped as unreadable, or the split is empty (the warnings "
-            f"above give the first reasons). `python -m vldist.shards verify {self.config.data.shards}` lists "
+            f"split of {redact(self.shards.directory)} was skipped as unreadable, or the split is empty (the warnings "
+            f"above give the first reasons). `python -m vldist.shards verify {redact(self.shards.directory)}` lists "
             "every problem."
         )
 
