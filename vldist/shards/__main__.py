@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     _add_verify(sub)
     _add_index(sub)
     args = parser.parse_args(argv)
+    target = getattr(args, "out", None)  # _write replaces a URL with its staging directory
     runs = {"synth": _run_synth, "synth-pairs": _run_synth_pairs, "convert": _run_convert, "verify": _run_verify}
     try:
         if args.command in ("synth", "synth-pairs", "convert"):
@@ -353,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     ) as err:  # not bad data: arguments, store, an output that cannot be written
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # synth and synth-pairs (convert and index say what they kept themselves)
+        print(
+            f"\ninterrupted: nothing of {redact(str(target))} was kept (a set is written whole or not at all); "
+            "the same command builds it again",
+            file=sys.stderr,
+        )
+        return 130
     parser.error(f"unknown command {args.command!r}")
     return 2
 
