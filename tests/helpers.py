@@ -12,6 +12,7 @@ import logging
 import subprocess
 import sys
 import tarfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -67,6 +68,27 @@ def write_planted_shards(
         writer.close({"features": {"extractor": "planted", "dim": dim}})
     Vocab.build(train_captions).save(out / "vocab.json")
     return out
+
+
+@contextmanager
+def tmpfs_mounted(path: Path, options: str = "size=1m"):
+    """A tmpfs mounted at `path` (made here) with the mount options (`ro,size=1m`: a read-only
+    filesystem, which stops root where chmod does not), unmounted by its path afterwards; the test
+    is skipped where it cannot be mounted (not root, no mount)."""
+    import os
+
+    import pytest
+
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip() or 'mount failed'}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 CUT_SHARD = "train-000001.tar"  # the shard cut_shard_copy cuts short

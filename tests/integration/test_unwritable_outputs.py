@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import SMALL_VSRN, TORCHRUN, train_vsrn
+from helpers import SMALL_VSRN, TORCHRUN, tmpfs_mounted, train_vsrn
 
 from vldist.errors import OutputNotWritable
 from vldist.export import main as export_main
@@ -20,19 +20,8 @@ from vldist.training.run_lock import check_free
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A directory on a real read-only filesystem (a tmpfs mounted ro), unmounted afterwards."""
-    path = tmp_path / "ro"
-    path.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a read-only tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a read-only tmpfs: {done.stderr.strip() or 'mount failed'}")
-    try:
+    with tmpfs_mounted(tmp_path / "ro", "ro,size=1m") as path:
         yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def _cli(*args, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import uuid
 
 import fsspec
 import pytest
-from helpers import SMALL_VSRN, train_vsrn, write_planted_shards
+from helpers import SMALL_VSRN, tmpfs_mounted, train_vsrn, write_planted_shards
 
 from vldist.data.sample_index import ShardIndex
 from vldist.data.shardset import ShardSet
@@ -193,18 +193,9 @@ def test_shard_output_under_a_file_is_refused_in_one_line(whole_set, tmp_path, c
 
 @pytest.fixture
 def read_only_disk(tmp_path):
-    """A tiny read-only tmpfs (chmod does not stop root; a read-only filesystem does)."""
-    disk = tmp_path / "ro"
-    disk.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("a read-only tmpfs needs root and mount: not root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"a read-only tmpfs needs mount: {done.stderr.strip() or 'mount failed'}")
-    try:
+    """A tiny tmpfs, made read-only by the test once it holds a set (chmod does not stop root)."""
+    with tmpfs_mounted(tmp_path / "ro") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
 def test_shard_output_on_a_read_only_disk_is_refused_in_one_line(whole_set, read_only_disk, tmp_path, capsys):
