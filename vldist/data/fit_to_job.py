@@ -25,15 +25,9 @@ CUT_CAPTIONS_SAID = 0.01
 
 def keeps_first_regions(recipe) -> bool:
     """Whether the recipe keeps the first data.max_regions regions of an image and drops the rest
-    (VSRN and the captioners pad to it; the two-branch networks pool every region). A recipe may
-    say so itself with a `keeps_max_regions` attribute."""
-    own = getattr(recipe, "keeps_max_regions", None)
-    if own is not None:
-        return bool(own)
-    from vldist.recipes.captioner import CaptionerRecipe
-    from vldist.recipes.vsrn import VSRNRecipe
-
-    return isinstance(recipe, (VSRNRecipe, CaptionerRecipe))
+    (its `keeps_max_regions`: VSRN and the captioners pad to it; the two-branch networks pool every
+    region)."""
+    return bool(getattr(recipe, "keeps_max_regions", False))
 
 
 def train_splits(config, recipe) -> list[str]:

@@ -112,6 +112,7 @@ class CaptionerRecipe(GeneratesCaptions, Recipe):
         "its loss has no negatives: each caption's NLL is its own, so plain accumulation already keeps all there is"
     )
     sample_keys = ("json", "regions.npy")
+    keeps_max_regions = True  # the first data.max_regions regions of an image; the rest are dropped
 
     @property
     def cfg(self) -> CaptionerConfig:

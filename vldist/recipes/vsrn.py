@@ -104,6 +104,7 @@ class VSRNRecipe(Recipe):
     description = "image-text matching: region GCN (RRR) + GRU reasoning, VSE++ hinge + caption loss"
     ModelConfig = VSRNConfig
     sample_keys = ("json", "regions.npy")
+    keeps_max_regions = True  # the first data.max_regions regions of an image; the rest are dropped
 
     @property
     def cfg(self) -> VSRNConfig:
