@@ -303,4 +303,7 @@ def test_activation_checkpointing_inside_the_cached_step_changes_neither_loss_no
             # autograd loop round differently (models/attention_gru_loop.py)
             assert again["grads"][name].abs().max() < 1e-3 and grad.abs().max() < 1e-3, name
             continue
-        assert torch.allclose(again["grads"][name], grad, rtol=1e-5, atol=1e-7), name
+        # fp32 rounding of the tensor's sums, on the scale of its largest entry: an entry that sums
+        # terms of either sign can differ in its low bits by more than rtol of itself
+        scale = float(grad.abs().max())
+        assert torch.allclose(again["grads"][name], grad, rtol=1e-5, atol=max(1e-7, 1e-6 * scale)), name
